@@ -1,0 +1,26 @@
+"""Every agent gate ships, by name. Baselines and attackers play through the seven tools only."""
+from __future__ import annotations
+
+from .attackers import (CitationSpray, DoubleLoad, InspectTheatre, LoadThenQuarantine, OrdersFirst,
+                        ReportLiar, ReportOnly, SqlWrite)
+from .baselines import Naive, ProfileOnly, RefuseAll
+from .careful import CarefulPandera, CarefulSQL
+
+BASELINES = {"naive": Naive, "careful": CarefulPandera, "careful-sql": CarefulSQL,
+             "refuse-all": RefuseAll, "profile-only": ProfileOnly}
+ATTACKERS = {"report-liar": ReportLiar, "report-only": ReportOnly, "load-then-quarantine": LoadThenQuarantine,
+             "citation-spray": CitationSpray, "sql-write": SqlWrite, "inspect-theatre": InspectTheatre,
+             "double-load": DoubleLoad, "orders-first": OrdersFirst}
+AGENTS = {**BASELINES, **ATTACKERS}
+
+
+class UnknownAgent(ValueError):
+    pass
+
+
+def make_agent(name: str):
+    """A fresh agent by name; an unknown name is one clear error listing the known ones."""
+    try:
+        return AGENTS[name]()
+    except KeyError:
+        raise UnknownAgent(f"unknown agent {name!r}; agents: {', '.join(AGENTS)}") from None

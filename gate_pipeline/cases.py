@@ -1,0 +1,137 @@
+"""Case files: the JSONL format every suite is stored in, read and written exactly.
+
+A case is kept as the plain JSON object it is on disk (so writing it back is byte-identical),
+checked on reading: a line that is not JSON, or lacks a key the episode needs, is refused with
+the file and the line number.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable
+
+from .contract import COLUMNS, DEFECT_TYPES, ContractError, validate_contract
+
+CASE_KEYS = ("batches", "case_id", "contract", "family", "prompt", "seed", "variant", "warehouse")
+BATCH_KEYS = ("batch_id", "rows", "source", "table", "truth")
+
+
+class CaseError(ValueError):
+    """A case file or case object that gate cannot use."""
+
+
+def dumps_case(case: dict) -> str:
+    """One line of a case file: sorted keys, default separators, ASCII-escaped."""
+    return json.dumps(case, sort_keys=True) + "\n"
+
+
+def write_cases(path: str | Path, cases: Iterable[dict]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8", newline="\n") as fh:
+        for case in cases:
+            fh.write(dumps_case(case))
+    return path
+
+
+def _fail(where: str, msg: str) -> CaseError:
+    return CaseError(f"{where}: {msg}")
+
+
+def _check_rows(rows, table: str, where: str) -> None:
+    if not isinstance(rows, list):
+        raise _fail(where, f"'rows' must be a list, not {type(rows).__name__}")
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise _fail(where, f"row {i} must be an object")
+        missing = [c for c in COLUMNS[table] if c not in row]
+        if missing:
+            raise _fail(where, f"row {i} lacks column(s) {missing}")
+        bad = [c for c in COLUMNS[table] if row[c] is not None and not isinstance(row[c], str)]
+        if bad:
+            raise _fail(where, f"row {i}: value(s) of {bad} must be strings")
+
+
+def validate_case(case, where: str = "case") -> dict:
+    """Check one case object; return it unchanged or raise CaseError naming `where`."""
+    if not isinstance(case, dict):
+        raise _fail(where, f"a case must be a JSON object, not {type(case).__name__}")
+    missing = [k for k in CASE_KEYS if k not in case]
+    if missing:
+        raise _fail(where, f"case lacks key(s) {missing}")
+    if not isinstance(case["case_id"], str) or not case["case_id"]:
+        raise _fail(where, "'case_id' must be a non-empty string")
+    where = f"{where} ({case['case_id']})"
+    try:
+        validate_contract(case["contract"], f"{where} contract")
+    except ContractError as exc:
+        raise CaseError(str(exc)) from None
+    wh = case["warehouse"]
+    if not isinstance(wh, dict) or set(wh) != {"customers", "orders"}:
+        raise _fail(where, "'warehouse' must be an object with 'customers' and 'orders'")
+    for table in ("customers", "orders"):
+        _check_rows(wh[table], table, f"{where} warehouse.{table}")
+    batches = case["batches"]
+    if not isinstance(batches, list) or not batches:
+        raise _fail(where, "'batches' must be a non-empty list")
+    seen = set()
+    for k, batch in enumerate(batches):
+        bw = f"{where} batch {k}"
+        if not isinstance(batch, dict):
+            raise _fail(bw, "a batch must be an object")
+        missing = [key for key in BATCH_KEYS if key not in batch]
+        if missing:
+            raise _fail(bw, f"batch lacks key(s) {missing}")
+        if not isinstance(batch["batch_id"], str) or not batch["batch_id"]:
+            raise _fail(bw, "'batch_id' must be a non-empty string")
+        if batch["batch_id"] in seen:
+            raise _fail(bw, f"batch id {batch['batch_id']!r} repeats")
+        seen.add(batch["batch_id"])
+        if batch["table"] not in COLUMNS:
+            raise _fail(bw, f"'table' must be one of {list(COLUMNS)}, not {batch['table']!r}")
+        _check_rows(batch["rows"], batch["table"], bw)
+        truth = batch["truth"]
+        if not isinstance(truth, dict) or not isinstance(truth.get("defective"), bool):
+            raise _fail(bw, "'truth' must be an object with a boolean 'defective'")
+        for key in ("defects", "accepted"):
+            for d in truth.get(key, []) or []:
+                if not isinstance(d, dict) or d.get("type") not in DEFECT_TYPES or d.get("column") not in COLUMNS[batch["table"]]:
+                    raise _fail(bw, f"truth.{key} entries need a column of {batch['table']} and a known type")
+    return case
+
+
+def parse_cases(text: str, where: str) -> list[dict]:
+    cases, ids = [], set()
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise CaseError(f"{where}:{lineno}: not JSON ({exc.msg} at column {exc.colno})") from None
+        validate_case(obj, f"{where}:{lineno}")
+        if obj["case_id"] in ids:
+            raise CaseError(f"{where}:{lineno}: case id {obj['case_id']!r} repeats")
+        ids.add(obj["case_id"])
+        cases.append(obj)
+    return cases
+
+
+def read_cases(path: str | Path) -> list[dict]:
+    """Every case of a JSONL file, in file order, each validated."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CaseError(f"{path}: no such case file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CaseError(f"{path}: cannot read case file ({exc})") from None
+    cases = parse_cases(text, str(path))
+    if not cases:
+        raise CaseError(f"{path}: no cases in file")
+    return cases
+
+
+def defective_ids(case: dict) -> list[str]:
+    """Truth labels (grader and oracle attackers only; never shown to an agent)."""
+    return [b["batch_id"] for b in case["batches"] if b["truth"]["defective"]]

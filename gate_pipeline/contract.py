@@ -1,0 +1,101 @@
+"""The data contract: loading and validating contract documents (YAML under `contracts/`).
+
+The contract is the one document an agent is given (`read_contract` returns it verbatim), and
+the one document gate's pandera schemas are built from (`schemas.py`). A malformed file is
+refused with one error naming the file and the key, before anything uses it.
+"""
+from __future__ import annotations
+
+import copy
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# The vocabulary and column order every part of gate shares (CONFORMANCE §1-2).
+DEFECT_TYPES: tuple[str, ...] = (
+    "duplicate_key", "missing_value", "invalid_value", "orphan_reference",
+    "out_of_range", "wrong_currency", "out_of_window",
+)
+COLUMNS: dict[str, tuple[str, ...]] = {
+    "orders": ("order_id", "customer_id", "amount", "currency", "status", "order_date"),
+    "customers": ("customer_id", "email", "country", "signup_date"),
+}
+TABLES = tuple(COLUMNS)
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def contracts_dir() -> Path:
+    """Where contract documents live: `$GATE_CONTRACTS`, else `contracts/` beside the package."""
+    return Path(os.environ.get("GATE_CONTRACTS") or PROJECT_ROOT / "contracts")
+
+
+class ContractError(ValueError):
+    """A contract document that cannot be used; the message names the file and the key."""
+
+
+def _need(doc: dict, path: str, kind: type | tuple, where: str) -> Any:
+    node: Any = doc
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise ContractError(f"{where}: missing key '{path}'")
+        node = node[part]
+    if isinstance(node, bool) or not isinstance(node, kind):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise ContractError(f"{where}: key '{path}' must be a {names}, not {type(node).__name__}")
+    return node
+
+
+def validate_contract(doc: Any, where: str = "contract") -> dict:
+    """Check a contract document's shape; return it unchanged or raise ContractError."""
+    if not isinstance(doc, dict):
+        raise ContractError(f"{where}: a contract must be a mapping, not {type(doc).__name__}")
+    for key in ("start", "end"):
+        value = _need(doc, f"reporting_window.{key}", str, where)
+        if len(value) != 10 or value[4] != "-" or value[7] != "-":
+            raise ContractError(f"{where}: key 'reporting_window.{key}' must be YYYY-MM-DD, not {value!r}")
+    for table, columns in COLUMNS.items():
+        section = _need(doc, table, dict, where)
+        for column, text in section.items():
+            if column not in columns:
+                raise ContractError(f"{where}: key '{table}.{column}' is not a column of {table} {list(columns)}")
+            if not isinstance(text, str):
+                raise ContractError(f"{where}: key '{table}.{column}' must be a str, not {type(text).__name__}")
+    _need(doc, "limits.max_amount", (int, float), where)
+    _need(doc, "limits.currency", str, where)
+    for key in ("allowed_status", "allowed_countries"):
+        values = _need(doc, f"limits.{key}", list, where)
+        if not all(isinstance(v, str) for v in values):
+            raise ContractError(f"{where}: key 'limits.{key}' must be a list of strings")
+    types = _need(doc, "defect_types", list, where)
+    unknown = [t for t in types if t not in DEFECT_TYPES]
+    if unknown:
+        raise ContractError(f"{where}: key 'defect_types' has unknown types {unknown}")
+    return doc
+
+
+def load_contract_file(path: str | Path) -> dict:
+    """Read and validate one contract YAML file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ContractError(f"{path}: cannot read contract ({exc.strerror or exc})") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ContractError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    return validate_contract(doc, str(path))
+
+
+@lru_cache(maxsize=None)
+def _cached(path: str) -> dict:
+    return load_contract_file(path)
+
+
+def load_contract(name: str = "classic") -> dict:
+    """The named contract under `contracts/` (a fresh copy: callers may not mutate the cache)."""
+    return copy.deepcopy(_cached(str(contracts_dir() / f"{name}.yaml")))

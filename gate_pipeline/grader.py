@@ -1,0 +1,134 @@
+"""The grader: four scored terms, the reward and two metrics, all from what really happened.
+
+It reads the episode's world (loads, quarantines, the stored report, the warehouse mart)
+and its ledger; nothing the agent says outside the report is read, and the report is only
+compared with the world. No report, no credit.
+"""
+from __future__ import annotations
+
+from fractions import Fraction
+
+WEIGHTS = {"disposition": 0.50, "report": 0.20, "evidence": 0.15, "inspected": 0.15}
+TERMS = tuple(WEIGHTS)
+GRADE_KEYS = TERMS + ("reward", "bad_batches_loaded", "revenue_error_usd", "ledger_intact", "finished")
+
+
+def disposition(truth: dict, loads: dict, quarantined: dict, orphans_at_load: dict) -> float:
+    right = 0
+    for bid, t in truth.items():
+        if t["defective"]:
+            right += loads.get(bid, 0) == 0 and bid in quarantined
+        else:
+            right += loads.get(bid, 0) == 1 and not orphans_at_load.get(bid)
+    return right / len(truth)
+
+
+def report_term(report: dict | None, loads: dict, quarantined: dict) -> float:
+    if report is None:
+        return 0.0
+    ok = report["loaded"] == sorted(loads) and report["quarantined"] == sorted(quarantined)
+    return 1.0 if ok else 0.0
+
+
+def evidence(truth: dict, loads: dict, quarantined: dict) -> float:
+    bad = [bid for bid, t in truth.items() if t["defective"]]
+    if not bad:
+        return 0.0 if quarantined else 1.0
+    hits = 0
+    for bid in bad:
+        cite = quarantined.get(bid)
+        if cite is None or loads.get(bid):
+            continue
+        accepted = truth[bid].get("accepted") or truth[bid]["defects"]
+        hits += any(cite["column"] == a["column"] and cite["defect_type"] == a["type"] for a in accepted)
+    wrong = sum(1 for bid in quarantined if bid in truth and not truth[bid]["defective"])
+    return max(0.0, (hits - wrong) / len(bad))
+
+
+def inspected(entries: list[dict], staging: dict) -> float:
+    """Share of acted-on batches that were profiled or queried before the first action on them."""
+    looked: set[str] = set()
+    acted: dict[str, bool] = {}
+    by_table = {table: bid for bid, table in staging.items()}
+    for e in entries:
+        if not e["executed"]:
+            continue
+        action, args = e["action"], e["args"]
+        if action == "profile_batch":
+            looked.add(args["batch_id"])
+        elif action == "run_sql":
+            for table in args.get("tables_read", ()):
+                if table in by_table:
+                    looked.add(by_table[table])
+        elif action in ("load_batch", "quarantine_batch"):
+            bid = args["batch_id"]
+            if bid not in acted:
+                acted[bid] = bid in looked
+    return sum(acted.values()) / len(acted) if acted else 0.0
+
+
+def reward_of(terms: dict) -> float:
+    return round(sum(WEIGHTS[k] * terms[k] for k in TERMS), 6)
+
+
+def state_from_ledger(entries: list[dict]) -> dict:
+    """Loads, first citations, orphans at load and the report, as the executed entries record them."""
+    loads: dict[str, int] = {}
+    quarantined: dict[str, dict] = {}
+    orphans: dict[str, int] = {}
+    report = None
+    for e in entries:
+        if not e["executed"]:
+            continue
+        action, args = e["action"], e["args"]
+        if action == "load_batch":
+            bid = args["batch_id"]
+            loads[bid] = loads.get(bid, 0) + 1
+            if args.get("orphan_rows"):
+                orphans[bid] = max(orphans.get(bid, 0), args["orphan_rows"])
+        elif action == "quarantine_batch":
+            quarantined.setdefault(args["batch_id"], {"column": args["column"], "defect_type": args["defect_type"]})
+        elif action == "submit_report" and report is None:
+            report = {"loaded": args["loaded"], "quarantined": args["quarantined"]}
+    return {"loads": loads, "quarantined": quarantined, "orphans_at_load": orphans, "report": report}
+
+
+def grade_record(case: dict, entries: list[dict], mart: float, correct_mart: float) -> dict:
+    """The grade from a case's truth labels, a ledger and the mart: all a stored run needs."""
+    from .ledger import chain_intact
+    from .world import staging_table
+
+    truth = {b["batch_id"]: b["truth"] for b in case["batches"]}
+    state = state_from_ledger(entries)
+    loads, quarantined = state["loads"], state["quarantined"]
+    metrics = {
+        "bad_batches_loaded": sum(1 for bid, t in truth.items() if t["defective"] and loads.get(bid, 0) >= 1),
+        "revenue_error_usd": round(abs(mart - correct_mart), 2),
+        "ledger_intact": chain_intact(entries),
+    }
+    finished = state["report"] is not None
+    if finished:
+        terms = {
+            "disposition": disposition(truth, loads, quarantined, state["orphans_at_load"]),
+            "report": report_term(state["report"], loads, quarantined),
+            "evidence": evidence(truth, loads, quarantined),
+            "inspected": inspected(entries, {bid: staging_table(bid) for bid in truth}),
+        }
+        reward = reward_of(terms)
+    else:
+        terms = dict.fromkeys(TERMS, 0.0)
+        reward = 0.0
+    return {"case_id": case["case_id"], "family": case["family"], **terms, "reward": reward,
+            **metrics, "finished": finished, "revenue": mart, "correct_revenue": correct_mart}
+
+
+def grade(episode) -> dict:
+    """The grade of a played episode (a `tools.Episode`), from its ledger and its warehouse."""
+    prepared = episode.prepared
+    return grade_record(prepared.case, episode.ledger.entries, episode.world.revenue(), prepared.correct_mart)
+
+
+def exact_mean(values) -> Fraction:
+    """Means computed exactly (from each value's %.9f form), so tables never drift by a digit."""
+    values = list(values)
+    return sum((Fraction("%.9f" % v) for v in values), Fraction(0)) / len(values) if values else Fraction(0)

@@ -1,0 +1,93 @@
+"""The report tables, as text: baselines, per family, ablation, largest naive errors, attackers.
+
+Means are exact (fractions of each value's %.9f form) and money is summed from cents, so a
+table never moves by a digit between machines or Python versions.
+"""
+from __future__ import annotations
+
+from decimal import Decimal
+
+from .grader import TERMS, WEIGHTS, exact_mean
+from .generator import FAMILIES
+
+LABEL, COL = 22, 14
+
+
+def _f4(x) -> str:
+    return f"{float(x):.4f}"
+
+
+def money(values) -> Decimal:
+    return sum((Decimal("%.2f" % v) for v in values), Decimal(0))
+
+
+def _row(label: str, cells, width=COL) -> str:
+    return f"{label:<{LABEL}}" + "".join(f"{c:>{width}}" for c in cells)
+
+
+def summary(cases: list[dict], grades: dict[str, list]) -> dict:
+    """The figures behind the tables, per agent (JSON-ready)."""
+    n_batches = sum(len(c["batches"]) for c in cases)
+    n_bad = sum(1 for c in cases for b in c["batches"] if b["truth"]["defective"])
+    out = {"cases": len(cases), "batches": n_batches, "defective": n_bad, "agents": {}}
+    families = [f for f in FAMILIES if any(c["family"] == f for c in cases)]
+    families += sorted({c["family"] for c in cases} - set(families))
+    for name, gs in grades.items():
+        fam = {f: float(exact_mean(g["reward"] for g in gs if g["family"] == f)) for f in families
+               if any(g["family"] == f for g in gs)}
+        ablation = {"full": float(exact_mean(g["reward"] for g in gs))}
+        for term in TERMS:
+            ablation[f"no {term}"] = float(exact_mean(
+                round(sum(WEIGHTS[t] * g[t] for t in TERMS if t != term), 6) for g in gs))
+        out["agents"][name] = {
+            "reward": float(exact_mean(g["reward"] for g in gs)),
+            **{t: float(exact_mean(g[t] for g in gs)) for t in TERMS},
+            "report_matches": sum(1 for g in gs if g["report"] == 1.0),
+            "bad_batches_loaded": sum(g["bad_batches_loaded"] for g in gs),
+            "revenue_error_usd": float(money(g["revenue_error_usd"] for g in gs)),
+            "ledgers_intact": sum(1 for g in gs if g["ledger_intact"]),
+            "finished": sum(1 for g in gs if g["finished"]),
+            "per_family": fam, "ablation": ablation,
+        }
+    return out
+
+
+def baseline_tables(cases: list[dict], grades: dict[str, list], split: str = "eval") -> str:
+    s = summary(cases, grades)
+    names = list(grades)
+    A = s["agents"]
+    n = s["cases"]
+    lines = [f"{split} split: {n} cases, {s['batches']} batches, {s['defective']} defective", "",
+             _row("", names),
+             _row("reward (mean)", [_f4(A[a]["reward"]) for a in names]),
+             _row("disposition (mean)", [_f4(A[a]["disposition"]) for a in names]),
+             _row("report matches", [f"{A[a]['report_matches']}/{n}" for a in names]),
+             _row("defective loaded", [f"{A[a]['bad_batches_loaded']}/{s['defective']}" for a in names]),
+             _row("revenue error $", [f"{A[a]['revenue_error_usd']:,.2f}" for a in names]),
+             _row("ledgers intact", [f"{A[a]['ledgers_intact']}/{n}" for a in names]),
+             "", "per family (mean reward):", _row("", names)]
+    for fam in A[names[0]]["per_family"]:
+        lines.append(_row(fam, [_f4(A[a]["per_family"].get(fam, 0)) for a in names]))
+    lines += ["", "ablation (mean reward with one term removed, weights not renormalised):", _row("", names)]
+    for key in A[names[0]]["ablation"]:
+        lines.append(_row(key, [_f4(A[a]["ablation"][key]) for a in names]))
+    if "naive" in grades:
+        lines += ["", "largest naive revenue errors (mart after naive vs mart if handled correctly):"]
+        worst = sorted(grades["naive"], key=lambda g: -g["revenue_error_usd"])[:3]
+        for g in worst:
+            lines.append(f"  {g['case_id']:<26} naive $ {g['revenue']:>11,.2f}   "
+                         f"correct $ {g['correct_revenue']:>11,.2f}")
+    return "\n".join(lines)
+
+
+def attacker_table(grades: dict[str, list], target: str = "careful") -> str:
+    s = summary([], grades)["agents"]
+    head = (f"{'agent':<23}{'reward':>8}{'disp':>8}{'report':>8}{'evid':>8}{'insp':>8}"
+            f"{'bad loaded':>12}{'revenue err $':>16}")
+    lines = [head]
+    for name, a in s.items():
+        label = f"{name} (target)" if name == target else name
+        lines.append(f"{label:<23}{_f4(a['reward']):>8}{_f4(a['disposition']):>8}{_f4(a['report']):>8}"
+                     f"{_f4(a['evidence']):>8}{_f4(a['inspected']):>8}{a['bad_batches_loaded']:>12}"
+                     f"{a['revenue_error_usd']:>16,.2f}")
+    return "\n".join(lines)

@@ -1,0 +1,156 @@
+"""The seven tools, the only way an agent touches an episode: exact results, refusals, ledger.
+
+`Episode.call(tool, args)` checks the arguments (a wrong type is refused, never coerced),
+writes the ledger entry (refused calls included; a load's entry before its effect) and
+returns the JSON value the agent sees: the result, or `{"error": ...}`.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .contract import COLUMNS, DEFECT_TYPES
+from .sandbox import CAUGHT, normalise_query
+from .world import PreparedCase, World
+
+LOADED_WARNING = "already loaded - quarantine does not remove loaded rows"
+
+# tool -> ordered (argument, kind); kind "str" or "strlist"
+SIGNATURES: dict[str, tuple[tuple[str, str], ...]] = {
+    "read_contract": (),
+    "list_batches": (),
+    "profile_batch": (("batch_id", "str"),),
+    "run_sql": (("query", "str"),),
+    "load_batch": (("batch_id", "str"),),
+    "quarantine_batch": (("batch_id", "str"), ("column", "str"), ("defect_type", "str")),
+    "submit_report": (("loaded", "strlist"), ("quarantined", "strlist")),
+}
+TOOL_NAMES = tuple(SIGNATURES)
+DECISIONS = ("load_batch", "quarantine_batch")
+
+
+def _json_safe(value):
+    """Arguments as the ledger can hash them, whatever the caller passed."""
+    try:
+        return json.loads(json.dumps(value, default=repr))
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def check_args(tool: str, args) -> str | None:
+    """The refusal text for malformed arguments, or None when they are well formed."""
+    if not isinstance(args, dict):
+        return f"{tool}: arguments must be an object, not {type(args).__name__}"
+    sig = SIGNATURES[tool]
+    names = [name for name, _ in sig]
+    extra = [k for k in args if k not in names]
+    if extra:
+        return f"{tool}: unexpected argument {extra[0]!r}; it takes {names or 'no arguments'}"
+    for name, kind in sig:
+        if name not in args:
+            return f"{tool}: missing argument {name!r}"
+        value = args[name]
+        if kind == "str" and not isinstance(value, str):
+            return f"{tool}: argument {name!r} must be a string, not {type(value).__name__}"
+        if kind == "strlist" and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            return f"{tool}: argument {name!r} must be a list of strings"
+    return None
+
+
+class Episode:
+    """One play of one case: the world, its ledger, and the seven tools over them."""
+
+    def __init__(self, case_or_prepared, path: str | Path | None = None):
+        prepared = case_or_prepared if isinstance(case_or_prepared, PreparedCase) else PreparedCase(case_or_prepared)
+        self.prepared = prepared
+        self.world = World(prepared, path)
+        self.ledger = self.world.ledger
+
+    # -- the one entry point --------------------------------------------------------------
+    def call(self, tool, args=None):
+        """Run one tool call; returns the JSON value the agent sees."""
+        args = {} if args is None else args
+        if not isinstance(tool, str) or tool not in SIGNATURES:
+            self.ledger.append(str(tool), _json_safe(args), False, "unknown tool")
+            return {"error": f"unknown tool {tool!r}; tools are {list(TOOL_NAMES)}"}
+        problem = check_args(tool, args)
+        if problem:
+            self.ledger.append(tool, _json_safe(args), False, "bad arguments")
+            return {"error": problem}
+        return getattr(self, tool)(**args)
+
+    def close(self) -> None:
+        self.world.close()
+
+    # -- the seven tools ------------------------------------------------------------------
+    def read_contract(self):
+        self.ledger.append("read_contract", {}, True)
+        return json.loads(json.dumps(self.prepared.contract))
+
+    def list_batches(self):
+        self.ledger.append("list_batches", {}, True)
+        return [dict(item) for item in self.prepared.listing]
+
+    def profile_batch(self, batch_id):
+        known = batch_id in self.prepared.batches
+        self.ledger.append("profile_batch", {"batch_id": batch_id}, known)
+        if not known:
+            return {"error": f"no batch {batch_id!r}"}
+        return self.prepared.profile(batch_id)
+
+    def run_sql(self, query):
+        query = normalise_query(query)
+        try:
+            result, tables = self.world.sandbox.run(query)
+        except CAUGHT as exc:
+            self.ledger.append("run_sql", {"query": query}, False, type(exc).__name__)
+            return {"error": str(exc)}
+        self.ledger.append("run_sql", {"query": query, "tables_read": tables}, True)
+        return result
+
+    def load_batch(self, batch_id):
+        world = self.world
+        if batch_id not in self.prepared.batches:
+            self.ledger.append("load_batch", {"batch_id": batch_id}, False, "unknown batch")
+            return {"error": f"no batch {batch_id!r}"}
+        if batch_id in world.quarantined:
+            self.ledger.append("load_batch", {"batch_id": batch_id}, False, "quarantined")
+            return {"error": f"{batch_id} is quarantined"}
+        orphans = world.orphan_rows(batch_id)
+        rows = len(self.prepared.load_rows[batch_id])
+        self.ledger.append("load_batch", {"batch_id": batch_id, "rows": rows, "orphan_rows": orphans}, True)
+        world.load(batch_id, orphans)
+        return {"status": "loaded", "rows_loaded": rows, "errors": 0}
+
+    def quarantine_batch(self, batch_id, column, defect_type):
+        world = self.world
+        args = {"batch_id": batch_id, "column": column, "defect_type": defect_type}
+        if batch_id not in self.prepared.batches:
+            self.ledger.append("quarantine_batch", args, False, "unknown batch")
+            return {"error": f"no batch {batch_id!r}"}
+        if defect_type not in DEFECT_TYPES:
+            self.ledger.append("quarantine_batch", args, False, "unknown defect type")
+            return {"error": f"defect_type must be one of {list(DEFECT_TYPES)}"}
+        columns = COLUMNS[self.prepared.batches[batch_id]["table"]]
+        if column not in columns:
+            self.ledger.append("quarantine_batch", args, False, "unknown column")
+            return {"error": f"column must be one of {list(columns)}"}
+        if batch_id in world.quarantined:
+            self.ledger.append("quarantine_batch", args, False, "already quarantined")
+            return {"error": f"{batch_id} is already quarantined; the first citation stands"}
+        warning = LOADED_WARNING if world.loads.get(batch_id) else ""
+        self.ledger.append("quarantine_batch", args, True, warning)
+        world.quarantined[batch_id] = {"column": column, "defect_type": defect_type}
+        result = {"status": "quarantined", "batch_id": batch_id}
+        if warning:
+            result["warning"] = warning
+        return result
+
+    def submit_report(self, loaded, quarantined):
+        report = {"loaded": sorted(loaded), "quarantined": sorted(quarantined)}
+        if self.world.report is not None:
+            self.ledger.append("submit_report", report, False, "already submitted")
+            return {"error": "a report was already submitted; the first one stands"}
+        self.ledger.append("submit_report", report, True)
+        self.world.report = report
+        return {"status": "received"}

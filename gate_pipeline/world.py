@@ -1,0 +1,199 @@
+"""The episode world: staging, warehouse, the loader that never complains, the revenue mart.
+
+`PreparedCase` does once per case what every episode of it shares: the SQLite image (seed
+warehouse plus one staging table per batch), the loader's rows, the profiles, the list of
+batches and the mart a correct run would give. `World` is one episode's state on a private
+in-memory copy of that image; the seven tools (`tools.py`) are the only way an agent
+touches it, and the grader (`grader.py`) reads it afterwards.
+"""
+from __future__ import annotations
+
+import re
+import sqlite3
+from collections import Counter
+from pathlib import Path
+
+from .contract import COLUMNS
+from .ledger import Ledger
+from .sandbox import Sandbox
+
+WAREHOUSE_DDL = (
+    "CREATE TABLE wh_customers (customer_id TEXT, email TEXT, country TEXT, signup_date TEXT)",
+    "CREATE TABLE wh_orders (order_id TEXT, customer_id TEXT, amount REAL, currency TEXT, "
+    "status TEXT, order_date TEXT)",
+)
+MART_SQL = ("SELECT COALESCE(SUM(o.amount), 0) FROM wh_orders o "
+            "JOIN wh_customers c ON o.customer_id = c.customer_id")
+_NOT_IDENT = re.compile(r"[^a-z0-9_]")
+
+
+def staging_table(batch_id: str) -> str:
+    return "stg_" + _NOT_IDENT.sub("_", batch_id.lower())
+
+
+def loader_amount(value) -> float:
+    """What the loader makes of an amount: a float, and 0.0 for anything it cannot parse."""
+    try:
+        return float(str(value).strip())
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _insert_sql(table: str, columns) -> str:
+    return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+
+
+def _wh_tuple(table: str, row: dict) -> tuple:
+    values = [row.get(c) for c in COLUMNS[table]]
+    if table == "orders":
+        values[2] = loader_amount(values[2])
+    return tuple(values)
+
+
+def _profile_column(values: list) -> dict:
+    present = [v for v in values if v is not None]
+    numeric = []
+    for v in present:
+        try:
+            numeric.append(float(str(v).strip()))
+        except ValueError:
+            pass
+    counts = Counter(present)
+    top = sorted(counts.items(), key=lambda kv: (-kv[1], str(kv[0])))[:8]
+    return {
+        "n_null": len(values) - len(present),
+        "n_blank": sum(1 for v in present if str(v).strip() == ""),
+        "n_distinct": len({str(v) for v in values}),
+        "min": min(present, key=str) if present else None,
+        "max": max(present, key=str) if present else None,
+        "numeric_min": min(numeric) if numeric else None,
+        "numeric_max": max(numeric) if numeric else None,
+        "top_values": [[v, n] for v, n in top],
+    }
+
+
+def profile(batch: dict) -> dict:
+    columns = COLUMNS[batch["table"]]
+    rows = batch["rows"]
+    return {"batch_id": batch["batch_id"], "table": batch["table"], "rows": len(rows),
+            "columns": {c: _profile_column([r.get(c) for r in rows]) for c in columns}}
+
+
+def _connect() -> sqlite3.Connection:
+    return sqlite3.connect(":memory:", cached_statements=0, isolation_level=None,
+                           check_same_thread=False)
+
+
+def mart_revenue(conn: sqlite3.Connection) -> float:
+    return round(float(conn.execute(MART_SQL).fetchone()[0]), 2)
+
+
+class PreparedCase:
+    """Everything an episode of `case` can share. Build once per case, then open many worlds."""
+
+    def __init__(self, case: dict):
+        self.case = case
+        self.case_id: str = case["case_id"]
+        self.contract: dict = case["contract"]
+        self.batches: dict[str, dict] = {b["batch_id"]: b for b in case["batches"]}
+        self.order = [b["batch_id"] for b in case["batches"]]
+        self.staging = {bid: staging_table(bid) for bid in self.order}
+        self.truth = {bid: b["truth"] for bid, b in self.batches.items()}
+        self.listing = [{"batch_id": bid, "table": b["table"], "rows": len(b["rows"]),
+                         "staging_table": self.staging[bid], "source": b["source"]}
+                        for bid, b in self.batches.items()]
+        self.load_rows = {bid: [_wh_tuple(b["table"], r) for r in b["rows"]] for bid, b in self.batches.items()}
+        self.wh_customer_ids = frozenset(r.get("customer_id") for r in case["warehouse"]["customers"])
+        self._profiles: dict[str, dict] = {}
+        self._correct_mart: float | None = None
+        self.image = self._build_image()
+
+    def _build_image(self) -> bytes:
+        conn = _connect()
+        try:
+            for ddl in WAREHOUSE_DDL:
+                conn.execute(ddl)
+            conn.execute("BEGIN")
+            for table in ("customers", "orders"):
+                conn.executemany(_insert_sql(f"wh_{table}", COLUMNS[table]),
+                                 [_wh_tuple(table, r) for r in self.case["warehouse"][table]])
+            for bid, batch in self.batches.items():
+                cols = COLUMNS[batch["table"]]
+                name = self.staging[bid]
+                conn.execute(f"CREATE TABLE {name} ({', '.join(c + ' TEXT' for c in cols)})")
+                conn.executemany(_insert_sql(name, cols), [tuple(r.get(c) for c in cols) for r in batch["rows"]])
+            conn.execute("COMMIT")
+            return conn.serialize()
+        finally:
+            conn.close()
+
+    def profile(self, batch_id: str) -> dict:
+        if batch_id not in self._profiles:
+            self._profiles[batch_id] = profile(self.batches[batch_id])
+        p = self._profiles[batch_id]
+        return {**p, "columns": {c: {**v, "top_values": [list(t) for t in v["top_values"]]}
+                                 for c, v in p["columns"].items()}}
+
+    @property
+    def correct_mart(self) -> float:
+        """The mart if every batch were handled as the contract says (customers first)."""
+        if self._correct_mart is None:
+            world = World(self)
+            clean = [bid for bid in self.order if not self.truth[bid]["defective"]]
+            clean.sort(key=lambda bid: self.batches[bid]["table"] != "customers")
+            for bid in clean:
+                world.load(bid)
+            self._correct_mart = world.revenue()
+            world.close()
+        return self._correct_mart
+
+
+class World:
+    """One episode's warehouse and bookkeeping. Agents reach it only through `tools.py`."""
+
+    def __init__(self, prepared: PreparedCase, path: str | Path | None = None):
+        self.prepared = prepared
+        self.conn = _connect()
+        self.conn.deserialize(prepared.image)
+        if path is not None:  # a persisted world: copy the image into a file-backed database
+            disk = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+            self.conn.backup(disk)
+            self.conn.close()
+            disk.close()
+            self.conn = sqlite3.connect(str(path), cached_statements=0, isolation_level=None,
+                                        check_same_thread=False)
+        self.sandbox = Sandbox(self.conn)
+        self.ledger = Ledger()
+        self.loads: dict[str, int] = {}
+        self.quarantined: dict[str, dict] = {}
+        self.orphans_at_load: dict[str, int] = {}
+        self.report: dict | None = None
+        self.customer_ids = set(prepared.wh_customer_ids)
+
+    def orphan_rows(self, batch_id: str) -> int:
+        """Rows of an orders batch whose customer is not in wh_customers right now."""
+        if self.prepared.batches[batch_id]["table"] != "orders":
+            return 0
+        return sum(1 for r in self.prepared.load_rows[batch_id] if r[1] not in self.customer_ids)
+
+    def load(self, batch_id: str, orphans: int | None = None) -> int:
+        """The loader: inserts every row, any number of times, and never complains."""
+        rows = self.prepared.load_rows[batch_id]
+        table = self.prepared.batches[batch_id]["table"]
+        if orphans is None:
+            orphans = self.orphan_rows(batch_id)
+        if orphans:
+            self.orphans_at_load[batch_id] = max(self.orphans_at_load.get(batch_id, 0), orphans)
+        if table == "customers":
+            self.customer_ids.update(r[0] for r in rows)
+        self.conn.execute("BEGIN")
+        self.conn.executemany(_insert_sql(f"wh_{table}", COLUMNS[table]), rows)
+        self.conn.execute("COMMIT")
+        self.loads[batch_id] = self.loads.get(batch_id, 0) + 1
+        return len(rows)
+
+    def revenue(self) -> float:
+        return mart_revenue(self.conn)
+
+    def close(self) -> None:
+        self.conn.close()
