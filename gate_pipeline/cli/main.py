@@ -13,15 +13,15 @@ from pathlib import Path
 from ..agents import AGENTS, ATTACKERS, UnknownAgent
 from ..cases import CaseError, read_cases
 from ..contract import ContractError
+from .errors import UsageError
 from .progress import progress_bar
+
+# Subcommands that live in their own modules: each has register(subparsers, parser_class).
+EXTENSIONS: tuple[str, ...] = ()
 
 DEFAULT_CASES = Path("cases/classic/eval_curated.jsonl")
 REPORT_AGENTS = ["naive", "careful", "refuse-all"]
 ATTACK_AGENTS = ["careful", *ATTACKERS, "profile-only"]
-
-
-class UsageError(Exception):
-    """A problem with what the user asked for; printed as one line."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -168,6 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--json", action="store_true")
     rp.add_argument("--reward", choices=["terminal", "dense"], default="terminal")
     rp.set_defaults(fn=cmd_replay)
+
+    import importlib
+    for mod in EXTENSIONS:
+        importlib.import_module(f"{__package__}.{mod}").register(sub, _Parser)
     return p
 
 
