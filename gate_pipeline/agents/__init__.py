@@ -18,9 +18,11 @@ class UnknownAgent(ValueError):
     pass
 
 
-def make_agent(name: str):
-    """A fresh agent by name; an unknown name is one clear error listing the known ones."""
+def make_agent(name: str, **options):
+    """A fresh agent by name (options go to its constructor); an unknown name is one clear error."""
+    if not isinstance(name, str) or name not in AGENTS:
+        raise UnknownAgent(f"unknown agent {name!r}; agents: {', '.join(AGENTS)}")
     try:
-        return AGENTS[name]()
-    except KeyError:
-        raise UnknownAgent(f"unknown agent {name!r}; agents: {', '.join(AGENTS)}") from None
+        return AGENTS[name](**options)
+    except TypeError as exc:
+        raise UnknownAgent(f"agent {name!r} does not take options {sorted(options)} ({exc})") from None
