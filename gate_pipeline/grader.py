@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+from .ledger import chain_intact
+from .world import staging_table
+
 WEIGHTS = {"disposition": 0.50, "report": 0.20, "evidence": 0.15, "inspected": 0.15}
 TERMS = tuple(WEIGHTS)
 GRADE_KEYS = TERMS + ("reward", "bad_batches_loaded", "revenue_error_usd", "ledger_intact", "finished")
@@ -95,9 +98,6 @@ def state_from_ledger(entries: list[dict]) -> dict:
 
 def grade_record(case: dict, entries: list[dict], mart: float, correct_mart: float) -> dict:
     """The grade from a case's truth labels, a ledger and the mart: all a stored run needs."""
-    from .ledger import chain_intact
-    from .world import staging_table
-
     truth = {b["batch_id"]: b["truth"] for b in case["batches"]}
     state = state_from_ledger(entries)
     loads, quarantined = state["loads"], state["quarantined"]

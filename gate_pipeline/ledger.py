@@ -7,15 +7,33 @@ Grades are computed from this log, never from what the agent says it did.
 from __future__ import annotations
 
 import hashlib
-import json
+from json.encoder import c_make_encoder, encode_basestring_ascii
 
 GENESIS = "genesis"
 BODY_KEYS = ("seq", "action", "args", "executed", "note", "prev_hash")
 
 
+def _not_json(value):
+    raise TypeError(f"ledger values must be JSON, not {type(value).__name__}")
+
+
+# json.dumps(body, sort_keys=True) without building an encoder per call: the same C encoder,
+# the same separators (", " / ": "), ASCII-escaped, NaN allowed. Ledger hashing is on every
+# tool call's path, so this matters for throughput; a test pins it to json.dumps.
+_encode = c_make_encoder(None, _not_json, encode_basestring_ascii, None, ": ", ", ", True, False, True) \
+    if c_make_encoder else None
+
+
+def canonical_json(body: dict) -> str:
+    if _encode is None:  # pragma: no cover - CPython always has the C encoder
+        import json
+        return json.dumps(body, sort_keys=True)
+    return "".join(_encode(body, 0))
+
+
 def entry_hash(body: dict) -> str:
     """SHA-256 of the entry body (the six fields, without `hash`) as sorted, ASCII JSON."""
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode("ascii")).hexdigest()
+    return hashlib.sha256(canonical_json(body).encode("ascii")).hexdigest()
 
 
 class Ledger:

@@ -1,0 +1,61 @@
+"""Episodes per second for each baseline over the 320 train cases, on one core.
+
+An episode here is built (a private copy of the case's prepared SQLite image), played by the
+agent through the seven tools, and graded (ledger chain verified, mart recomputed). Preparing
+each case (its image, profiles and correct mart) happens once per case and is timed apart.
+
+    .venv/bin/python benchmarks/bench_throughput.py [--cases FILE] [--repeats 3] [--agents a,b]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sqlite3
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from gate_pipeline.agents import BASELINES, make_agent  # noqa: E402
+from gate_pipeline.cases import read_cases  # noqa: E402
+from gate_pipeline.runner import play  # noqa: E402
+from gate_pipeline.world import PreparedCase  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", default=str(ROOT / "cases/classic/train_procedural.jsonl"))
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--agents", default=",".join(BASELINES))
+    a = ap.parse_args()
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
+    cases = read_cases(a.cases)
+    t = time.perf_counter()
+    prepared = [PreparedCase(c) for c in cases]
+    for p in prepared:
+        p.correct_mart
+    prep_ms = (time.perf_counter() - t) / len(prepared) * 1e3
+    print(f"python {platform.python_version()}, sqlite {sqlite3.sqlite_version}, one core, "
+          f"{len(cases)} cases from {Path(a.cases).name}")
+    print(f"prepare once per case (image, profiles, correct mart): {prep_ms:.2f} ms/case")
+    print(f"{'agent':<14}{'episodes/s (best)':>19}{'median':>10}{'ms/episode':>12}")
+    for name in a.agents.split(","):
+        agent = make_agent(name)
+        rates = []
+        for _ in range(a.repeats):
+            t = time.perf_counter()
+            for p in prepared:
+                play(p, agent)
+            rates.append(len(prepared) / (time.perf_counter() - t))
+        best = max(rates)
+        print(f"{name:<14}{best:>19.0f}{statistics.median(rates):>10.0f}{1e3 / best:>12.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""Shared fixtures: the committed classic case files (tests never read ../shared)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gate_pipeline.cases import read_cases
+from gate_pipeline.world import PreparedCase
+
+ROOT = Path(__file__).resolve().parent.parent
+EVAL = ROOT / "cases" / "classic" / "eval_curated.jsonl"
+TRAIN = ROOT / "cases" / "classic" / "train_procedural.jsonl"
+
+
+@pytest.fixture(scope="session")
+def eval_cases() -> list[dict]:
+    return read_cases(EVAL)
+
+
+@pytest.fixture(scope="session")
+def by_id(eval_cases) -> dict[str, dict]:
+    return {c["case_id"]: c for c in eval_cases}
+
+
+@pytest.fixture(scope="session")
+def prepared(eval_cases) -> dict[str, PreparedCase]:
+    return {c["case_id"]: PreparedCase(c) for c in eval_cases}

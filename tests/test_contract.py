@@ -1,0 +1,112 @@
+"""The contract document: loaded and validated from YAML, identical to what read_contract
+returns, and the source the pandera schemas are built from (not written twice)."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from gate_pipeline.contract import DEFECT_TYPES, ContractError, load_contract, load_contract_file
+from gate_pipeline.schemas import CATALOGUE, build_schema, failing_rules, frame, rules_for
+from gate_pipeline.tools import Episode
+from conftest import ROOT
+
+
+def test_read_contract_returns_the_yaml_document(eval_cases):
+    doc = load_contract("classic")
+    for case in eval_cases[:3]:
+        ep = Episode(case)
+        assert ep.call("read_contract") == doc
+        ep.close()
+    assert doc["limits"]["max_amount"] == 50000 and isinstance(doc["limits"]["max_amount"], int)
+    assert doc["defect_types"] == list(DEFECT_TYPES)
+
+
+def _write(tmp_path, doc):
+    p = tmp_path / "broken.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    return p
+
+
+@pytest.mark.parametrize("path", ["limits.max_amount", "reporting_window.end", "defect_types", "orders", "limits"])
+def test_a_contract_missing_a_key_names_file_and_key(tmp_path, path):
+    doc = load_contract()
+    node = doc
+    *parents, last = path.split(".")
+    for part in parents:
+        node = node[part]
+    del node[last]
+    with pytest.raises(ContractError, match=rf"broken\.yaml: missing key '{path}"):
+        load_contract_file(_write(tmp_path, doc))
+
+
+def test_a_contract_with_wrong_types_or_unknown_columns_is_refused(tmp_path):
+    doc = load_contract()
+    doc["limits"]["max_amount"] = "lots"
+    with pytest.raises(ContractError, match=r"broken\.yaml: key 'limits\.max_amount' must be"):
+        load_contract_file(_write(tmp_path, doc))
+    doc = load_contract()
+    doc["orders"]["discount"] = "whatever"
+    with pytest.raises(ContractError, match=r"'orders\.discount' is not a column"):
+        load_contract_file(_write(tmp_path, doc))
+    (tmp_path / "bad.yaml").write_text("limits: [unclosed")
+    with pytest.raises(ContractError, match="bad.yaml: not valid YAML"):
+        load_contract_file(tmp_path / "bad.yaml")
+
+
+def test_schema_checks_are_named_after_defect_types():
+    contract = load_contract()
+    for table in ("orders", "customers"):
+        schema = build_schema(contract, table)
+        names = [c.name for col in schema.columns.values() for c in col.checks] + [c.name for c in schema.checks]
+        assert sorted(names) == sorted(r.defect_type for r in rules_for(contract, table))
+        assert set(names) <= set(DEFECT_TYPES)
+    assert len(CATALOGUE) == 11
+
+
+def _orders(**over):
+    row = {"order_id": "O1", "customer_id": "C1", "amount": "100.00", "currency": "USD",
+           "status": "placed", "order_date": "2026-09-10"}
+    row.update(over)
+    return frame([row], list(row))
+
+
+@pytest.mark.parametrize("over, cite", [
+    ({}, None),
+    ({"amount": ""}, ("amount", "missing_value")),
+    ({"amount": "90000.00"}, ("amount", "out_of_range")),
+    ({"amount": "-5.00"}, ("amount", "out_of_range")),
+    ({"amount": "-5.00", "status": "refunded"}, None),
+    ({"amount": "50000.00"}, None),
+    ({"currency": "EUR"}, ("currency", "wrong_currency")),
+    ({"status": "Delivered"}, ("status", "invalid_value")),
+    ({"status": "shipped "}, ("status", "invalid_value")),
+    ({"order_date": "2026-08-31"}, ("order_date", "out_of_window")),
+    ({"order_date": "2026-09-30"}, None),
+    ({"customer_id": "C999"}, ("customer_id", "orphan_reference")),
+    ({"order_id": "O7"}, ("order_id", "duplicate_key")),
+])
+def test_each_orders_rule_cites_its_defect(over, cite):
+    contract = load_contract()
+    keys = {"customer_id": {"C1"}, "order_id": {"O7"}}
+    rules = rules_for(contract, "orders")
+    failed, _ = failing_rules(build_schema(contract, "orders", keys), _orders(**over), rules)
+    assert ((failed[0].column, failed[0].defect_type) if failed else None) == cite
+
+
+def test_schemas_follow_the_document_not_a_second_copy():
+    contract = load_contract()
+    contract["limits"]["max_amount"] = 10000
+    contract["reporting_window"]["end"] = "2026-09-29"
+    failed, _ = failing_rules(build_schema(contract, "orders", {"customer_id": {"C1"}}),
+                              _orders(amount="20000.00"), rules_for(contract, "orders"))
+    assert failed and failed[0].defect_type == "out_of_range"
+    failed, _ = failing_rules(build_schema(contract, "orders", {"customer_id": {"C1"}}),
+                              _orders(order_date="2026-09-30"), rules_for(contract, "orders"))
+    assert failed and failed[0].defect_type == "out_of_window"
+    del contract["orders"]["customer_id"]  # a contract that states no customer reference checks none
+    assert "orphan_reference" not in [r.defect_type for r in rules_for(contract, "orders")]
+
+
+def test_committed_contract_file_loads():
+    assert load_contract_file(ROOT / "contracts" / "classic.yaml")["reporting_window"] == {
+        "start": "2026-09-01", "end": "2026-09-30"}

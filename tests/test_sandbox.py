@@ -1,0 +1,144 @@
+"""run_sql: read-only, budgeted and limited; every write attempt refused with the warehouse
+unchanged; tables read recorded on every execution, from what SQLite resolves."""
+from __future__ import annotations
+
+import pytest
+
+from gate_pipeline import sandbox
+from gate_pipeline.tools import Episode
+
+CASE = "eval-blank-amount-0"
+
+
+@pytest.fixture
+def ep(prepared):
+    e = Episode(prepared[CASE])
+    yield e
+    e.close()
+
+
+def stg(ep, k=0):
+    return ep.prepared.listing[k]["staging_table"]
+
+
+def state(ep):
+    c = ep.world.conn
+    tables = c.execute("SELECT name FROM sqlite_master ORDER BY name").fetchall()
+    return tables, [c.execute(f"SELECT * FROM {t}").fetchall() for (t,) in tables]
+
+
+WRITES = [
+    ("DELETE FROM {stg} WHERE TRIM(amount) = ''", "not authorized", "DatabaseError"),
+    ("UPDATE {stg} SET currency = 'USD'", "not authorized", "DatabaseError"),
+    ("INSERT INTO wh_orders VALUES ('O1','C1',1.0,'USD','placed','2026-09-01')", "not authorized", "DatabaseError"),
+    ("DROP TABLE wh_orders", "not authorized", "DatabaseError"),
+    ("CREATE TABLE x (a)", "not authorized", "DatabaseError"),
+    ("CREATE TEMP TABLE x (a)", "not authorized", "DatabaseError"),
+    ("CREATE VIEW v AS SELECT 1", "not authorized", "DatabaseError"),
+    ("PRAGMA query_only = OFF", "not authorized", "DatabaseError"),
+    ("ATTACH DATABASE ':memory:' AS scratch", "not authorized", "DatabaseError"),
+    ("BEGIN", "not authorized", "DatabaseError"),
+    ("SELECT 1; DELETE FROM {stg}", "You can only execute one statement at a time.", "ProgrammingError"),
+    ("SELECT zeroblob(10)", "not authorized to use function: zeroblob", "OperationalError"),
+    ("SELECT randomblob(10)", "not authorized to use function: randomblob", "OperationalError"),
+    ("SELECT load_extension('x')", "not authorized to use function: load_extension", "OperationalError"),
+]
+
+
+@pytest.mark.parametrize("query, error, note", WRITES)
+def test_write_attempts_are_refused(ep, query, error, note):
+    before = state(ep)
+    q = query.format(stg=stg(ep))
+    assert ep.call("run_sql", {"query": q}) == {"error": error}
+    e = ep.ledger.entries[-1]
+    assert (e["executed"], e["note"], e["args"]) == (False, note, {"query": q})
+    assert state(ep) == before
+    assert ep.call("run_sql", {"query": "SELECT COUNT(*) FROM wh_orders"})["rows"] == [[30]]
+
+
+def test_loader_still_writes_after_refusals(ep):
+    ep.call("run_sql", {"query": "DROP TABLE wh_orders"})
+    bid = ep.prepared.order[0]
+    assert ep.call("load_batch", {"batch_id": bid})["status"] == "loaded"
+
+
+def test_runaway_recursion_hits_the_step_budget(ep):
+    q = "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT COUNT(*) FROM r"
+    assert ep.call("run_sql", {"query": q}) == {"error": "interrupted"}
+    assert ep.ledger.entries[-1]["note"] == "OperationalError"
+
+
+def test_time_budget(ep, monkeypatch):
+    monkeypatch.setattr(sandbox, "STEP_BUDGET", 10**12)
+    monkeypatch.setattr(sandbox, "TIME_BUDGET_S", 0.05)
+    q = "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT COUNT(*) FROM r"
+    assert ep.call("run_sql", {"query": q}) == {"error": "interrupted"}
+
+
+def test_value_length_limit(ep):
+    q = ("WITH RECURSIVE r(s) AS (SELECT 'xxxxxxxxxx' UNION ALL SELECT s || s FROM r WHERE length(s) < 100000) "
+         "SELECT length(s) FROM r")
+    assert ep.call("run_sql", {"query": q}) == {"error": "string or blob too big"}
+    assert ep.call("run_sql", {"query": "SELECT printf('%.*c', 30000, 'x')"})["rows"] == [[None]]
+
+
+def test_like_pattern_limit(ep):
+    q = f"SELECT 1 WHERE 'a' LIKE '{'a' * 201}'"
+    assert ep.call("run_sql", {"query": q}) == {"error": "LIKE or GLOB pattern too complex"}
+    assert "rows" in ep.call("run_sql", {"query": f"SELECT 1 WHERE 'a' LIKE '{'%' * 200}'"})
+
+
+def test_column_limit(ep):
+    q = "SELECT " + ", ".join(str(i) for i in range(65))
+    assert ep.call("run_sql", {"query": q}) == {"error": "too many columns in result set"}
+    assert len(ep.call("run_sql", {"query": "SELECT " + ", ".join(str(i) for i in range(64))})["columns"]) == 64
+
+
+def test_limits_do_not_outlive_the_query(ep):
+    ep.call("run_sql", {"query": "SELECT 1"})
+    assert ep.world.conn.execute("SELECT length(printf('%.*c', 30000, 'x'))").fetchone() == (30000,)
+
+
+def test_result_shaping(ep):
+    r = ep.call("run_sql", {"query": "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n+1 FROM r WHERE n < 60) SELECT n FROM r"})
+    assert len(r["rows"]) == 50 and r["truncated"] is True and r["columns"] == ["n"]
+    r = ep.call("run_sql", {"query": "SELECT 1 UNION ALL SELECT 2"})
+    assert r == {"columns": ["1"], "rows": [[1], [2]], "truncated": False}
+    r = ep.call("run_sql", {"query": "SELECT printf('%.*c', 300, 'y'), x'00ff', 1e999, -1e999"})
+    cell, blob, inf, ninf = r["rows"][0]
+    assert cell == "y" * 200 + "...[truncated]" and blob == "0x00ff" and (inf, ninf) == ("inf", "-inf")
+
+
+def test_query_normalisation_and_empty_query(ep):
+    assert ep.call("run_sql", {"query": "  SELECT 1;;  "})["rows"] == [[1]]
+    assert ep.ledger.entries[-1]["args"]["query"] == "SELECT 1"
+    assert ep.call("run_sql", {"query": ""}) == {"columns": [], "rows": [], "truncated": False}
+    assert ep.ledger.entries[-1]["args"] == {"query": "", "tables_read": []} and ep.ledger.entries[-1]["executed"]
+
+
+def test_tables_read_come_from_sqlite_not_the_text(ep):
+    s = stg(ep)
+    ep.call("run_sql", {"query": f"SELECT 1 -- {s}"})
+    assert ep.ledger.entries[-1]["args"]["tables_read"] == []
+    ep.call("run_sql", {"query": f"SELECT '{s}'"})
+    assert ep.ledger.entries[-1]["args"]["tables_read"] == []
+    ep.call("run_sql", {"query": f"SELECT 1 FROM {s} WHERE 0"})
+    assert ep.ledger.entries[-1]["args"]["tables_read"] == [s]
+    ep.call("run_sql", {"query": f"SELECT s.amount FROM {s} s JOIN wh_orders w ON s.order_id = w.order_id"})
+    assert ep.ledger.entries[-1]["args"]["tables_read"] == sorted([s, "wh_orders"])
+
+
+def test_tables_read_recorded_on_every_execution(ep):
+    q = f"SELECT COUNT(*) FROM {stg(ep)}"
+    ep.call("run_sql", {"query": q})
+    ep.call("run_sql", {"query": q})
+    assert [e["args"]["tables_read"] for e in ep.ledger.entries[-2:]] == [[stg(ep)], [stg(ep)]]
+
+
+def test_sql_errors_come_back_as_tool_errors(ep):
+    r = ep.call("run_sql", {"query": "SELEC 1"})
+    assert "syntax error" in r["error"] and ep.ledger.entries[-1]["note"] == "OperationalError"
+    r = ep.call("run_sql", {"query": "SELECT nope FROM wh_orders"})
+    assert r == {"error": "no such column: nope"}
+    r = ep.call("run_sql", {"query": "SELECT 1\x00"})
+    assert "error" in r
