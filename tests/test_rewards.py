@@ -1,0 +1,210 @@
+"""The F003 dense step reward: every test vector of DENSE_REWARD.md, the clamp, repeats, Layer 2's cap."""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from gate_pipeline.cases import read_cases
+from gate_pipeline.contract import COLUMNS
+from gate_pipeline.gold import gold_rows
+from gate_pipeline.rewards import (EpisodeContext, _bin_progress, _cardinality_score, _layer2_progress,
+                                   _numeric_range_score, _value_overlap_score, action_key, compute_step_reward,
+                                   step_parts)
+
+EVAL = "cases/classic/eval_curated.jsonl"
+TINY = 1e-12
+
+
+def ok(ctx, sql, rows=((1,),), action="QUERY"):
+    return compute_step_reward(ctx, action, sql, [tuple(r) for r in rows], None)
+
+
+# -- the test vectors ---------------------------------------------------------------------
+def test_first_successful_select_1_pays_exactly_0_025():
+    assert ok(EpisodeContext(), "SELECT 1") == 0.025
+
+
+def test_the_same_query_again_pays_minus_0_015():
+    ctx = EpisodeContext()
+    ok(ctx, "SELECT 1")
+    assert ok(ctx, "SELECT 1") == pytest.approx(-0.015, abs=TINY)
+
+
+def test_repeat_key_ignores_white_space_and_trailing_semicolons_but_keeps_case():
+    ctx = EpisodeContext()
+    ok(ctx, "SELECT  *\n FROM t")
+    assert ok(ctx, "  SELECT * FROM t ;; ") == pytest.approx(-0.015, abs=TINY)
+    assert ok(ctx, "select * from t") == pytest.approx(0.025, abs=TINY)
+    assert action_key("QUERY", "SELECT 1;") == action_key("QUERY", "SELECT 1")
+
+
+def test_a_syntax_error_pays_the_step_cost_only():
+    ctx = EpisodeContext()
+    assert compute_step_reward(ctx, "QUERY", "SELEC 1", None, "near 'SELEC': syntax error") == -0.005
+    assert ctx.cumulative_new_info_reward == 0.0
+
+
+def test_eleventh_distinct_query_has_no_new_info_left():
+    ctx = EpisodeContext()
+    paid = [ok(ctx, f"SELECT {i}") for i in range(11)]
+    assert all(p == pytest.approx(0.025, abs=TINY) for p in paid[:10])
+    assert paid[10] == pytest.approx(0.015, abs=TINY)
+    assert ctx.cumulative_new_info_reward == pytest.approx(0.10, abs=TINY)
+
+
+def test_running_total_0_49_leaves_0_010():
+    ctx = EpisodeContext(cumulative_step_reward=0.49)
+    assert ok(ctx, "SELECT 1") == pytest.approx(0.010, abs=TINY)
+    assert ctx.cumulative_step_reward == 0.5
+
+
+def test_running_total_at_the_cap_pays_nothing_and_a_loss_counts_in_full():
+    ctx = EpisodeContext(cumulative_step_reward=0.5)
+    assert ok(ctx, "SELECT 1") == 0.0
+    assert compute_step_reward(ctx, "QUERY", "bad", None, "error") == pytest.approx(-0.005, abs=TINY)
+
+
+@pytest.mark.parametrize("pred, gold, want", [
+    ([(1,), (2,)], [(3,), (4,)], 1.0),
+    ([], [(1,)], 0.0),
+    ([], [], 1.0),
+    ([(i,) for i in range(10)], [(1,)], 0.1),
+    ([(1,)], [(1,), (2,), (3,), (4,)], 0.25),
+])
+def test_cardinality(pred, gold, want):
+    assert _cardinality_score(pred, gold) == pytest.approx(want, abs=TINY)
+
+
+@pytest.mark.parametrize("distance, want", [(0, 1.0), (1, 0.591), (10, 0.294)])
+def test_numeric_proximity(distance, want):
+    assert round(_numeric_range_score([(100.0 + distance,)], [(100.0,)]), 3) == want
+
+
+@pytest.mark.parametrize("raw, want", [(0.1, 0.0), (0.125, 0.25), (0.5, 0.5), (0.874, 0.75), (0.875, 1.0)])
+def test_bins(raw, want):
+    assert _bin_progress(raw) == want
+
+
+def test_a_query_returning_exactly_gold_pays_layer1_and_full_layer2():
+    gold = [("O1", "C1", "160100.00", "USD", "placed", "2026-09-14")]
+    ctx = EpisodeContext(gold_rows=list(gold))
+    parts = step_parts(ctx, "QUERY", "SELECT * FROM stg WHERE CAST(amount AS REAL) > 50000", gold, None)
+    assert parts["layer1"] == 0.025
+    assert parts["layer2"] == 0.15
+    assert parts["step"] == pytest.approx(0.175, abs=TINY)
+    assert ctx.best_progress == 1.0
+
+
+# -- the sub-scores beyond the vectors ----------------------------------------------------
+def test_value_overlap_is_jaccard_of_cell_strings():
+    assert _value_overlap_score([], []) == 1.0
+    assert _value_overlap_score([(1, "a")], [("1", "b")]) == pytest.approx(1 / 3)
+    assert _value_overlap_score([("x",)], [("y",)]) == 0.0
+
+
+def test_numeric_range_edges():
+    assert _numeric_range_score([("a",)], [("b",)]) == 1.0           # gold has no numeric cell
+    assert _numeric_range_score([("a",)], [("5",)]) == 0.0           # pred has none
+    assert _numeric_range_score([("nan", 7)], [("nan", "7")]) == 1.0  # NaN is not a number here
+    nearest = _numeric_range_score([(0,), (9,), (30,)], [(10,)])
+    assert nearest == pytest.approx(1 / (1 + math.log(2)))
+
+
+def test_layer2_pays_improvement_only():
+    gold = [("a", "1"), ("b", "2")]
+    ctx = EpisodeContext(gold_rows=gold)
+    first = _layer2_progress(ctx, [("a", "1")])
+    assert first > 0 and ctx.best_progress < 1.0
+    assert _layer2_progress(ctx, [("a", "1")]) == 0.0
+    assert _layer2_progress(ctx, gold) == pytest.approx(0.15 - first, abs=TINY)
+    assert _layer2_progress(ctx, gold) == 0.0
+
+
+def test_empty_gold_skips_layer2():
+    ctx = EpisodeContext()
+    parts = step_parts(ctx, "QUERY", "SELECT 1", [(1,)], None)
+    assert parts["layer2"] == 0.0 and ctx.best_progress == 0.0
+
+
+def test_describe_and_sample_never_get_layer2():
+    ctx = EpisodeContext(gold_rows=[("a",)])
+    parts = step_parts(ctx, "SAMPLE", 'profile_batch{"batch_id":"a"}', [("a",)], None)
+    assert parts == {"layer1": 0.025, "layer2": 0.0, "step": 0.025}
+
+
+def test_unknown_action_type_is_refused():
+    with pytest.raises(ValueError, match="action_type"):
+        compute_step_reward(EpisodeContext(), "LOAD", "x", None, None)
+
+
+# -- the properties of an episode ---------------------------------------------------------
+def test_clamp_holds_over_long_random_episodes():
+    rng = random.Random(7)
+    gold = [("O1", "C1", "10.00")]
+    for _ in range(50):
+        ctx = EpisodeContext(gold_rows=gold)
+        total = 0.0
+        for _ in range(400):
+            sql = f"SELECT {rng.randrange(60)}"
+            error = "boom" if rng.random() < 0.3 else None
+            rows = None if error else rng.choice([[("O1", "C1", "10.00")], [(1,)], []])
+            total += compute_step_reward(ctx, "QUERY", sql, rows, error)
+            assert -0.2 - TINY <= total <= 0.5 + TINY
+            assert total == pytest.approx(ctx.cumulative_step_reward, abs=1e-9)
+
+
+def test_many_distinct_successes_stop_at_the_cap_and_many_errors_at_the_floor():
+    ctx = EpisodeContext()
+    assert sum(ok(ctx, f"SELECT {i}") for i in range(100)) == pytest.approx(0.5, abs=1e-9)
+    ctx = EpisodeContext()
+    total = sum(compute_step_reward(ctx, "QUERY", f"bad {i}", None, "e") for i in range(100))
+    assert total == pytest.approx(-0.2, abs=1e-9)
+
+
+def test_repeats_never_pay():
+    gold = [("O1", "C1", "10.00")]
+    ctx = EpisodeContext(gold_rows=gold)
+    ok(ctx, "SELECT 1", [])
+    ok(ctx, 'list_batches{}', [], action="DESCRIBE")
+    # the repeat returns different rows (the world changed), and would show progress: still no pay
+    assert ok(ctx, "SELECT 1", gold) < 0
+    assert ok(ctx, 'list_batches{}', [], action="DESCRIBE") < 0
+    assert compute_step_reward(ctx, "QUERY", "SELECT 1", None, "e") < 0
+    assert ctx.best_progress == 0.0
+
+
+def test_layer2_pays_at_most_0_15_per_episode():
+    gold = [("a", "1.5"), ("b", "2.5"), ("c", "3.5")]
+    rng = random.Random(3)
+    for _ in range(30):
+        ctx = EpisodeContext(gold_rows=gold)
+        paid = 0.0
+        for i in range(60):
+            rows = rng.sample(gold + [("z", str(i)), ("b", "9")], rng.randint(0, 5))
+            paid += step_parts(ctx, "QUERY", f"SELECT {i}", rows, None)["layer2"]
+        assert paid <= 0.15 + TINY
+
+
+def test_gold_rows_of_the_eval_cases():
+    by_family = {}
+    for case in read_cases(EVAL):
+        rows = gold_rows(case)
+        by_family.setdefault(case["family"], []).append(rows)
+        defective = [b for b in case["batches"] if b["truth"]["defective"]]
+        assert bool(rows) == bool(defective)
+        staged = {tuple(r[c] for c in COLUMNS[b["table"]]) for b in defective for r in b["rows"]}
+        assert set(rows) <= staged  # raw staging values, in contract column order
+    assert all(len(rows) == 1 and rows[0][2].strip() == "" for rows in by_family["blank-amount"])
+    assert all(len(rows) == 1 for rows in by_family["amount-bounds"])
+    assert all(len(rows) >= 2 for rows in by_family["resent-rows"])
+
+
+def test_gold_rows_of_an_orphan_are_the_orders_whose_customer_is_unknown():
+    for case in read_cases(EVAL):
+        if case["family"] != "orphan-customer":
+            continue
+        known = {r["customer_id"] for r in case["warehouse"]["customers"]}
+        rows = gold_rows(case)
+        assert rows and all(r[1] not in known for r in rows)
