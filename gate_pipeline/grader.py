@@ -48,20 +48,35 @@ def evidence(truth: dict, loads: dict, quarantined: dict) -> float:
     return max(0.0, (hits - wrong) / len(bad))
 
 
+_NEEDS = {"load_batch": ("batch_id",), "quarantine_batch": ("batch_id", "column", "defect_type"),
+          "profile_batch": ("batch_id",), "run_sql": (), "submit_report": ()}
+
+
+def executed(entries: list[dict]):
+    """(action, args) of each executed entry, skipping any malformed one (a stored ledger can be
+    edited by hand; its chain is then broken and `ledger_intact` says so, but grading goes on)."""
+    for e in entries:
+        if not isinstance(e, dict) or e.get("executed") is not True:
+            continue
+        action, args = e.get("action"), e.get("args")
+        if action not in _NEEDS or not isinstance(args, dict):
+            continue
+        if all(isinstance(args.get(k), str) for k in _NEEDS[action]):
+            yield action, args
+
+
 def inspected(entries: list[dict], staging: dict) -> float:
     """Share of acted-on batches that were profiled or queried before the first action on them."""
     looked: set[str] = set()
     acted: dict[str, bool] = {}
     by_table = {table: bid for bid, table in staging.items()}
-    for e in entries:
-        if not e["executed"]:
-            continue
-        action, args = e["action"], e["args"]
+    for action, args in executed(entries):
         if action == "profile_batch":
             looked.add(args["batch_id"])
         elif action == "run_sql":
-            for table in args.get("tables_read", ()):
-                if table in by_table:
+            tables = args.get("tables_read")
+            for table in tables if isinstance(tables, list) else ():
+                if isinstance(table, str) and table in by_table:
                     looked.add(by_table[table])
         elif action in ("load_batch", "quarantine_batch"):
             bid = args["batch_id"]
@@ -80,19 +95,19 @@ def state_from_ledger(entries: list[dict]) -> dict:
     quarantined: dict[str, dict] = {}
     orphans: dict[str, int] = {}
     report = None
-    for e in entries:
-        if not e["executed"]:
-            continue
-        action, args = e["action"], e["args"]
+    for action, args in executed(entries):
         if action == "load_batch":
             bid = args["batch_id"]
             loads[bid] = loads.get(bid, 0) + 1
-            if args.get("orphan_rows"):
-                orphans[bid] = max(orphans.get(bid, 0), args["orphan_rows"])
+            n = args.get("orphan_rows")
+            if isinstance(n, int) and n > 0:
+                orphans[bid] = max(orphans.get(bid, 0), n)
         elif action == "quarantine_batch":
             quarantined.setdefault(args["batch_id"], {"column": args["column"], "defect_type": args["defect_type"]})
         elif action == "submit_report" and report is None:
-            report = {"loaded": args["loaded"], "quarantined": args["quarantined"]}
+            lists = [args.get("loaded"), args.get("quarantined")]
+            if all(isinstance(v, list) and all(isinstance(x, str) for x in v) for v in lists):
+                report = {"loaded": lists[0], "quarantined": lists[1]}
     return {"loads": loads, "quarantined": quarantined, "orphans_at_load": orphans, "report": report}
 
 

@@ -80,3 +80,15 @@ def test_grade_of_a_tampered_ledger_says_so(prepared):
     assert g["ledger_intact"] and not forged["ledger_intact"]
     assert grade(ep)["ledger_intact"]
     ep.close()
+
+
+def test_a_mangled_stored_ledger_is_graded_not_crashed(prepared):
+    _, ep = _played(prepared)
+    p = ep.prepared
+    entries = copy.deepcopy(ep.ledger.entries)
+    entries[1] = "not an entry"
+    entries[2]["args"] = None
+    entries[-1]["args"]["loaded"] = 5
+    g = grade_record(p.case, entries, ep.world.revenue(), p.correct_mart)
+    assert not g["ledger_intact"] and not g["finished"] and g["reward"] == 0.0
+    ep.close()
