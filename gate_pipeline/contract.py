@@ -77,18 +77,22 @@ def validate_contract(doc: Any, where: str = "contract") -> dict:
     return doc
 
 
-def load_contract_file(path: str | Path) -> dict:
-    """Read and validate one contract YAML file."""
+def read_yaml(path: str | Path, what: str = "contract") -> Any:
+    """One YAML document from a file; an unreadable file or bad YAML is a ContractError naming it."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ContractError(f"{path}: cannot read contract ({exc.strerror or exc})") from None
+        raise ContractError(f"{path}: cannot read {what} ({exc.strerror or exc})") from None
     try:
-        doc = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ContractError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
-    return validate_contract(doc, str(path))
+
+
+def load_contract_file(path: str | Path) -> dict:
+    """Read and validate one contract YAML file."""
+    return validate_contract(read_yaml(path), str(path))
 
 
 @lru_cache(maxsize=None)

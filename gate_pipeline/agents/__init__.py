@@ -5,13 +5,14 @@ from .attackers import (CitationSpray, DoubleLoad, InspectTheatre, LoadThenQuara
                         ReportLiar, ReportOnly, SqlWrite)
 from .baselines import Naive, ProfileOnly, RefuseAll
 from .careful import CarefulPandera, CarefulSQL
+from .random_policy import RandomPolicy
 
 BASELINES = {"naive": Naive, "careful": CarefulPandera, "careful-sql": CarefulSQL,
              "refuse-all": RefuseAll, "profile-only": ProfileOnly}
 ATTACKERS = {"report-liar": ReportLiar, "report-only": ReportOnly, "load-then-quarantine": LoadThenQuarantine,
              "citation-spray": CitationSpray, "sql-write": SqlWrite, "inspect-theatre": InspectTheatre,
              "double-load": DoubleLoad, "orders-first": OrdersFirst}
-AGENTS = {**BASELINES, **ATTACKERS}
+AGENTS = {**BASELINES, **ATTACKERS, "random": RandomPolicy}
 
 
 class UnknownAgent(ValueError):
@@ -19,7 +20,12 @@ class UnknownAgent(ValueError):
 
 
 def make_agent(name: str, **options):
-    """A fresh agent by name (options go to its constructor); an unknown name is one clear error."""
+    """A fresh agent by name (options go to its constructor); an unknown name is one clear error.
+
+    'careful@<variant>' is careful under a contract-schema variant (gate_pipeline.variants)."""
+    if isinstance(name, str) and "@" in name:
+        from ..variants import variant_agent
+        return variant_agent(name, **options)
     if not isinstance(name, str) or name not in AGENTS:
         raise UnknownAgent(f"unknown agent {name!r}; agents: {', '.join(AGENTS)}")
     try:

@@ -107,11 +107,14 @@ class CarefulPandera(_Careful):
     """The pandera schemas built from the contract, validated lazily on each fetched batch."""
     name = "careful"
 
-    def __init__(self, without=(), **kw):
+    def __init__(self, without=(), contract_view=None, **kw):
         super().__init__(**kw)
         self.without = tuple(without)
+        self.contract_view = contract_view  # contract read -> contract the schema is built from (variants)
 
     def find_defect(self, tools, batch, contract):
+        if self.contract_view is not None:
+            contract = self.contract_view(contract)
         table = batch["table"]
         cols = COLUMNS[table]
         rows = fetch_all(tools, f"SELECT {', '.join(cols)} FROM {batch['staging_table']}")

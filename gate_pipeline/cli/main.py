@@ -17,7 +17,7 @@ from .errors import UsageError
 from .progress import progress_bar
 
 # Subcommands that live in their own modules: each has register(subparsers, parser_class).
-EXTENSIONS: tuple[str, ...] = ()
+EXTENSIONS: tuple[str, ...] = ("experiment",)
 
 DEFAULT_CASES = Path("cases/classic/eval_curated.jsonl")
 REPORT_AGENTS = ["naive", "careful", "refuse-all"]
@@ -33,7 +33,7 @@ def _agents(text: str) -> list[str]:
     names = [a.strip() for a in text.split(",") if a.strip()]
     if not names:
         raise UsageError("--agents needs at least one agent name")
-    unknown = [a for a in names if a not in AGENTS]
+    unknown = [a for a in names if a not in AGENTS and "@" not in a]  # careful@<variant>: make_agent checks
     if unknown:
         raise UsageError(f"unknown agent {unknown[0]!r}; agents: {', '.join(AGENTS)}")
     return names
@@ -63,17 +63,25 @@ def cmd_cases_generate(a) -> int:
 
 
 def cmd_report(a) -> int:
+    from .experiment import html_target, save_html
+    if a.html and a.reward == "dense":
+        raise UsageError("--html draws the terminal-reward report; drop --reward dense")
+    target = html_target(a.html)
     cases = _cases(a.cases)
     names = _agents(a.agents) if a.agents else REPORT_AGENTS
     if a.reward == "dense":
         from .dense import dense_report
         return dense_report(a, cases)
     grades = _play(cases, names)
+    from ..tables import baseline_tables
+    tables = baseline_tables(cases, grades, split=_split(a.cases))
     if a.json:
         print(json.dumps({"agents": grades}))
     else:
-        from ..tables import baseline_tables
-        print(baseline_tables(cases, grades, split=_split(a.cases)))
+        print(tables)
+    if target is not None:
+        save_html(target, grades, title="gate report", subtitle=f"{len(cases)} cases ({a.cases})",
+                  tables=[("Tables", tables)])
     return 0
 
 
@@ -154,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--json", action="store_true")
     rep.add_argument("--reward", choices=["terminal", "dense"], default="terminal")
     rep.add_argument("--seed", type=int, default=0, help="seed of the random policy (dense report)")
+    rep.add_argument("--html", default=None, metavar="FILE", help="also write a self-contained HTML report")
     rep.set_defaults(fn=cmd_report)
 
     att = sub.add_parser("attacks", help="run the attackers against the grader")

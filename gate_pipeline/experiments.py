@@ -1,0 +1,110 @@
+"""Contract-schema experiments: the careful baseline under each variant, side by side.
+
+Each case is prepared once and played by `careful@<variant>` for every variant, so a table
+row differs from the `full` row only by what the variant changed in the schema. Per variant:
+the mean reward, defective batches loaded, clean batches refused (quarantined), revenue
+error, and the same per family; "let through" lists the families a bad batch got past in.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from .agents import make_agent
+from .generator import FAMILIES
+from .grader import exact_mean
+from .runner import play
+from .tables import money
+from .variants import Variant, load_variants
+from .world import PreparedCase
+
+LABEL = 40
+
+
+def agent_name(variant: Variant) -> str:
+    return f"careful@{variant.name}"
+
+
+def _clean_refused(prepared: PreparedCase, episode) -> int:
+    return sum(1 for bid in episode.world.quarantined
+               if bid in prepared.truth and not prepared.truth[bid]["defective"])
+
+
+def play_variants(cases: list[dict], variants: list[Variant], progress: Callable | None = None) -> dict:
+    """{agent name: [grade per case]}; each grade also carries 'clean_batches_refused'."""
+    agents = {agent_name(v): make_agent(agent_name(v)) for v in variants}
+    grades: dict[str, list] = {name: [] for name in agents}
+    for case in cases:
+        prepared = PreparedCase(case)
+        for name, agent in agents.items():
+            g, episode = play(prepared, agent, keep_episode=True)
+            g["clean_batches_refused"] = _clean_refused(prepared, episode)
+            episode.close()
+            grades[name].append(g)
+        if progress:
+            progress()
+    return grades
+
+
+def _figures(gs: list[dict]) -> dict:
+    return {"reward": float(exact_mean(g["reward"] for g in gs)),
+            "bad_batches_loaded": sum(g["bad_batches_loaded"] for g in gs),
+            "clean_batches_refused": sum(g["clean_batches_refused"] for g in gs),
+            "revenue_error_usd": float(money(g["revenue_error_usd"] for g in gs))}
+
+
+def families_of(cases: list[dict]) -> list[str]:
+    present = {c["family"] for c in cases}
+    return [f for f in FAMILIES if f in present] + sorted(present - set(FAMILIES))
+
+
+def summarise(cases: list[dict], variants: list[Variant], grades: dict) -> dict:
+    """The experiment's figures (JSON-ready): totals and per-family figures per variant."""
+    families = families_of(cases)
+    defective = sum(1 for c in cases for b in c["batches"] if b["truth"]["defective"])
+    total = sum(len(c["batches"]) for c in cases)
+    out = {"cases": len(cases), "batches": total, "defective": defective, "clean": total - defective,
+           "families": families, "variants": {}}
+    for v in variants:
+        gs = grades[agent_name(v)]
+        per_family = {f: _figures([g for g in gs if g["family"] == f]) for f in families}
+        out["variants"][v.name] = {
+            "agent": agent_name(v), "description": v.description,
+            "remove_rules": list(v.remove_rules), "overrides": v.overrides,
+            **_figures(gs), "per_family": per_family,
+            "let_through": [f for f in families if per_family[f]["bad_batches_loaded"]],
+            "refused_clean_in": [f for f in families if per_family[f]["clean_batches_refused"]],
+        }
+    return out
+
+
+def run_experiment(cases: list[dict], variant_names: list[str] | None = None,
+                   progress: Callable | None = None) -> tuple[dict, dict]:
+    """(summary, grades) of careful under each named variant (default: every variant file)."""
+    variants = load_variants(variant_names)
+    grades = play_variants(cases, variants, progress)
+    return summarise(cases, variants, grades), grades
+
+
+def _head(family: str) -> tuple[str, str]:
+    first, _, rest = family.partition("-")
+    return first, rest
+
+
+def experiment_tables(summary: dict, split: str = "eval") -> str:
+    """The experiment as text: one row per variant, then mean reward per family."""
+    s, V = summary, summary["variants"]
+    lines = [f"{split} split: {s['cases']} cases, {s['batches']} batches ({s['defective']} defective, "
+             f"{s['clean']} clean); careful under each contract-schema variant", "",
+             f"{'variant':<{LABEL}}{'reward':>8}{'bad loaded':>12}{'clean refused':>15}{'revenue err $':>15}"
+             f"  let through"]
+    for name, v in V.items():
+        bad, refused = f"{v['bad_batches_loaded']}/{s['defective']}", f"{v['clean_batches_refused']}/{s['clean']}"
+        lines.append(f"{name:<{LABEL}}{v['reward']:>8.4f}{bad:>12}{refused:>15}{v['revenue_error_usd']:>15,.2f}"
+                     f"  {', '.join(v['let_through']) or '-'}")
+    fams = s["families"]
+    lines += ["", "per family (mean reward):",
+              f"{'':<{LABEL}}" + "".join(f"{_head(f)[0]:>10}" for f in fams),
+              f"{'':<{LABEL}}" + "".join(f"{_head(f)[1]:>10}" for f in fams)]
+    for name, v in V.items():
+        lines.append(f"{name:<{LABEL}}" + "".join(f"{v['per_family'][f]['reward']:>10.4f}" for f in fams))
+    return "\n".join(lines)

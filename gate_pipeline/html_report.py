@@ -1,0 +1,192 @@
+"""One self-contained HTML page of a run's results: tables and charts, readable offline.
+
+Charts are drawn with matplotlib (no pyplot state, Agg-free: straight to SVG) and inlined, so
+the page needs no network, no scripts and no files beside it. Anything that has grades can
+call it: `gate report --html`, `gate experiment --html`, model runs (pass^k per family) and
+the nightly scoreboard.
+
+    write_html(path, grades, title=..., tables=[(heading, text)], pass_k=pass_k_by_family(...))
+
+`grades` is {agent: [grade per case]} as runner.play_agents returns it.
+"""
+from __future__ import annotations
+
+import html
+import io
+import re
+from math import comb
+from pathlib import Path
+
+from matplotlib import rcParams
+from matplotlib.figure import Figure
+
+from .generator import FAMILIES
+from .grader import exact_mean
+from .tables import money, summary
+
+rcParams["svg.hashsalt"] = "gate"  # stable element ids: the same grades give the same page
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;max-width:1200px;
+color:#1b1f24;padding:0 1em}
+h1{font-size:1.6em;margin-bottom:.2em} h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #d0d7de}
+.sub{color:#57606a;margin-top:0} table{border-collapse:collapse;font-size:.9em}
+th,td{padding:.3em .7em;border-bottom:1px solid #eaeef2;text-align:right} th:first-child,td:first-child{text-align:left}
+thead th{background:#f6f8fa} pre{background:#f6f8fa;padding:1em;overflow-x:auto;font-size:.8em;line-height:1.35}
+figure{margin:1em 0} figcaption{color:#57606a;font-size:.9em} svg{max-width:100%;height:auto}
+"""
+
+
+def _families(grades: dict[str, list]) -> list[str]:
+    present = {g["family"] for gs in grades.values() for g in gs}
+    return [f for f in FAMILIES if f in present] + sorted(present - set(FAMILIES))
+
+
+def _colours(n: int) -> list:
+    from matplotlib import colormaps
+    cmap = colormaps["tab10" if n <= 10 else "tab20"]
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
+def _svg(fig: Figure, tag: str) -> str:
+    """The figure as an inline <svg> element, its ids prefixed so several can share a page."""
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    text = buf.getvalue()
+    text = text[text.index("<svg"):]
+    text = re.sub(r'\bid="', f'id="{tag}-', text)
+    text = text.replace("url(#", f"url(#{tag}-").replace('href="#', f'href="#{tag}-')
+    return text.replace("<svg ", f'<svg class="chart" data-chart="{tag}" ', 1)
+
+
+def _grouped_bars(ax, labels: list[str], series: dict[str, list[float]]) -> None:
+    n = max(len(series), 1)
+    width = 0.8 / n
+    for i, ((name, values), colour) in enumerate(zip(series.items(), _colours(n))):
+        xs = [j - 0.4 + width * (i + 0.5) for j in range(len(labels))]
+        ax.bar(xs, values, width, label=name, color=colour)
+    ax.set_xticks(range(len(labels)), labels)
+    ax.legend(fontsize=8, ncols=min(n, 4), loc="upper center", bbox_to_anchor=(0.5, -0.18 if len(labels) <= 10
+                                                                                   else -0.45), frameon=False)
+
+
+def family_reward_chart(grades: dict[str, list]) -> str:
+    """Mean reward per family, one bar per agent."""
+    fams = _families(grades)
+    series = {a: [float(exact_mean(g["reward"] for g in gs if g["family"] == f))
+                  if any(g["family"] == f for g in gs) else 0.0 for f in fams] for a, gs in grades.items()}
+    fig = Figure(figsize=(max(8.0, 0.12 * len(fams) * len(grades) + 4), 4.2))
+    ax = fig.add_subplot()
+    _grouped_bars(ax, fams, series)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("mean reward")
+    ax.set_title("Mean reward per family")
+    ax.tick_params(axis="x", labelsize=8, rotation=20)
+    ax.grid(axis="y", alpha=0.3)
+    return _svg(fig, "family-reward")
+
+
+def revenue_error_chart(grades: dict[str, list]) -> str:
+    """Revenue error per case and agent; the largest ones are labelled with their dollar figure."""
+    first = next(iter(grades.values()), [])
+    ids = [g["case_id"] for g in first]
+    series = {a: [float(money([g["revenue_error_usd"]])) for g in gs] for a, gs in grades.items()}
+    fig = Figure(figsize=(max(9.0, 0.3 * len(ids) + 2), 4.6))
+    ax = fig.add_subplot()
+    _grouped_bars(ax, ids, series)
+    ax.tick_params(axis="x", labelsize=7, rotation=90)
+    top = max((v for vs in series.values() for v in vs), default=0.0)
+    n = max(len(series), 1)
+    for i, values in enumerate(series.values()):
+        for j, v in enumerate(values):
+            if top and v >= 0.25 * top:  # the cents/dollars mix-ups dwarf everything else
+                ax.annotate(f"${v:,.0f}", (j - 0.4 + 0.8 / n * (i + 0.5), v), fontsize=7, ha="center",
+                            va="bottom", xytext=(0, 2), textcoords="offset points")
+    ax.set_ylabel("revenue error (USD)")
+    ax.set_title("Revenue error per case (mart after the run vs mart if handled correctly)")
+    ax.grid(axis="y", alpha=0.3)
+    return _svg(fig, "revenue-error")
+
+
+def pass_k_by_family(grades: list[dict], ks=(1, 2, 4), success=lambda g: g["reward"] == 1.0) -> dict:
+    """pass^k per family from repeated trials (several grades per case_id): the chance that k
+    trials drawn without replacement from a case's n all succeed, C(c,k)/C(n,k), averaged over
+    the family's cases. A k above a case's trial count is left out."""
+    trials: dict[str, list] = {}
+    family: dict[str, str] = {}
+    for g in grades:
+        trials.setdefault(g["case_id"], []).append(bool(success(g)))
+        family[g["case_id"]] = g["family"]
+    out: dict[str, dict] = {}
+    for fam in [f for f in FAMILIES if f in family.values()] + sorted(set(family.values()) - set(FAMILIES)):
+        cases = [c for c in trials if family[c] == fam]
+        out[fam] = {}
+        for k in ks:
+            usable = [trials[c] for c in cases if len(trials[c]) >= k]
+            if usable:
+                out[fam][k] = float(exact_mean(comb(sum(t), k) / comb(len(t), k) for t in usable))
+    return out
+
+
+def pass_k_chart(pass_k: dict[str, dict]) -> str:
+    """pass^k per family for each model: one bar per k."""
+    agents = list(pass_k)
+    fig = Figure(figsize=(9.0, 3.4 * len(agents)))
+    for row, agent in enumerate(agents):
+        fams = list(pass_k[agent])
+        ks = sorted({k for f in fams for k in pass_k[agent][f]}, key=int)
+        ax = fig.add_subplot(len(agents), 1, row + 1)
+        _grouped_bars(ax, fams, {f"pass^{k}": [pass_k[agent][f].get(k, 0.0) for f in fams] for k in ks})
+        ax.set_ylim(0, 1.05)
+        ax.set_title(f"{agent}: pass^k per family")
+        ax.tick_params(axis="x", labelsize=8, rotation=20)
+        ax.grid(axis="y", alpha=0.3)
+    fig.subplots_adjust(hspace=0.9)
+    return _svg(fig, "pass-k")
+
+
+def _summary_table(grades: dict[str, list]) -> str:
+    A = summary([], grades)["agents"]
+    head = ["agent", "reward", "disposition", "report", "evidence", "inspected", "bad loaded",
+            "revenue error $", "ledgers intact"]
+    rows = []
+    for name, a in A.items():
+        n = len(grades[name])
+        cells = [name, f"{a['reward']:.4f}", f"{a['disposition']:.4f}", f"{a['report']:.4f}",
+                 f"{a['evidence']:.4f}", f"{a['inspected']:.4f}", str(a["bad_batches_loaded"]),
+                 f"{a['revenue_error_usd']:,.2f}", f"{a['ledgers_intact']}/{n}"]
+        rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+    return ("<table><thead><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr></thead><tbody>"
+            + "".join(rows) + "</tbody></table>")
+
+
+def render_html(grades: dict[str, list], title: str = "gate report", subtitle: str = "",
+                tables: list[tuple[str, str]] = (), pass_k: dict[str, dict] | None = None) -> str:
+    """The page as a string. `tables` are (heading, preformatted text) pairs, shown after the charts."""
+    if not grades or not all(grades.values()):
+        raise ValueError("render_html needs at least one agent with at least one grade")
+    parts = [f"<h1>{html.escape(title)}</h1>"]
+    if subtitle:
+        parts.append(f'<p class="sub">{html.escape(subtitle)}</p>')
+    parts += ["<h2>Scores</h2>", _summary_table(grades),
+              "<h2>Mean reward per family</h2>", f"<figure>{family_reward_chart(grades)}</figure>",
+              "<h2>Revenue error per case</h2>",
+              f"<figure>{revenue_error_chart(grades)}<figcaption>Dollars the revenue mart is off by after "
+              "the run; the tallest bars are the cents/dollars mix-ups of amount-bounds.</figcaption></figure>"]
+    if pass_k:
+        parts += ["<h2>pass^k per family</h2>", f"<figure>{pass_k_chart(pass_k)}<figcaption>pass^k: the chance "
+                  "that k independent trials of a case all succeed (reward 1.0).</figcaption></figure>"]
+    for heading, text in tables:
+        parts += [f"<h2>{html.escape(heading)}</h2>", f"<pre>{html.escape(text)}</pre>"]
+    body = "\n".join(parts)
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head>'
+            f"<body>\n{body}\n</body></html>\n")
+
+
+def write_html(path: str | Path, grades: dict[str, list], **kw) -> Path:
+    """Render the page (see render_html for the keywords) and write it to `path`."""
+    path = Path(path)
+    text = render_html(grades, **kw)
+    path.write_text(text, encoding="utf-8")
+    return path

@@ -1,0 +1,97 @@
+"""The HTML report: self-contained, and its charts really render in headless Chromium."""
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gate_pipeline.cases import read_cases
+from gate_pipeline.cli.main import main
+from gate_pipeline.html_report import pass_k_by_family, render_html, write_html
+from gate_pipeline.runner import play_agents
+
+CASES = Path(__file__).resolve().parent.parent / "cases" / "classic" / "eval_curated.jsonl"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def grades():
+    return play_agents(read_cases(CASES), ["naive", "careful"])
+
+
+def test_pass_k_is_all_k_trials_succeed():
+    g = lambda case, fam, r: {"case_id": case, "family": fam, "reward": r}  # noqa: E731
+    trials = [g("a", "x", 1.0), g("a", "x", 1.0), g("a", "x", 0.5),  # 2 of 3 succeed
+              g("b", "x", 1.0), g("b", "x", 1.0), g("b", "x", 1.0),  # 3 of 3
+              g("c", "y", 0.0), g("c", "y", 1.0)]                    # 1 of 2
+    out = pass_k_by_family(trials, ks=(1, 2, 3))
+    # x: pass^1 = (2/3 + 1)/2, pass^2 = (C(2,2)/C(3,2) + 1)/2 = (1/3 + 1)/2, pass^3 = (0 + 1)/2
+    assert out["x"] == pytest.approx({1: 5 / 6, 2: 2 / 3, 3: 1 / 2})
+    assert out["y"] == pytest.approx({1: 1 / 2, 2: 0.0})  # k=3 left out: only 2 trials
+
+
+def test_page_is_self_contained(grades):
+    page = render_html(grades, title="t <&>", tables=[("Tables", "a < b")],
+                       pass_k={"model-x": pass_k_by_family(grades["careful"] * 3, ks=(1, 3))})
+    assert page.count('<svg class="chart"') == 3
+    assert "<script" not in page and "<link" not in page and "<img" not in page
+    assert not re.search(r'(src|href)="(https?:|//)', page)  # nothing fetched from anywhere
+    assert "t &lt;&amp;&gt;" in page and "a &lt; b" in page
+    ids = re.findall(r'\bid="([^"]+)"', page)
+    assert len(ids) == len(set(ids))  # three SVGs, no id shared between them
+
+
+def test_same_grades_same_page(grades):
+    assert render_html(grades) == render_html(grades)
+
+
+def test_no_grades_is_refused():
+    with pytest.raises(ValueError):
+        render_html({})
+
+
+def test_report_html_flag_errors(tmp_path, capsys):
+    assert main(["report", "--html", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    assert main(["report", "--reward", "dense", "--html", str(tmp_path / "x.html")]) == 2
+    assert "drop --reward dense" in capsys.readouterr().err
+    assert not (tmp_path / "x.html").exists()
+
+
+def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    profile = tmp_path / "chromium-profile"
+    return subprocess.run(
+        [CHROMIUM, "--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
+         f"--user-data-dir={profile}", *args],
+        capture_output=True, text=True, timeout=120)
+
+
+def _pixels_near(png: Path, rgb: tuple[int, int, int], tol: int = 6) -> int:
+    from matplotlib.image import imread
+    img = (imread(png)[:, :, :3] * 255).round()
+    return int((abs(img - rgb).max(axis=2) <= tol).sum())
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium not installed (apt-get install -y chromium)")
+def test_charts_render_in_headless_chromium(tmp_path, capsys):
+    page = tmp_path / "report.html"
+    assert main(["report", "--cases", str(CASES), "--agents", "naive,careful", "--html", str(page)]) == 0
+    capsys.readouterr()
+
+    dom = _chromium(tmp_path, "--dump-dom", page.as_uri())
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    charts = re.findall(r'<svg class="chart" data-chart="([^"]+)"', dom.stdout)
+    assert charts == ["family-reward", "revenue-error"]
+    assert dom.stdout.count("<path") > 100  # bars, axes, glyphs parsed into the DOM
+
+    shot = tmp_path / "report.png"
+    run = _chromium(tmp_path, "--window-size=1280,2200", f"--screenshot={shot}", page.as_uri())
+    assert run.returncode == 0 and shot.exists(), run.stderr[-2000:]
+    blue, orange = (31, 119, 180), (255, 127, 14)  # matplotlib tab10: naive, careful
+    # naive's bars: 8 families and the revenue-error bars; careful's: 8 families at 1.0
+    assert _pixels_near(shot, blue) > 5000
+    assert _pixels_near(shot, orange) > 5000
+    from matplotlib.image import imread
+    assert imread(shot).shape[:2] == (2200, 1280)

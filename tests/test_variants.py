@@ -1,0 +1,127 @@
+"""Contract-schema variants: the built-in files, the variant agent, and refusals of broken files."""
+from pathlib import Path
+
+import pytest
+
+from gate_pipeline.agents import UnknownAgent, make_agent
+from gate_pipeline.agents.careful import CarefulPandera
+from gate_pipeline.contract import ContractError, load_contract
+from gate_pipeline.schemas import CATALOGUE
+from gate_pipeline.variants import load_variant, load_variant_file, load_variants, variant_names
+
+RULES = [r.key for r in CATALOGUE]
+
+
+def test_built_in_variants_cover_every_rule_once():
+    names = variant_names()
+    assert names[0] == "full"
+    ablation = [n for n in names if n.startswith("no-")]
+    assert ablation == [f"no-{k}" for k in RULES]  # one per rule, in catalogue order
+    for name in ablation:
+        assert load_variant(name).remove_rules == (name[3:],)
+    assert {"profile-visible", "over-strict"} <= set(names)
+
+
+def test_profile_visible_removes_exactly_the_warehouse_rules():
+    v = load_variant("profile-visible")
+    assert set(v.remove_rules) == {r.key for r in CATALOGUE if r.needs_warehouse}
+
+
+def test_over_strict_overrides_only_what_it_says():
+    base = load_contract()
+    strict = load_variant("over-strict").apply(base)
+    assert strict["limits"]["max_amount"] == 10000
+    assert strict["reporting_window"] == {"start": "2026-09-01", "end": "2026-09-29"}
+    assert strict["limits"]["allowed_status"] == base["limits"]["allowed_status"]
+    assert base["limits"]["max_amount"] == 50000  # the contract read is not mutated
+
+
+def test_variant_agent_is_careful_with_the_variant_applied():
+    agent = make_agent("careful@no-orders.customer_id.orphan_reference")
+    assert isinstance(agent, CarefulPandera)
+    assert agent.name == "careful@no-orders.customer_id.orphan_reference"
+    assert agent.without == ("orders.customer_id.orphan_reference",)
+    strict = make_agent("careful@over-strict")
+    assert strict.contract_view(load_contract())["limits"]["max_amount"] == 10000
+
+
+@pytest.mark.parametrize("name, needle", [
+    ("careful@no-such-variant", "unknown variant 'no-such-variant'"),
+    ("naive@full", "only careful takes a contract variant"),
+    ("careful@", "unknown variant ''"),
+    ("careful@../classic", "unknown variant '../classic'"),
+])
+def test_unknown_variant_agents_are_one_clear_error(name, needle):
+    with pytest.raises(UnknownAgent, match=None) as exc:
+        make_agent(name)
+    assert needle in str(exc.value)
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / "contracts" / "variants" / f"{name}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def user_contracts(tmp_path, monkeypatch):
+    """A contracts/ dir of the user's own: the classic contract plus variant files written by a test."""
+    (tmp_path / "contracts").mkdir()
+    classic = Path(__file__).resolve().parent.parent / "contracts" / "classic.yaml"
+    (tmp_path / "contracts" / "classic.yaml").write_text(classic.read_text(encoding="utf-8"), encoding="utf-8")
+    monkeypatch.setenv("GATE_CONTRACTS", str(tmp_path / "contracts"))
+    return tmp_path
+
+
+GOOD = "variant:\n  base: classic\n  description: cap 20k\n  overrides: {limits: {max_amount: 20000}}\n"
+
+
+def test_a_user_adds_a_variant_by_writing_a_file(user_contracts):
+    _write(user_contracts, "cap-20k", GOOD)
+    assert variant_names() == ["cap-20k"]
+    agent = make_agent("careful@cap-20k")
+    assert agent.contract_view(load_contract())["limits"]["max_amount"] == 20000
+
+
+@pytest.mark.parametrize("text, key", [
+    ("variant:\n  base: classic\n  description: x\n  remove_rule: [orders.amount.out_of_range]\n", "'variant.remove_rule'"),
+    ("variant:\n  base: classic\n  description: x\n  remove_rules: [orders.amount.too_big]\n", "'variant.remove_rules'"),
+    ("variant:\n  base: classic\n  description: x\n  overrides: {limits: {max_amont: 5}}\n", "'variant.overrides.limits.max_amont'"),
+    ("variant:\n  base: classic\n  description: x\n  overrides: {limits: {max_amount: '5'}}\n", "'variant.overrides.limits.max_amount'"),
+    ("variant:\n  base: classic\n  description: x\n  overrides: {limits: {max_amount: -5}}\n", "'variant.overrides.limits.max_amount'"),
+    ("variant:\n  base: classic\n  description: x\n  overrides: {orders: {amount: free}}\n", "'variant.overrides.orders'"),
+    ("variant:\n  base: classic\n  description: x\n  overrides: {reporting_window: {end: 'Sept 29'}}\n",
+     "'variant.overrides.reporting_window.end'"),
+    ("variant:\n  base: classic\n  description: x\n  overrides: {reporting_window: {start: '2026-10-01'}}\n",
+     "'variant.overrides.reporting_window'"),
+    ("variant:\n  base: nope\n  description: x\n", "'variant.base'"),
+    ("variant:\n  description: x\n", "'variant.base'"),
+    ("variant:\n  base: classic\n", "'variant.description'"),
+    ("variant: [1, 2]\n", "'variant'"),
+    ("base: classic\n", "'variant'"),
+    ("variant:\n  base: classic\n  description: x\nextra: 1\n", "'extra'"),
+    ("variant: {base: classic, description: [\n", "not valid YAML"),
+])
+def test_a_broken_variant_file_names_the_file_and_the_key(user_contracts, text, key):
+    path = _write(user_contracts, "mine", text)
+    with pytest.raises(ContractError) as exc:
+        load_variant_file(path)
+    message = str(exc.value)
+    assert str(path) in message and key in message
+    assert "\n" not in message
+    # the same error reaches whoever loads every variant, and the variant agent
+    with pytest.raises(ContractError, match="mine.yaml"):
+        load_variants()
+    with pytest.raises(UnknownAgent, match="mine.yaml"):
+        make_agent("careful@mine")
+
+
+def test_gate_experiment_reports_a_broken_variant_file_in_one_line(user_contracts, capsys):
+    from gate_pipeline.cli.main import main
+    _write(user_contracts, "mine", "variant:\n  base: classic\n  description: x\n  overides: {}\n")
+    cases = Path(__file__).resolve().parent.parent / "cases" / "classic" / "eval_curated.jsonl"
+    assert main(["experiment", "--cases", str(cases)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gate: error: ") and "mine.yaml" in err and "'variant.overides'" in err
+    assert len(err.splitlines()) == 1
