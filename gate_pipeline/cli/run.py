@@ -1,0 +1,153 @@
+"""`gate run`: a model (any OpenAI-compatible endpoint) plays the cases; transcripts, tables, pass^k.
+
+    gate run --model NAME --base-url URL [--cases FILE] [-n N] [-r ROLLOUTS] [-c CONCURRENCY]
+             [--run-id ID] [--api-key-env VAR] [--max-turns N] [--timeout S]
+
+Transcripts go to runs/<run-id>/transcripts.jsonl; the same --run-id resumes a run.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections import Counter
+from contextlib import contextmanager
+from pathlib import Path
+
+from .errors import UsageError
+
+DEFAULT_CASES = Path("cases/classic/eval_curated.jsonl")
+DEFAULT_KEY_ENV = "OPENAI_API_KEY"
+
+
+def _positive(text: str, flag: str, kind=int):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise UsageError(f"{flag} must be a {'whole ' if kind is int else ''}number, not {text!r}")
+    if not value > 0 or value != value or value == float("inf"):
+        raise UsageError(f"{flag} must be more than 0, not {text!r}")
+    return value
+
+
+@contextmanager
+def _rollout_bar(total: int):
+    """A rich bar on stderr (only on a terminal): rollouts done and the mean reward so far."""
+    if total == 0 or not sys.stderr.isatty():
+        yield lambda record: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    rewards = []
+    with Progress(TextColumn("rollouts"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[mean]}"),
+                  TimeRemainingColumn(), console=Console(stderr=True), transient=True) as prog:
+        task = prog.add_task("rollouts", total=total, mean="")
+
+        def advance(record):
+            rewards.append(record["reward"])
+            prog.update(task, advance=1, mean=f"mean reward {sum(rewards) / len(rewards):.4f}")
+        yield advance
+
+
+def _settings(a):
+    from ..model_agent.agent import ModelSettings, SettingsError
+    key_env = a.api_key_env or DEFAULT_KEY_ENV
+    if a.api_key_env and not os.environ.get(a.api_key_env):
+        raise UsageError(f"--api-key-env {a.api_key_env}: that environment variable is not set")
+    try:
+        return ModelSettings(model=a.model, base_url=a.base_url, api_key_env=key_env, temperature=a.temperature,
+                             max_turns=_positive(a.max_turns, "--max-turns"),
+                             timeout=_positive(a.timeout, "--timeout", float), retries=a.retries)
+    except SettingsError as exc:
+        raise UsageError(str(exc))
+
+
+def _summary_lines(records: list[dict], new: int, kept: int, path: Path) -> list[str]:
+    ends = Counter(r["end_reason"] for r in records)
+    counts = Counter()
+    usage = Counter()
+    for r in records:
+        counts.update(r["counts"])
+        usage.update(r["usage"])
+    lines = [f"run {path.parent.name}: {len(records)} rollouts ({new} played now, {kept} kept from before); "
+             f"transcripts {path}",
+             "ended: " + ", ".join(f"{k} {ends[k]}" for k in ("reported", "max_turns", "timeout", "api_error")),
+             "tool calls {tool_calls}, tool errors {tool_errors}, invalid JSON {invalid_json}, not an object "
+             "{not_an_object}, unknown tool {unknown_tool}, bad arguments {bad_arguments}, nudges {nudges}, "
+             "retries {retries}".format(**{k: counts.get(k, 0) for k in
+                                            ("tool_calls", "tool_errors", "invalid_json", "not_an_object",
+                                             "unknown_tool", "bad_arguments", "nudges", "retries")})]
+    if usage:
+        lines.append("tokens: " + ", ".join(f"{k} {usage[k]:,}" for k in ("prompt_tokens", "completion_tokens",
+                                                                           "total_tokens") if k in usage))
+    return lines
+
+
+def cmd_run(a) -> int:
+    from ..cases import read_cases
+    from ..model_agent.passk import pass_rates, pass_table
+    from ..model_agent.rollouts import TRANSCRIPTS, RunError, check_run_id, default_run_id, run_rollouts
+    from ..tables import baseline_tables, summary
+    settings = _settings(a)
+    rollouts = _positive(a.rollouts, "-r")
+    concurrency = _positive(a.concurrency, "-c")
+    cases = read_cases(a.cases)
+    if a.n is not None:
+        cases = cases[:_positive(a.n, "-n")]
+    if not cases:
+        raise UsageError(f"{a.cases}: no cases")
+    try:
+        run_id = check_run_id(a.run_id or default_run_id(settings.model))
+    except RunError as exc:
+        raise UsageError(str(exc))
+    run_dir = Path(a.runs_dir) / run_id
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UsageError(f"{run_dir} exists and is not a directory")
+    total = len(cases) * rollouts
+    try:
+        with _rollout_bar(total) as advance:
+            out = asyncio.run(run_rollouts(cases, settings, rollouts, concurrency, run_dir, on_done=advance))
+    except RunError as exc:
+        raise UsageError(str(exc))
+    except OSError as exc:
+        raise UsageError(f"{run_dir}: {exc.strerror or exc}")
+    records = out["records"]
+    # the report tables take one grade per case: every rollout is an episode of its case
+    by_key = {(r["case_id"], r["rollout"]): r for r in records}
+    played = [(c, by_key[(c["case_id"], i)]) for i in range(rollouts) for c in cases if (c["case_id"], i) in by_key]
+    label = settings.model if len(settings.model) < 14 else settings.model[:12] + "~"
+    grades = {label: [r["grade"] for _, r in played]}
+    if a.json:
+        print(json.dumps({"run_id": run_id, "summary": summary([c for c, _ in played], grades),
+                          "pass": pass_rates(records, rollouts),
+                          "transcripts": str(run_dir / TRANSCRIPTS)}))
+        return 0
+    split = "eval" if "eval" in Path(a.cases).name else "train" if "train" in Path(a.cases).name else Path(a.cases).name
+    print("\n".join(_summary_lines(records, out["new"], out["kept"], run_dir / TRANSCRIPTS)))
+    print()
+    print(baseline_tables([c for c, _ in played], grades,
+                          split=split if rollouts == 1 else f"{split} x {rollouts} rollouts"))
+    print()
+    print(pass_table(records, rollouts))
+    return 0
+
+
+def register(subparsers, parser_class) -> None:
+    p = subparsers.add_parser("run", help="run a model (OpenAI-compatible endpoint) on the cases")
+    p.add_argument("--model", required=True, help="model name as the server knows it")
+    p.add_argument("--base-url", required=True, help="e.g. https://api.openai.com/v1 or http://127.0.0.1:8000/v1")
+    p.add_argument("--cases", default=str(DEFAULT_CASES))
+    p.add_argument("-n", default=None, help="only the first N cases")
+    p.add_argument("-r", "--rollouts", default="1", help="rollouts per case (pass^k uses k = this)")
+    p.add_argument("-c", "--concurrency", default="8", help="rollouts in flight at once")
+    p.add_argument("--run-id", default=None, help="runs/<run-id>/; the same id resumes (default: time-model)")
+    p.add_argument("--runs-dir", default="runs")
+    p.add_argument("--api-key-env", default=None, help=f"variable holding the key (default {DEFAULT_KEY_ENV}; "
+                                                        "unset is fine for local servers)")
+    p.add_argument("--max-turns", default="30")
+    p.add_argument("--timeout", default="60", help="seconds per request")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--retries", type=int, default=3, help="retries per request on 429/5xx/timeouts, with backoff")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_run)

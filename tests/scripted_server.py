@@ -1,0 +1,209 @@
+"""A real chat-completions server on 127.0.0.1 that plays scripted policies, for tests and benchmarks.
+
+It speaks the OpenAI chat-completions protocol over HTTP/1.1 (keep-alive) with the standard
+library only. The policy is chosen by the request's `model`:
+
+- `careful`: reads the contract and the listing, checks each batch with gate's SQL rules
+  (gate_pipeline.agents.careful.sql_checks), customers first, loads or quarantines, reports.
+  It is stateless like a model: every decision is derived from the conversation it is sent,
+  and it uses parallel tool calls (4 requests for a two-batch case).
+- `invalid-json`, `not-object`, `unknown-tool`, `missing-arg`, `mistyped-arg`, `no-tool-call`:
+  the first reply is that kind of malformed output; then the careful policy.
+- `silent`: never calls a tool.  `hang`: sleeps `hang_seconds` before answering.
+
+`server.faults` is a queue of HTTP statuses (e.g. [429, 500]) served, one per request, before
+any policy answers. Run standalone: `python tests/scripted_server.py [--port N]`.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import socket
+import sys
+import threading
+import time
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gate_pipeline.agents.base import customers_first  # noqa: E402
+from gate_pipeline.agents.careful import sql_checks  # noqa: E402
+
+MALFORMED = {
+    "invalid-json": ("profile_batch", '{"batch_id": '),
+    "not-object": ("list_batches", "[1, 2]"),
+    "unknown-tool": ("drop_table", '{"table": "wh_orders"}'),
+    "missing-arg": ("profile_batch", "{}"),
+    "mistyped-arg": ("load_batch", '{"batch_id": 7}'),
+}
+_ids = itertools.count()
+
+
+def _call(name: str, args) -> dict:
+    arguments = args if isinstance(args, str) else json.dumps(args)
+    return {"id": f"call_{next(_ids)}", "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _history(messages: list) -> list[tuple[str, dict, object]]:
+    """(tool, args, result) for every well-formed past call whose result was not an error."""
+    results = {}
+    for m in messages:
+        if m.get("role") == "tool":
+            try:
+                results[m.get("tool_call_id")] = json.loads(m.get("content") or "null")
+            except ValueError:
+                results[m.get("tool_call_id")] = None
+    out = []
+    for m in messages:
+        if m.get("role") != "assistant":
+            continue
+        for tc in m.get("tool_calls") or []:
+            try:
+                args = json.loads(tc["function"]["arguments"] or "{}")
+            except ValueError:
+                continue
+            result = results.get(tc["id"])
+            if isinstance(args, dict) and not (isinstance(result, dict) and "error" in result):
+                out.append((tc["function"]["name"], args, result))
+    return out
+
+
+def careful(messages: list) -> list[dict]:
+    """The next tool calls of the careful policy, derived from the conversation so far."""
+    past = _history(messages)
+    by_tool = {name: result for name, _, result in past if name in ("read_contract", "list_batches")}
+    if "read_contract" not in by_tool or "list_batches" not in by_tool:
+        return [_call("read_contract", {}), _call("list_batches", {})]
+    contract, listing = by_tool["read_contract"], by_tool["list_batches"]
+    answers = {args["query"]: result for name, args, result in past if name == "run_sql"}
+    decided = {args.get("batch_id") for name, args, _ in past if name in ("load_batch", "quarantine_batch")}
+    calls, loaded, quarantined = [], [], []
+    for batch in customers_first(listing):
+        bid = batch["batch_id"]
+        checks = sql_checks(batch["table"], batch["staging_table"], contract)
+        if bid not in decided and any(q not in answers for _, _, q in checks):
+            calls += [_call("run_sql", {"query": q}) for _, _, q in checks]
+            return calls  # decisions so far, then this batch's checks, in one reply
+        failing = next(((col, defect) for col, defect, q in checks if answers.get(q, {}).get("rows")), None)
+        if failing:
+            quarantined.append(bid)
+            if bid not in decided:
+                calls.append(_call("quarantine_batch", {"batch_id": bid, "column": failing[0],
+                                                         "defect_type": failing[1]}))
+        else:
+            loaded.append(bid)
+            if bid not in decided:
+                calls.append(_call("load_batch", {"batch_id": bid}))
+    return calls + [_call("submit_report", {"loaded": loaded, "quarantined": quarantined})]
+
+
+def reply(model: str, messages: list) -> dict:
+    """The assistant message the policy `model` sends next."""
+    first = not any(m.get("role") == "assistant" for m in messages)
+    if model == "silent" or (model == "no-tool-call" and first):
+        return {"role": "assistant", "content": "All batches look fine to me."}
+    if model in MALFORMED and first:
+        return {"role": "assistant", "content": None, "tool_calls": [_call(*MALFORMED[model])]}
+    return {"role": "assistant", "content": None, "tool_calls": careful(messages)}
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive
+
+    def setup(self):
+        super().setup()
+        # headers and body go out in two writes: without this, Nagle + delayed ACK add ~40 ms
+        self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, status: int, body: dict, headers: dict | None = None) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        try:
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def do_POST(self):
+        server = self.server
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if not self.path.rstrip("/").endswith("/chat/completions"):
+            return self._send(404, {"error": {"message": f"no route {self.path}"}})
+        try:
+            body = json.loads(raw)
+            model, messages = body["model"], body["messages"]
+        except (ValueError, KeyError, TypeError):
+            return self._send(400, {"error": {"message": "bad request body"}})
+        with server.lock:
+            server.requests[model] += 1
+            server.last_body = body
+            fault = server.faults.pop(0) if server.faults else None
+        if fault is not None:
+            return self._send(fault, {"error": {"message": f"scripted {fault}", "type": "server_error"}},
+                              {"Retry-After": "0"} if fault == 429 else None)
+        if model == "hang":
+            time.sleep(server.hang_seconds)
+        message = reply(model, messages)
+        prompt_tokens = len(raw) // 4
+        completion_tokens = len(json.dumps(message)) // 4
+        self._send(200, {
+            "id": f"chatcmpl-{next(_ids)}", "object": "chat.completion", "created": int(time.time()),
+            "model": model,
+            "choices": [{"index": 0, "message": message,
+                         "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens},
+        })
+
+
+class ScriptedServer(ThreadingHTTPServer):
+    """`with ScriptedServer() as s:` serves on 127.0.0.1 in a thread; `s.url` is the base URL."""
+    daemon_threads = True
+    request_queue_size = 128
+
+    def __init__(self, port: int = 0, hang_seconds: float = 5.0):
+        super().__init__(("127.0.0.1", port), Handler)
+        self.lock = threading.Lock()
+        self.faults: list[int] = []
+        self.requests: Counter = Counter()
+        self.last_body: dict | None = None
+        self.hang_seconds = hang_seconds
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/v1"
+
+    def __enter__(self):
+        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+        self.server_close()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--port", type=int, default=0)
+    a = p.parse_args()
+    server = ScriptedServer(a.port)
+    print(server.url, flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()
