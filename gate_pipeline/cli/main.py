@@ -17,7 +17,7 @@ from .errors import UsageError
 from .progress import progress_bar
 
 # Subcommands that live in their own modules: each has register(subparsers, parser_class).
-EXTENSIONS: tuple[str, ...] = ("experiment",)
+EXTENSIONS: tuple[str, ...] = ("experiment", "nightly", "run")
 
 DEFAULT_CASES = Path("cases/classic/eval_curated.jsonl")
 REPORT_AGENTS = ["naive", "careful", "refuse-all"]

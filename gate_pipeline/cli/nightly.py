@@ -1,0 +1,139 @@
+"""`gate nightly` runs the nightly benchmark job in process and prints the scoreboard;
+`gate ui` starts the Dagster UI (and daemon) on 127.0.0.1 over workspace.yaml.
+
+The nightly run uses an ephemeral Dagster instance (nothing to set up) and the run store
+under GATE_HOME, so each night's summary joins the scoreboard's history.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from .errors import UsageError
+
+WORKSPACE = "workspace.yaml"
+
+
+def _agent_list(text: str | None):
+    if text is None:
+        return None
+    names = [a.strip() for a in text.split(",") if a.strip()]
+    if not names:
+        raise UsageError("--agents needs at least one agent name")
+    return names
+
+
+def _options(text: str | None):
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--agent-options is not JSON ({exc.msg})")
+    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        raise UsageError("--agent-options must be a JSON object {agent: {option: value}}")
+    return value
+
+
+def cmd_nightly(a) -> int:
+    from ..agents import UnknownAgent, make_agent
+    from ..cases import read_cases
+
+    agents = _agent_list(a.agents)
+    options = _options(a.agent_options) or {}
+    for name in agents or []:
+        try:
+            make_agent(name, **options.get(name, {}))
+        except UnknownAgent as exc:
+            raise UsageError(str(exc))
+    read_cases(a.cases)  # a bad case file is one line, before Dagster starts
+    if a.chunk_size is not None and a.chunk_size < 1:
+        raise UsageError("--chunk-size must be at least 1")
+
+    import dagster as dg
+
+    from ..dagster_defs.definitions import defs
+    from ..dagster_defs.jobs import nightly_run_config
+
+    config = {**nightly_run_config(a.cases, agents, options or None, a.chunk_size),
+              "loggers": {"console": {"config": {"log_level": "ERROR"}}}}
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = defs.resolve_job_def("nightly_benchmark").execute_in_process(
+            run_config=config, instance=instance, raise_on_error=False, tags={"gate/trigger": "cli"})
+        if not result.success:
+            failures = [e.event_specific_data.error.message.strip().splitlines()[-1]
+                        for e in result.all_events if e.is_step_failure and e.event_specific_data.error]
+            raise UsageError(failures[0] if failures else "the nightly run failed")
+        board = result.output_for_node("scoreboard")
+    if a.json:
+        print(json.dumps(board["summary"]))
+        return 0
+    print(board["tables"])
+    from ..store import RunStore
+    history = RunStore().nightly_history(5)
+    print("\nnightly history (mean reward):")
+    for night in history:
+        s = night["summary"]
+        cells = "  ".join(f"{n} {v['reward']:.4f}" for n, v in s["agents"].items())
+        print(f"  night {night['night']:>4}  {Path(s.get('cases_file', '')).name}  {cells}")
+    for line in board["regressions"]:
+        print(f"REGRESSION {line}")
+    return 0
+
+
+def cmd_ui(a) -> int:
+    if not Path(WORKSPACE).is_file():
+        raise UsageError(f"{WORKSPACE} not found: run `gate ui` from the repository root")
+    from ..store import gate_home
+    home = Path(os.environ.get("DAGSTER_HOME") or gate_home() / "dagster").resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "DAGSTER_HOME": str(home)}
+
+    import dagster as dg
+    from ..dagster_defs.partitions import sync_case_partitions
+    os.environ["DAGSTER_HOME"] = str(home)
+    with dg.DagsterInstance.get() as instance:
+        added, _, problems = sync_case_partitions(instance)
+    for problem in problems:
+        print(f"gate: warning: {problem}", file=sys.stderr)
+    tool = "dagster-webserver" if a.no_daemon else "dagster"
+    exe = shutil.which(tool, path=str(Path(sys.executable).parent)) or shutil.which(tool)
+    if exe is None:
+        raise UsageError(f"{tool} is not installed in this environment")
+    cmd = [exe, "-w", WORKSPACE, "-h", "127.0.0.1", "-p", str(a.port)]
+    if not a.no_daemon:
+        cmd = [exe, "dev", "-w", WORKSPACE, "-h", "127.0.0.1", "-p", str(a.port)]
+    print(f"DAGSTER_HOME={home}; {len(added)} case partitions added; http://127.0.0.1:{a.port}", file=sys.stderr)
+    try:
+        return subprocess.call(cmd, env=env)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise UsageError(f"--port must be a number, not {text!r}")
+    if not 1 <= port <= 65535:
+        raise UsageError(f"--port must be between 1 and 65535, not {port}")
+    return port
+
+
+def register(subparsers, parser_class) -> None:
+    n = subparsers.add_parser("nightly", help="run the nightly benchmark job in process and print the scoreboard")
+    n.add_argument("--cases", default="cases/classic/eval_curated.jsonl")
+    n.add_argument("--agents", default=None, help="comma-separated agent names (default: naive,careful,refuse-all)")
+    n.add_argument("--agent-options", default=None, help='JSON {agent: {option: value}}')
+    n.add_argument("--chunk-size", type=int, default=None, help="cases per step (default 8)")
+    n.add_argument("--json", action="store_true", help="print the scoreboard's figures as JSON")
+    n.set_defaults(fn=cmd_nightly)
+
+    u = subparsers.add_parser("ui", help="start the Dagster UI and daemon on 127.0.0.1 (workspace.yaml)")
+    u.add_argument("--port", type=_port, default=3000)
+    u.add_argument("--no-daemon", action="store_true", help="webserver only (no sensors or schedules)")
+    u.set_defaults(fn=cmd_ui)

@@ -1,0 +1,37 @@
+"""Jobs: play one case (a partition) with a configured agent; the nightly benchmark.
+
+Both run their steps in one process by default (`in_process_executor`: Dagster's per-step
+process costs about 2 s here, an episode a few milliseconds). `nightly_benchmark_multiprocess`
+is the same nightly job on Dagster's multiprocess executor, one process per chunk of cases.
+"""
+from __future__ import annotations
+
+import dagster as dg
+
+from .assets import CASE_GROUP
+from .scoreboard import NIGHTLY_GROUP
+
+play_case_job = dg.define_asset_job(
+    "play_case", selection=dg.AssetSelection.groups(CASE_GROUP), executor_def=dg.in_process_executor,
+    description="Stage a case, run the contract checks and let the configured agent play it.")
+
+nightly_job = dg.define_asset_job(
+    "nightly_benchmark", selection=dg.AssetSelection.groups(NIGHTLY_GROUP), executor_def=dg.in_process_executor,
+    description="Every case of the configured case file x the configured agents; materializes the scoreboard.")
+
+nightly_multiprocess_job = dg.define_asset_job(
+    "nightly_benchmark_multiprocess", selection=dg.AssetSelection.groups(NIGHTLY_GROUP),
+    executor_def=dg.multiprocess_executor.configured({"max_concurrent": 2}),
+    description="The nightly benchmark with one process per step (chunk of cases).")
+
+
+def nightly_run_config(cases_file: str | None = None, agents: list[str] | None = None,
+                       agent_options: dict | None = None, chunk_size: int | None = None) -> dict:
+    """Run config for the nightly jobs (unset values keep the job's defaults)."""
+    config = {k: v for k, v in {"cases_file": cases_file, "agents": agents, "agent_options": agent_options,
+                                "chunk_size": chunk_size}.items() if v is not None}
+    return {"ops": {"scoreboard": {"ops": {"plan_nightly": {"config": config}}}}}
+
+
+def play_case_run_config(agent: str, agent_options: dict | None = None) -> dict:
+    return {"ops": {"agent_episode": {"config": {"agent": agent, "agent_options": agent_options or {}}}}}

@@ -1,0 +1,147 @@
+"""The nightly benchmark as one asset: every case of a case file x the configured agents.
+
+`scoreboard` is a graph asset: `plan_nightly` splits the cases into chunks (one step each,
+so Dagster's executors can spread them over processes or machines), `play_chunk` plays
+each chunk's episodes in plain Python through the tool bridge, storing every warehouse and
+ledger, and `build_scoreboard` grades the stored runs (stored warehouse + ledger + truth)
+and renders exactly the tables `gate report` prints, as markdown and JSON, with the history
+of past nights so a regression shows.
+"""
+
+from pathlib import Path
+
+import dagster as dg
+from pydantic import Field
+
+from ..agents import UnknownAgent, make_agent
+from ..cases import CaseError, read_cases
+from ..grader import GRADE_KEYS
+from ..store import play_stored
+from ..tables import baseline_tables, summary
+from ..world import PreparedCase
+from .bridge import ToolBridge
+from .markdown import md_code, md_table
+from .partitions import cases_partitions, split_of
+from .resources import GateStore
+
+NIGHTLY_GROUP = "gate_nightly"
+DEFAULT_AGENTS = ["naive", "careful", "refuse-all"]
+DEFAULT_CASES = "cases/classic/eval_curated.jsonl"
+CORE_KEYS = ("case_id", "family", *GRADE_KEYS, "revenue", "correct_revenue")
+HISTORY_NIGHTS = 14
+
+
+class NightlyConfig(dg.Config):
+    cases_file: str = Field(default=DEFAULT_CASES, description="the case file to benchmark (JSONL)")
+    agents: list[str] = Field(default_factory=lambda: list(DEFAULT_AGENTS), description="agent names")
+    agent_options: dict = Field(default_factory=dict, description="{agent name: {option: value}}")
+    chunk_size: int = Field(default=8, description="cases per step")
+    log_reads: bool = Field(default=False, description="log every SQL read as a debug event")
+
+
+def _cases(path: str) -> list[dict]:
+    try:
+        return read_cases(path)
+    except (CaseError, OSError) as exc:
+        raise dg.Failure(description=f"nightly cases file: {exc}") from None
+
+
+@dg.op(out=dg.DynamicOut(dict), description="Check the agents, add missing case partitions, split into chunks.")
+def plan_nightly(context: dg.OpExecutionContext, config: NightlyConfig):
+    if not config.agents:
+        raise dg.Failure(description="nightly: configure at least one agent")
+    if config.chunk_size < 1:
+        raise dg.Failure(description=f"nightly: chunk_size must be at least 1, not {config.chunk_size}")
+    for name in config.agents:
+        options = config.agent_options.get(name, {})
+        if not isinstance(options, dict):
+            raise dg.Failure(description=f"nightly: agent_options[{name!r}] must be a mapping")
+        try:
+            make_agent(name, **options)
+        except UnknownAgent as exc:
+            raise dg.Failure(description=f"nightly: {exc}") from None
+    cases = _cases(config.cases_file)
+    if not cases:
+        raise dg.Failure(description=f"nightly: {config.cases_file} holds no cases")
+    keys = [c["case_id"] for c in cases]
+    known = set(context.instance.get_dynamic_partitions(cases_partitions.name))
+    missing = [k for k in keys if k not in known]
+    if missing:
+        context.instance.add_dynamic_partitions(cases_partitions.name, missing)
+    for start in range(0, len(cases), config.chunk_size):
+        indices = list(range(start, min(start + config.chunk_size, len(cases))))
+        yield dg.DynamicOutput({"cases_file": config.cases_file, "indices": indices, "agents": list(config.agents),
+                                "agent_options": dict(config.agent_options), "log_reads": config.log_reads},
+                               mapping_key=f"cases_{start:04d}")
+
+
+@dg.op(description="Play a chunk of cases x agents through the tool bridge; every run is stored.")
+def play_chunk(context: dg.OpExecutionContext, chunk: dict, gate_store: GateStore) -> dict:
+    cases = _cases(chunk["cases_file"])
+    store = gate_store.open()
+    played = []
+    for index in chunk["indices"]:
+        prepared = PreparedCase(cases[index])
+        for agent in chunk["agents"]:
+            bridge = ToolBridge(context, prepared.case_id, agent, log_reads=chunk["log_reads"])
+            episode_id, _ = play_stored(store, prepared, agent, chunk["agent_options"].get(agent, {}),
+                                        context.run.run_id, on_call=bridge)
+            played.append({"index": index, "agent": agent, "episode_id": episode_id})
+    store.dispose()
+    return {"cases_file": chunk["cases_file"], "played": played}
+
+
+def _history(nights: list[dict], agents: list[str]) -> str:
+    rows = [[n["night"], n["dagster_run_id"] or "", n["summary"].get("cases_file", ""),
+             *(f"{n['summary']['agents'][a]['reward']:.4f}" if a in n["summary"]["agents"] else "-" for a in agents)]
+            for n in nights]
+    return md_table(["night", "run", "cases", *agents], rows)
+
+
+def regressions(previous: dict | None, current: dict) -> list[str]:
+    """Agents whose mean reward fell since the previous night on the same case file."""
+    if not previous or previous.get("cases_file") != current.get("cases_file"):
+        return []
+    return [f"{a}: {previous['agents'][a]['reward']:.4f} -> {s['reward']:.4f}"
+            for a, s in current["agents"].items()
+            if a in previous["agents"] and s["reward"] < previous["agents"][a]["reward"]]
+
+
+@dg.op(description="Grade the stored runs and render the report tables, with history.")
+def build_scoreboard(context: dg.OpExecutionContext, parts: list, gate_store: GateStore):
+    played = [p for part in parts for p in part["played"]]
+    if not played:
+        raise dg.Failure(description="nightly: nothing was played")
+    store = gate_store.open()
+    agents = list(dict.fromkeys(p["agent"] for p in played))
+    cases_file = parts[0]["cases_file"]
+    cases = _cases(cases_file)
+    grades: dict[str, list] = {a: [None] * len(cases) for a in agents}
+    for p in played:
+        grade = store.compute_grade(p["episode_id"])
+        grades[p["agent"]][p["index"]] = {k: grade[k] for k in CORE_KEYS}
+    figures = summary(cases, grades)
+    figures["cases_file"] = cases_file
+    text = baseline_tables(cases, grades, split=split_of(Path(cases_file)))
+    previous = store.nightly_history(1)
+    fell = regressions(previous[0]["summary"] if previous else None, figures)
+    store.add_nightly(figures, context.run.run_id)
+    history = store.nightly_history(HISTORY_NIGHTS)
+    store.dispose()
+    for line in fell:
+        context.log.warning(f"regression since the previous night: {line}")
+    return dg.Output({"summary": figures, "tables": text, "grades": grades, "regressions": fell}, metadata={
+        "tables": dg.MetadataValue.md(md_code(text)),
+        "summary": dg.MetadataValue.json(figures),
+        "history": dg.MetadataValue.md(_history(history, agents)),
+        "regressions": dg.MetadataValue.json(fell),
+        "episodes": len(played),
+        **{f"reward/{a}": figures["agents"][a]["reward"] for a in agents},
+    })
+
+
+@dg.graph_asset(group_name=NIGHTLY_GROUP, kinds={"python"},
+                description="The nightly benchmark: the tables `gate report` prints, as markdown and JSON, "
+                            "with the history of past nights.")
+def scoreboard():
+    return build_scoreboard(plan_nightly().map(play_chunk).collect())

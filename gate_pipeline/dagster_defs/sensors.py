@@ -1,0 +1,86 @@
+"""Sensors: grade stored runs (no run launched), and keep the case partitions in sync.
+
+`grading_sensor` grades from the run store only (stored warehouse + stored ledger + the
+case's truth, `store.RunStore.compute_grade`), never from what the agent said. A grade is
+computed once per episode (its row in the store is the marker, so a restart cannot grade
+twice); the sensor's cursor is the last grade it emitted, so each grade becomes exactly one
+observation on `agent_report` for the case's partition. An episode whose Dagster run ended
+while it was still open (a crash, a cancelled run) is closed with that reason and grades 0.
+"""
+
+import dagster as dg
+
+from ..grader import TERMS
+from .markdown import md_table
+from .partitions import cases_partitions, partition_changes
+from .resources import CaseLibrary, GateStore
+
+REPORT_KEY = dg.AssetKey("agent_report")
+MAX_GRADES_PER_TICK = 500
+METRICS = ("bad_batches_loaded", "revenue_error_usd", "ledger_intact", "finished")
+
+
+def close_abandoned(store, instance: dg.DagsterInstance) -> list[str]:
+    """Close episodes still open whose Dagster run has finished (they can never end otherwise)."""
+    closed = []
+    for ep in store.running():
+        if not ep["dagster_run_id"]:
+            continue
+        run = instance.get_run_by_id(ep["dagster_run_id"])
+        if run is not None and run.is_finished:
+            store.end_episode(ep["episode_id"], f"the Dagster run ended ({run.status.value}) before the episode did")
+            closed.append(ep["episode_id"])
+    return closed
+
+
+def by_agent_table(latest: dict[str, dict]) -> str:
+    rows = [[agent, f"{g['reward']:.4f}", *(f"{g[t]:.4f}" for t in TERMS), g["bad_batches_loaded"],
+             f"{g['revenue_error_usd']:,.2f}", g["ledger_intact"], g["reason"] or ""]
+            for agent, g in sorted(latest.items())]
+    return md_table(["agent", "reward", *TERMS, "bad loaded", "revenue error $", "ledger intact", "failure"], rows)
+
+
+def grade_observation(grade: dict, latest: dict[str, dict]) -> dg.AssetObservation:
+    metadata = {"agent": grade["agent"], "episode_id": grade["episode_id"],
+                "dagster_run_id": grade["dagster_run_id"] or "", "reward": grade["reward"],
+                **{t: grade[t] for t in TERMS}, **{m: grade[m] for m in METRICS},
+                "failed": grade["failed"], "reason": grade["reason"], "ledger_digest": grade["ledger_digest"],
+                "latest_grade_by_agent": dg.MetadataValue.md(by_agent_table(latest))}
+    return dg.AssetObservation(asset_key=REPORT_KEY, partition=grade["case_id"], metadata=metadata,
+                               tags={"gate/agent": grade["agent"][:63]},
+                               description=f"grade of {grade['agent']} on {grade['case_id']}: {grade['reward']:.4f}")
+
+
+@dg.sensor(minimum_interval_seconds=15, default_status=dg.DefaultSensorStatus.RUNNING,
+           description="Grades every ended run from its stored warehouse and ledger, once.")
+def grading_sensor(context: dg.SensorEvaluationContext, gate_store: GateStore):
+    store = gate_store.open()
+    try:
+        for episode_id in close_abandoned(store, context.instance):
+            context.log.info(f"closed abandoned episode {episode_id}")
+        for episode_id in store.ungraded():
+            store.record_grade(episode_id)
+        last = int(context.cursor) if (context.cursor or "").isdigit() else 0
+        pending = store.grades_after(last)[:MAX_GRADES_PER_TICK]
+        if not pending:
+            return dg.SkipReason("no new grades")
+        events = [grade_observation(g, store.latest_grades(g["case_id"])) for _, g in pending]
+        return dg.SensorResult(asset_events=events, cursor=str(pending[-1][0]))
+    finally:
+        store.dispose()
+
+
+@dg.sensor(minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING,
+           description="Adds a `cases` partition for each case in the case files and removes vanished ones.")
+def case_partitions_sensor(context: dg.SensorEvaluationContext, case_library: CaseLibrary):
+    add, delete, problems = partition_changes(context.instance, case_library.cases_dir)
+    for problem in problems:
+        context.log.warning(problem)
+    requests = []
+    if add:
+        requests.append(cases_partitions.build_add_request(add))
+    if delete:
+        requests.append(cases_partitions.build_delete_request(delete))
+    if not requests:
+        return dg.SkipReason("case partitions match the case files")
+    return dg.SensorResult(dynamic_partitions_requests=requests)

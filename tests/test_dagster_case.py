@@ -1,0 +1,176 @@
+"""A case partition played in Dagster, graded by the sensor from the stored run."""
+import json
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from gate_pipeline.agents import AGENTS, make_agent
+from gate_pipeline.cases import read_cases, write_cases
+from gate_pipeline.dagster_defs.definitions import defs
+from gate_pipeline.dagster_defs.jobs import play_case_run_config
+from gate_pipeline.dagster_defs.partitions import cases_partitions, sync_case_partitions
+from gate_pipeline.dagster_defs.resources import CaseLibrary, GateStore
+from gate_pipeline.grader import GRADE_KEYS
+from gate_pipeline.runner import play
+from gate_pipeline.store import RunStore
+from gate_pipeline.world import PreparedCase
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.filterwarnings("error::DeprecationWarning")
+EVAL = ROOT / "cases" / "classic" / "eval_curated.jsonl"
+CORE_KEYS = ("case_id", "family", *GRADE_KEYS, "revenue", "correct_revenue")
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("GATE_HOME", str(tmp_path / "gate"))
+    monkeypatch.setenv("GATE_CASES_DIR", str(ROOT / "cases"))
+    monkeypatch.delenv("GATE_DB_URL", raising=False)
+    return tmp_path / "gate"
+
+
+@pytest.fixture
+def instance():
+    with dg.DagsterInstance.ephemeral() as inst:
+        inst.add_dynamic_partitions(cases_partitions.name, [c["case_id"] for c in read_cases(EVAL)])
+        yield inst
+
+
+def case(case_id):
+    return next(c for c in read_cases(EVAL) if c["case_id"] == case_id)
+
+
+def run_case(instance, case_id, agent, **options):
+    return defs.resolve_job_def("play_case").execute_in_process(
+        instance=instance, partition_key=case_id, run_config=play_case_run_config(agent, options),
+        raise_on_error=False)
+
+
+def tick(instance, cursor=None):
+    context = dg.build_sensor_context(instance=instance, cursor=cursor,
+                                      resources={"gate_store": GateStore(), "case_library": CaseLibrary()})
+    return defs.resolve_sensor_def("grading_sensor").evaluate_tick(context)
+
+
+@pytest.mark.parametrize("case_id", ["eval-amount-bounds-2", "eval-orphan-customer-0"])
+def test_careful_partition_grades_as_the_core(home, instance, case_id):
+    result = run_case(instance, case_id, "careful")
+    assert result.success
+    data = tick(instance)
+    [obs] = data.asset_events
+    assert obs.asset_key == dg.AssetKey("agent_report") and obs.partition == case_id
+    stored = RunStore().latest_grades(case_id)["careful"]
+    core = play(PreparedCase(case(case_id)), make_agent("careful"))
+    assert {k: stored[k] for k in CORE_KEYS} == core
+    assert obs.metadata["reward"].value == core["reward"] == 1.0
+    assert obs.metadata["ledger_intact"].value is True
+
+
+def test_bridge_materializes_each_load_on_the_partition(home, instance):
+    case_id = "eval-orphan-customer-0"
+    result = run_case(instance, case_id, "naive")
+    mats = [e.event_specific_data.materialization for e in result.get_asset_materialization_events()]
+    loads = [m for m in mats if m.asset_key.path[0] in ("wh_customers", "wh_orders")]
+    [episode] = RunStore().episodes_of_run(result.run_id)
+    ledger_loads = [e for e in RunStore().entries(episode["episode_id"]) if e["action"] == "load_batch"]
+    assert len(loads) == len(ledger_loads) == len(case(case_id)["batches"])
+    assert all(m.partition == case_id and m.metadata["agent"].value == "naive" for m in loads)
+    assert [m.metadata["ledger_hash"].value for m in loads] == [e["hash"] for e in ledger_loads]
+    checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert set(checks) == {"customers_contract", "orders_contract"}
+    mart = next(m for m in mats if m.asset_key.path == ["revenue_mart"])
+    assert mart.metadata["revenue_gap"].value != 0  # naive loaded the orphans
+
+
+def test_contract_check_reports_failure_cases(home, instance):
+    result = run_case(instance, "eval-amount-bounds-2", "refuse-all")
+    check = next(e for e in result.get_asset_check_evaluations() if e.check_name == "orders_contract")
+    assert not check.passed and check.metadata["batches_failing"].value == 1
+    assert "out_of_range" in check.metadata["failure_cases"].value
+
+
+def test_sensor_grades_a_finished_run_exactly_once(home, instance):
+    run_case(instance, "eval-clean-control-0", "careful")
+    run_case(instance, "eval-clean-control-0", "naive")  # another agent: its own run, its own grade
+    first = tick(instance)
+    assert len(first.asset_events) == 2 and first.cursor == "2"
+    again = tick(instance, cursor=first.cursor)
+    assert again.asset_events == [] and again.skip_message
+    # a restart: a new store object over the same files, and the cursor Dagster kept
+    store = RunStore()
+    assert store.ungraded() == []
+    assert tick(instance, cursor=first.cursor).asset_events == []
+    for ep in store.episodes_of_run(first.asset_events[0].metadata["dagster_run_id"].value):
+        assert store.grade_count(ep["episode_id"]) == 1 and not store.record_grade(ep["episode_id"])
+    latest = first.asset_events[1].metadata["latest_grade_by_agent"].value
+    assert "| careful |" in latest and "| naive |" in latest
+
+
+class Raiser:
+    name, oracle = "raiser", False
+
+    def __init__(self, **options):
+        pass
+
+    def play(self, tools, case=None):
+        tools("list_batches")
+        tools("load_batch", batch_id=tools("list_batches")[0]["batch_id"])
+        tools("submit_report", loaded=[], quarantined=[])
+        raise RuntimeError("the agent fell over")
+
+
+def test_agent_that_raises_is_graded_zero_with_the_reason(home, instance, monkeypatch):
+    monkeypatch.setitem(AGENTS, "raiser", Raiser)
+    result = run_case(instance, "eval-clean-control-1", "raiser")
+    assert not result.success
+    [obs] = tick(instance).asset_events
+    assert obs.metadata["reward"].value == 0.0 and obs.metadata["failed"].value is True
+    assert "RuntimeError: the agent fell over" in obs.metadata["reason"].value
+    grade = RunStore().latest_grades("eval-clean-control-1")["raiser"]
+    assert grade["reward"] == 0.0 and grade["ledger_intact"] and grade["finished"]
+
+
+def test_unknown_agent_fails_the_run_clearly_and_is_recorded(home, instance):
+    result = run_case(instance, "eval-clean-control-1", "no-such-agent")
+    assert not result.success
+    failure = next(e for e in result.all_events if e.is_step_failure)
+    assert "unknown agent 'no-such-agent'" in failure.event_specific_data.error.message
+    [obs] = tick(instance).asset_events
+    assert obs.metadata["reward"].value == 0.0 and "unknown agent" in obs.metadata["reason"].value
+
+
+def test_agent_options_reach_the_agent(home, instance):
+    result = run_case(instance, "eval-amount-bounds-0", "careful", without=["orders.amount.out_of_range"])
+    assert result.success
+    grade = tick(instance).asset_events[0]
+    assert grade.metadata["bad_batches_loaded"].value >= 1  # the ablated rule let the bad batch through
+
+
+def test_abandoned_episode_is_closed_and_graded_zero(home, instance):
+    result = run_case(instance, "eval-clean-control-2", "careful")
+    store = RunStore()
+    prepared = PreparedCase(case("eval-clean-control-2"))
+    episode_id, path = store.start_episode(prepared, "careful", {}, result.run_id)  # never ended: a crash
+    data = tick(instance)
+    grades = {e.metadata["episode_id"].value: e for e in data.asset_events}
+    assert grades[episode_id].metadata["reward"].value == 0.0
+    assert "ended (SUCCESS) before the episode did" in grades[episode_id].metadata["reason"].value
+
+
+def test_partitions_follow_the_case_files(tmp_path):
+    cases = read_cases(EVAL)[:3]
+    root = tmp_path / "cases" / "mini"
+    write_cases(root / "eval_mini.jsonl", cases)
+    with dg.DagsterInstance.ephemeral() as inst:
+        library = CaseLibrary(cases_dir=str(tmp_path / "cases"))
+        context = dg.build_sensor_context(instance=inst, resources={"case_library": library})
+        sensor = defs.resolve_sensor_def("case_partitions_sensor")
+        [add] = sensor.evaluate_tick(context).dynamic_partitions_requests
+        assert list(add.partition_keys) == [c["case_id"] for c in cases]
+        sync_case_partitions(inst, tmp_path / "cases")
+        write_cases(root / "eval_mini.jsonl", cases[:2])
+        [delete] = sensor.evaluate_tick(context).dynamic_partitions_requests
+        assert list(delete.partition_keys) == [cases[2]["case_id"]]
+        (root / "broken.jsonl").write_text("{not json\n")  # an unreadable file never deletes anything
+        assert sensor.evaluate_tick(context).dynamic_partitions_requests == []

@@ -1,0 +1,58 @@
+"""The code location loads cleanly (no deprecation warning of gate's making) and is complete."""
+import subprocess
+import sys
+
+import dagster as dg
+
+from gate_pipeline.dagster_defs.definitions import defs
+
+LOAD = """
+import warnings
+warnings.simplefilter("error")
+import dagster as dg
+from gate_pipeline.dagster_defs.definitions import defs
+dg.Definitions.validate_loadable(defs)
+for name in ("play_case", "nightly_benchmark", "nightly_benchmark_multiprocess"):
+    defs.resolve_job_def(name)
+for name in ("grading_sensor", "case_partitions_sensor"):
+    defs.resolve_sensor_def(name)
+defs.resolve_schedule_def("nightly_benchmark_schedule")
+print("loaded")
+"""
+
+
+def test_definitions_load_with_warnings_as_errors():
+    out = subprocess.run([sys.executable, "-c", LOAD], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "loaded"
+
+
+def test_assets_groups_kinds_and_checks():
+    graph = defs.resolve_asset_graph()
+    keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
+    assert keys == {"staging_batches", "wh_customers", "wh_orders", "revenue_mart", "agent_report", "scoreboard"}
+    for key in keys - {"scoreboard"}:
+        node = graph.get(dg.AssetKey(key))
+        assert node.group_name == "gate_case" and node.partitions_def.name == "cases", key
+        assert node.description and node.kinds, key
+    assert graph.get(dg.AssetKey("scoreboard")).partitions_def is None
+    checks = {c.name for c in graph.asset_check_keys}
+    assert checks == {"customers_contract", "orders_contract"}
+    upstream = {k.to_user_string() for k in graph.get(dg.AssetKey("revenue_mart")).parent_keys}
+    assert upstream == {"wh_customers", "wh_orders"}
+
+
+def test_schedule_is_0200_utc():
+    schedule = defs.resolve_schedule_def("nightly_benchmark_schedule")
+    assert schedule.cron_schedule == "0 2 * * *" and schedule.execution_timezone == "UTC"
+    assert schedule.job_name == "nightly_benchmark"
+
+
+def test_dg_project_points_at_the_definitions():
+    import tomllib
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    dg_conf = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["dg"]
+    assert dg_conf["directory_type"] == "project"
+    assert dg_conf["project"]["code_location_target_module"] == "gate_pipeline.dagster_defs.definitions"
+    assert "gate_pipeline.dagster_defs.definitions" in (root / "workspace.yaml").read_text()
