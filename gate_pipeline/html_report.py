@@ -19,6 +19,7 @@ from pathlib import Path
 
 from matplotlib import rcParams
 from matplotlib.figure import Figure
+from matplotlib.ticker import StrMethodFormatter
 
 from .generator import FAMILIES
 from .grader import exact_mean
@@ -70,11 +71,35 @@ def _grouped_bars(ax, labels: list[str], series: dict[str, list[float]]) -> None
                                                                                    else -0.45), frameon=False)
 
 
+MAX_BAR_AGENTS = 6  # more agents than this: the per-family chart is a grid instead of bars
+
+
+def _reward_grid(ax, fams: list[str], series: dict[str, list[float]]) -> None:
+    """Agents x families, coloured by mean reward, each cell labelled (vector paths, no bitmap)."""
+    agents = list(series)
+    mesh = ax.pcolormesh([series[a] for a in agents], cmap="RdYlGn", vmin=0.0, vmax=1.0,
+                         edgecolors="white", linewidth=1)
+    for i, a in enumerate(agents):
+        for j, v in enumerate(series[a]):
+            ax.text(j + 0.5, i + 0.5, f"{v:.2f}", ha="center", va="center", fontsize=8)
+    ax.set_xticks([j + 0.5 for j in range(len(fams))], fams)
+    ax.set_yticks([i + 0.5 for i in range(len(agents))], agents, fontsize=8)
+    ax.invert_yaxis()
+    ax.figure.colorbar(mesh, ax=ax, fraction=0.03, label="mean reward")
+
+
 def family_reward_chart(grades: dict[str, list]) -> str:
-    """Mean reward per family, one bar per agent."""
+    """Mean reward per family: one bar per agent, or a grid when there are many agents."""
     fams = _families(grades)
     series = {a: [float(exact_mean(g["reward"] for g in gs if g["family"] == f))
                   if any(g["family"] == f for g in gs) else 0.0 for f in fams] for a, gs in grades.items()}
+    if len(series) > MAX_BAR_AGENTS:
+        fig = Figure(figsize=(11.0, 1.2 + 0.32 * len(series)))
+        ax = fig.add_subplot()
+        _reward_grid(ax, fams, series)
+        ax.set_title("Mean reward per family")
+        ax.tick_params(axis="x", labelsize=8, rotation=20)
+        return _svg(fig, "family-reward")
     fig = Figure(figsize=(max(8.0, 0.12 * len(fams) * len(grades) + 4), 4.2))
     ax = fig.add_subplot()
     _grouped_bars(ax, fams, series)
@@ -102,6 +127,7 @@ def revenue_error_chart(grades: dict[str, list]) -> str:
             if top and v >= 0.25 * top:  # the cents/dollars mix-ups dwarf everything else
                 ax.annotate(f"${v:,.0f}", (j - 0.4 + 0.8 / n * (i + 0.5), v), fontsize=7, ha="center",
                             va="bottom", xytext=(0, 2), textcoords="offset points")
+    ax.yaxis.set_major_formatter(StrMethodFormatter("${x:,.0f}"))
     ax.set_ylabel("revenue error (USD)")
     ax.set_title("Revenue error per case (mart after the run vs mart if handled correctly)")
     ax.grid(axis="y", alpha=0.3)
@@ -145,6 +171,14 @@ def pass_k_chart(pass_k: dict[str, dict]) -> str:
     return _svg(fig, "pass-k")
 
 
+def _largest_errors(grades: dict[str, list], n: int = 3) -> str:
+    worst = sorted(((g["revenue_error_usd"], g["case_id"], a) for a, gs in grades.items() for g in gs
+                    if g["revenue_error_usd"]), key=lambda t: (-t[0], t[1], t[2]))[:n]
+    if not worst:
+        return "No case moved the mart."
+    return "Largest: " + "; ".join(f"{case} ${err:,.2f} ({agent})" for err, case, agent in worst) + "."
+
+
 def _summary_table(grades: dict[str, list]) -> str:
     A = summary([], grades)["agents"]
     head = ["agent", "reward", "disposition", "report", "evidence", "inspected", "bad loaded",
@@ -172,7 +206,7 @@ def render_html(grades: dict[str, list], title: str = "gate report", subtitle: s
               "<h2>Mean reward per family</h2>", f"<figure>{family_reward_chart(grades)}</figure>",
               "<h2>Revenue error per case</h2>",
               f"<figure>{revenue_error_chart(grades)}<figcaption>Dollars the revenue mart is off by after "
-              "the run; the tallest bars are the cents/dollars mix-ups of amount-bounds.</figcaption></figure>"]
+              f"the run. {html.escape(_largest_errors(grades))}</figcaption></figure>"]
     if pass_k:
         parts += ["<h2>pass^k per family</h2>", f"<figure>{pass_k_chart(pass_k)}<figcaption>pass^k: the chance "
                   "that k independent trials of a case all succeed (reward 1.0).</figcaption></figure>"]

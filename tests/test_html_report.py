@@ -42,6 +42,14 @@ def test_page_is_self_contained(grades):
     assert len(ids) == len(set(ids))  # three SVGs, no id shared between them
 
 
+def test_many_agents_get_a_grid_instead_of_bars(grades):
+    many = {f"agent-{i}": grades["naive" if i % 2 else "careful"] for i in range(7)}
+    page = render_html(many)
+    assert 'id="family-reward-QuadMesh_1"' in page  # the agents x families grid
+    assert 'id="family-reward-QuadMesh_1"' not in render_html(grades)  # two agents: bars
+    assert all(f">agent-{i}<" in page for i in range(7))
+
+
 def test_same_grades_same_page(grades):
     assert render_html(grades) == render_html(grades)
 
