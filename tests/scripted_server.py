@@ -10,6 +10,7 @@ library only. The policy is chosen by the request's `model`:
 - `invalid-json`, `not-object`, `unknown-tool`, `missing-arg`, `mistyped-arg`, `no-tool-call`:
   the first reply is that kind of malformed output; then the careful policy.
 - `silent`: never calls a tool.  `hang`: sleeps `hang_seconds` before answering.
+- `garbage`: a 200 reply that is not a chat completion.
 
 `server.faults` is a queue of HTTP statuses (e.g. [429, 500]) served, one per request, before
 any policy answers. Run standalone: `python tests/scripted_server.py [--port N]`.
@@ -136,7 +137,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         server = self.server
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        if not self.path.rstrip("/").endswith("/chat/completions"):
+        if self.path.rstrip("/") != "/v1/chat/completions":
             return self._send(404, {"error": {"message": f"no route {self.path}"}})
         try:
             body = json.loads(raw)
@@ -152,6 +153,10 @@ class Handler(BaseHTTPRequestHandler):
                               {"Retry-After": "0"} if fault == 429 else None)
         if model == "hang":
             time.sleep(server.hang_seconds)
+        elif server.delay:
+            time.sleep(server.delay)
+        if model == "garbage":
+            return self._send(200, {"object": "not.a.completion"})
         message = reply(model, messages)
         prompt_tokens = len(raw) // 4
         completion_tokens = len(json.dumps(message)) // 4
@@ -177,6 +182,7 @@ class ScriptedServer(ThreadingHTTPServer):
         self.requests: Counter = Counter()
         self.last_body: dict | None = None
         self.hang_seconds = hang_seconds
+        self.delay = 0.0  # seconds before every answer (to interrupt a run mid-way in tests)
         self._thread: threading.Thread | None = None
 
     @property

@@ -6,13 +6,14 @@ from .attackers import (CitationSpray, DoubleLoad, InspectTheatre, LoadThenQuara
 from .baselines import Naive, ProfileOnly, RefuseAll
 from .careful import CarefulPandera, CarefulSQL
 from .random_policy import RandomPolicy
+from ..model_agent.agent import ModelAgent
 
 BASELINES = {"naive": Naive, "careful": CarefulPandera, "careful-sql": CarefulSQL,
              "refuse-all": RefuseAll, "profile-only": ProfileOnly}
 ATTACKERS = {"report-liar": ReportLiar, "report-only": ReportOnly, "load-then-quarantine": LoadThenQuarantine,
              "citation-spray": CitationSpray, "sql-write": SqlWrite, "inspect-theatre": InspectTheatre,
              "double-load": DoubleLoad, "orders-first": OrdersFirst}
-AGENTS = {**BASELINES, **ATTACKERS, "random": RandomPolicy}
+AGENTS = {**BASELINES, **ATTACKERS, "random": RandomPolicy, "model": ModelAgent}
 
 
 class UnknownAgent(ValueError):

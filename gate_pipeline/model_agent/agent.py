@@ -196,7 +196,17 @@ class ModelAgent:
     name, oracle = "model", False
 
     def __init__(self, **settings):
-        self.settings = ModelSettings(**settings)
+        from ..agents import UnknownAgent  # the error make_agent's callers (CLI, Dagster) already handle
+        missing = [k for k in ("model", "base_url") if k not in settings]
+        unknown = sorted(set(settings) - set(ModelSettings.__dataclass_fields__))
+        if missing or unknown:
+            raise UnknownAgent(f"agent 'model' needs options model and base_url"
+                               + (f" (missing {missing})" if missing else "")
+                               + (f"; it does not take {unknown}" if unknown else ""))
+        try:
+            self.settings = ModelSettings(**settings)
+        except SettingsError as exc:
+            raise UnknownAgent(f"agent 'model': {exc}") from None
         self.last: Conversation | None = None
         self._tools = tool_schemas()
         s = self.settings
