@@ -5,7 +5,8 @@ the page needs no network, no scripts and no files beside it. Anything that has 
 call it: `gate report --html`, `gate experiment --html`, model runs (pass^k per family) and
 the nightly scoreboard.
 
-    write_html(path, grades, title=..., tables=[(heading, text)], pass_k=pass_k_by_family(...))
+    write_html(path, grades, title=..., tables=[(heading, text)],
+               pass_k={model: model_agent.passk.pass_rates(records, k)})
 
 `grades` is {agent: [grade per case]} as runner.play_agents returns it.
 """
@@ -14,7 +15,6 @@ from __future__ import annotations
 import html
 import io
 import re
-from math import comb
 from pathlib import Path
 
 from matplotlib import rcParams
@@ -134,37 +134,20 @@ def revenue_error_chart(grades: dict[str, list]) -> str:
     return _svg(fig, "revenue-error")
 
 
-def pass_k_by_family(grades: list[dict], ks=(1, 2, 4), success=lambda g: g["reward"] == 1.0) -> dict:
-    """pass^k per family from repeated trials (several grades per case_id): the chance that k
-    trials drawn without replacement from a case's n all succeed, C(c,k)/C(n,k), averaged over
-    the family's cases. A k above a case's trial count is left out."""
-    trials: dict[str, list] = {}
-    family: dict[str, str] = {}
-    for g in grades:
-        trials.setdefault(g["case_id"], []).append(bool(success(g)))
-        family[g["case_id"]] = g["family"]
-    out: dict[str, dict] = {}
-    for fam in [f for f in FAMILIES if f in family.values()] + sorted(set(family.values()) - set(FAMILIES)):
-        cases = [c for c in trials if family[c] == fam]
-        out[fam] = {}
-        for k in ks:
-            usable = [trials[c] for c in cases if len(trials[c]) >= k]
-            if usable:
-                out[fam][k] = float(exact_mean(comb(sum(t), k) / comb(len(t), k) for t in usable))
-    return out
-
-
 def pass_k_chart(pass_k: dict[str, dict]) -> str:
-    """pass^k per family for each model: one bar per k."""
+    """pass@1 and pass^k per family for each model, one bar per measure.
+
+    `pass_k` is {model: {family: {"pass@1": x, "pass^3": y, ...}}}, the shape
+    model_agent.passk.pass_rates returns per model (keys not starting with "pass" are ignored)."""
     agents = list(pass_k)
     fig = Figure(figsize=(9.0, 3.4 * len(agents)))
     for row, agent in enumerate(agents):
         fams = list(pass_k[agent])
-        ks = sorted({k for f in fams for k in pass_k[agent][f]}, key=int)
+        measures = list(dict.fromkeys(m for f in fams for m in pass_k[agent][f] if str(m).startswith("pass")))
         ax = fig.add_subplot(len(agents), 1, row + 1)
-        _grouped_bars(ax, fams, {f"pass^{k}": [pass_k[agent][f].get(k, 0.0) for f in fams] for k in ks})
+        _grouped_bars(ax, fams, {m: [float(pass_k[agent][f].get(m, 0.0)) for f in fams] for m in measures})
         ax.set_ylim(0, 1.05)
-        ax.set_title(f"{agent}: pass^k per family")
+        ax.set_title(f"{agent}: pass@1 and pass^k per family")
         ax.tick_params(axis="x", labelsize=8, rotation=20)
         ax.grid(axis="y", alpha=0.3)
     fig.subplots_adjust(hspace=0.9)
@@ -208,8 +191,9 @@ def render_html(grades: dict[str, list], title: str = "gate report", subtitle: s
               f"<figure>{revenue_error_chart(grades)}<figcaption>Dollars the revenue mart is off by after "
               f"the run. {html.escape(_largest_errors(grades))}</figcaption></figure>"]
     if pass_k:
-        parts += ["<h2>pass^k per family</h2>", f"<figure>{pass_k_chart(pass_k)}<figcaption>pass^k: the chance "
-                  "that k independent trials of a case all succeed (reward 1.0).</figcaption></figure>"]
+        parts += ["<h2>pass^k per family</h2>", f"<figure>{pass_k_chart(pass_k)}<figcaption>pass@1: the share of "
+                  "rollouts that pass (reward 1.0); pass^k: the share of cases where all k rollouts pass."
+                  "</figcaption></figure>"]
     for heading, text in tables:
         parts += [f"<h2>{html.escape(heading)}</h2>", f"<pre>{html.escape(text)}</pre>"]
     body = "\n".join(parts)

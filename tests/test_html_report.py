@@ -8,7 +8,7 @@ import pytest
 
 from gate_pipeline.cases import read_cases
 from gate_pipeline.cli.main import main
-from gate_pipeline.html_report import pass_k_by_family, render_html, write_html
+from gate_pipeline.html_report import render_html, write_html
 from gate_pipeline.runner import play_agents
 
 CASES = Path(__file__).resolve().parent.parent / "cases" / "classic" / "eval_curated.jsonl"
@@ -20,20 +20,10 @@ def grades():
     return play_agents(read_cases(CASES), ["naive", "careful"])
 
 
-def test_pass_k_is_all_k_trials_succeed():
-    g = lambda case, fam, r: {"case_id": case, "family": fam, "reward": r}  # noqa: E731
-    trials = [g("a", "x", 1.0), g("a", "x", 1.0), g("a", "x", 0.5),  # 2 of 3 succeed
-              g("b", "x", 1.0), g("b", "x", 1.0), g("b", "x", 1.0),  # 3 of 3
-              g("c", "y", 0.0), g("c", "y", 1.0)]                    # 1 of 2
-    out = pass_k_by_family(trials, ks=(1, 2, 3))
-    # x: pass^1 = (2/3 + 1)/2, pass^2 = (C(2,2)/C(3,2) + 1)/2 = (1/3 + 1)/2, pass^3 = (0 + 1)/2
-    assert out["x"] == pytest.approx({1: 5 / 6, 2: 2 / 3, 3: 1 / 2})
-    assert out["y"] == pytest.approx({1: 1 / 2, 2: 0.0})  # k=3 left out: only 2 trials
-
-
 def test_page_is_self_contained(grades):
     page = render_html(grades, title="t <&>", tables=[("Tables", "a < b")],
-                       pass_k={"model-x": pass_k_by_family(grades["careful"] * 3, ks=(1, 3))})
+                       pass_k={"model-x": {"amount-bounds": {"cases": 4, "pass@1": 0.75, "pass^3": 0.5},
+                                           "all": {"cases": 4, "pass@1": 0.75, "pass^3": 0.5}}})
     assert page.count('<svg class="chart"') == 3
     assert "<script" not in page and "<link" not in page and "<img" not in page
     assert not re.search(r'(src|href)="(https?:|//)', page)  # nothing fetched from anywhere
@@ -103,3 +93,16 @@ def test_charts_render_in_headless_chromium(tmp_path, capsys):
     assert _pixels_near(shot, orange) > 5000
     from matplotlib.image import imread
     assert imread(shot).shape[:2] == (2200, 1280)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium not installed (apt-get install -y chromium)")
+def test_pass_k_chart_renders_in_headless_chromium(tmp_path, grades):
+    pass_k = {"model-x": {"amount-bounds": {"cases": 4, "pass@1": 0.75, "pass^3": 0.5},
+                          "all": {"cases": 4, "pass@1": 0.75, "pass^3": 0.5}}}
+    page = write_html(tmp_path / "model.html", grades, title="model run", pass_k=pass_k)
+    dom = _chromium(tmp_path, "--dump-dom", page.as_uri())
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert re.findall(r'<svg class="chart" data-chart="([^"]+)"', dom.stdout) == [
+        "family-reward", "revenue-error", "pass-k"]
+    # the axes background plus one bar per (family, measure): 2 families x (pass@1, pass^3)
+    assert len(re.findall(r'id="pass-k-patch_\d+"', dom.stdout)) >= 1 + 2 * 2
