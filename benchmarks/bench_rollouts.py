@@ -1,0 +1,82 @@
+"""Rollouts/s of `gate run`'s engine at concurrency 1, 8 and 32, against the scripted server answering at once.
+
+The scripted chat-completions server (tests/scripted_server.py, careful policy, 4 requests per
+two-batch case) runs in its own process, as a model server would. For each concurrency the
+eval cases are played R times each through run_rollouts (the code `gate run` uses: the openai
+client, transcripts written to disk, grades), and the script prints rollouts/s plus where the
+CPU went: this process (HTTP client, JSON, transcripts, and gate's own episode work: tools and
+grading) and the server process.
+
+    .venv/bin/python benchmarks/bench_rollouts.py [--rollouts R] [--concurrency 1,8,32]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from gate_pipeline.cases import read_cases  # noqa: E402
+from gate_pipeline.model_agent.agent import ModelSettings  # noqa: E402
+from gate_pipeline.model_agent.rollouts import run_rollouts  # noqa: E402
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def server_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def own_cpu() -> tuple[float, float]:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime, r.ru_stime
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rollouts", type=int, default=8, help="rollouts per eval case (32 cases)")
+    p.add_argument("--concurrency", default="1,8,32")
+    a = p.parse_args()
+    cases = read_cases(ROOT / "cases" / "classic" / "eval_curated.jsonl")
+    server = subprocess.Popen([sys.executable, str(ROOT / "tests" / "scripted_server.py")],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        url = server.stdout.readline().strip()
+        settings = ModelSettings(model="careful", base_url=url)
+        with tempfile.TemporaryDirectory() as tmp:
+            asyncio.run(run_rollouts(cases, settings, 1, 8, Path(tmp) / "warm-up"))
+            print(f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f} before the runs; "
+                  f"{len(cases)} cases x {a.rollouts} rollouts per concurrency")
+            print(f"{'concurrency':>11}{'rollouts':>10}{'seconds':>9}{'rollouts/s':>12}{'requests/s':>12}"
+                  f"{'client ms':>11}{'(gate ms)':>11}{'server ms':>11}   (CPU per rollout)")
+            for c in [int(x) for x in a.concurrency.split(",")]:
+                u0, s0 = own_cpu()
+                srv0 = server_cpu(server.pid)
+                t0 = time.perf_counter()
+                out = asyncio.run(run_rollouts(cases, settings, a.rollouts, c, Path(tmp) / f"c{c}"))
+                wall = time.perf_counter() - t0
+                u1, s1 = own_cpu()
+                records = out["records"]
+                n = len(records)
+                assert n == len(cases) * a.rollouts and all(r["reward"] == 1.0 for r in records)
+                requests = sum(r["turns"] for r in records)
+                gate_ms = sum(r["timings"]["tool_seconds"] + r["timings"]["grade_seconds"] for r in records) / n * 1e3
+                print(f"{c:>11}{n:>10}{wall:>9.2f}{n / wall:>12.1f}{requests / wall:>12.1f}"
+                      f"{(u1 - u0 + s1 - s0) / n * 1e3:>11.2f}{gate_ms:>11.2f}"
+                      f"{(server_cpu(server.pid) - srv0) / n * 1e3:>11.2f}")
+    finally:
+        server.terminate()
+        server.wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Adapters from gate to other evaluation frameworks (optional extras; gate's core never imports them)."""

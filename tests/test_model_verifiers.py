@@ -1,0 +1,80 @@
+"""gate as a verifiers 0.3 environment, against the scripted chat-completions server (skips without the extra)."""
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+vf = pytest.importorskip("verifiers", reason="the 'verifiers' extra is not installed")
+if not vf.__version__.startswith("0.3."):
+    pytest.skip(f"gate's adapter targets verifiers 0.3.x, not {vf.__version__}", allow_module_level=True)
+
+from openai import AsyncOpenAI  # noqa: E402
+from verifiers.legacy.clients import OpenAIChatCompletionsClient  # noqa: E402
+
+from gate_pipeline.integrations.verifiers_env import load_environment  # noqa: E402
+from scripted_server import ScriptedServer  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ScriptedServer() as s:
+        yield s
+
+
+def evaluate(env, server, model, n=3, r=2):
+    client = OpenAIChatCompletionsClient(AsyncOpenAI(base_url=server.url, api_key="x"))
+    out = asyncio.run(env.evaluate(client=client, model=model, num_examples=n, rollouts_per_example=r,
+                                   max_concurrent=4, on_progress=[]))
+    return out["outputs"]
+
+
+def test_careful_policy_scores_one_with_terms_logged_at_weight_zero(server):
+    env = load_environment(num_cases=3)
+    outs = evaluate(env, server, "careful")
+    assert len(outs) == 6 and [o["reward"] for o in outs] == [1.0] * 6
+    for o in outs:
+        assert o["disposition"] == o["report"] == o["evidence"] == o["inspected"] == 1.0
+        assert o["finished"] == 1.0 and o["stop_condition"] == "has_final_env_response"
+        assert o["reward"] == o["gate_reward"]  # the terms are metrics (weight 0), not added to the reward
+
+
+@pytest.mark.parametrize("model", ["invalid-json", "unknown-tool", "mistyped-arg", "no-tool-call"])
+def test_malformed_output_is_answered_and_the_rollout_goes_on(server, model):
+    outs = evaluate(load_environment(num_cases=2), server, model, n=2, r=1)
+    assert [o["reward"] for o in outs] == [1.0, 1.0]
+    first_reply = outs[0]["completion"][1]
+    if model == "no-tool-call":
+        assert first_reply["role"] == "user" and "submit_report" in first_reply["content"]
+    else:
+        assert first_reply["role"] == "tool" and '"error"' in first_reply["content"]
+
+
+def test_no_report_no_credit_at_max_turns(server):
+    outs = evaluate(load_environment(num_cases=1, max_turns=3), server, "silent", n=1, r=1)
+    assert outs[0]["reward"] == 0.0 and outs[0]["stop_condition"] == "max_turns_reached"
+
+
+def test_bad_environment_arguments_are_clear_errors(tmp_path):
+    empty = tmp_path / "none.jsonl"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="no cases"):
+        load_environment(cases_path=str(empty))
+
+
+def test_vf_eval_runs_gate(server, tmp_path):
+    vf_eval = Path(sys.executable).with_name("vf-eval")
+    env = {**os.environ, "GATE_TEST_KEY": "x"}
+    done = subprocess.run([str(vf_eval), "gate_pipeline.integrations.verifiers_env", "-m", "careful",
+                           "-b", server.url, "-k", "GATE_TEST_KEY", "-n", "2", "-r", "1", "--disable-tui",
+                           "--disable-env-server", "-a", '{"num_cases": 2}'],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "stop_conditions: has_final_env_response: 1.000" in done.stdout
+    assert "reward: avg - 1.000" in done.stdout
