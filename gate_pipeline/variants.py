@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .contract import ContractError, contracts_dir, load_contract, read_yaml, validate_contract
-from .schemas import CATALOGUE
+from .rules import CATALOGUE
 
 VARIANT_KEYS = ("base", "description", "remove_rules", "overrides")
 # Every value a variant may override, and the type it must have.

@@ -8,7 +8,7 @@ first, quarantine with the defect found, and report what they did.
 from __future__ import annotations
 
 from ..contract import COLUMNS
-from ..schemas import build_schema, failing_rules, frame, rules_for
+from ..rules import rules_for
 from .base import Tools, customers_first
 
 PAGE = 50
@@ -124,6 +124,7 @@ class CarefulPandera(_Careful):
             keys["customer_id"] = {r[0] for r in fetch_all(tools, "SELECT customer_id FROM wh_customers")}
             if table == "orders":
                 keys["order_id"] = {r[0] for r in fetch_all(tools, "SELECT order_id FROM wh_orders")}
+        from ..schemas import build_schema, failing_rules, frame  # pandas + pandera: only when used
         schema = build_schema(contract, table, keys, self.without)
         failed, _ = failing_rules(schema, frame(rows, cols), rules)
         return (failed[0].column, failed[0].defect_type) if failed else None
