@@ -1,0 +1,84 @@
+"""The nightly job's scoreboard is `gate report`: same figures, same tables, plus a history.
+
+The multiprocess executor's scoreboard is compared in benchmarks/bench_nightly.py (each step
+there is a fresh process, seconds apiece: too slow for the suite)."""
+import json
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from gate_pipeline.cases import read_cases, write_cases
+from gate_pipeline.cli.main import main
+from gate_pipeline.dagster_defs.definitions import defs
+from gate_pipeline.dagster_defs.jobs import nightly_run_config
+from gate_pipeline.dagster_defs.scoreboard import regressions
+from gate_pipeline.store import RunStore
+from gate_pipeline.tables import baseline_tables, summary
+
+ROOT = Path(__file__).resolve().parents[1]
+EVAL = ROOT / "cases" / "classic" / "eval_curated.jsonl"
+AGENTS = ["naive", "careful", "refuse-all"]
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("GATE_HOME", str(tmp_path / "gate"))
+    monkeypatch.delenv("GATE_DB_URL", raising=False)
+    return tmp_path / "gate"
+
+
+def scoreboard_metadata(result):
+    [mat] = [e.event_specific_data.materialization for e in result.get_asset_materialization_events()
+             if e.event_specific_data.materialization.asset_key.path == ["scoreboard"]]
+    return mat.metadata
+
+
+def test_nightly_scoreboard_equals_gate_report(home, capsys):
+    assert main(["report", "--json", "--cases", str(EVAL)]) == 0
+    reported = json.loads(capsys.readouterr().out)["agents"]
+    assert list(reported) == AGENTS
+    cases = read_cases(EVAL)
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = defs.resolve_job_def("nightly_benchmark").execute_in_process(
+            instance=instance, run_config=nightly_run_config(cases_file=str(EVAL)))
+        board = result.output_for_node("scoreboard")
+        meta = scoreboard_metadata(result)
+        assert set(instance.get_dynamic_partitions("cases")) == {c["case_id"] for c in cases}
+    assert board["grades"] == reported
+    assert meta["summary"].value == {**summary(cases, reported), "cases_file": str(EVAL)}
+    assert board["tables"] == baseline_tables(cases, reported, split="eval")
+    assert board["tables"] in meta["tables"].value
+    assert meta["episodes"].value == len(cases) * len(AGENTS)
+    store = RunStore()
+    assert len(store.ungraded()) == len(cases) * len(AGENTS)  # left for the grading sensor to record
+    assert [n["summary"]["agents"]["careful"]["reward"] for n in store.nightly_history()] == [1.0]
+
+
+def test_history_and_regressions(home, tmp_path):
+    small = tmp_path / "eval_small.jsonl"
+    write_cases(small, read_cases(EVAL)[:4])
+    job = defs.resolve_job_def("nightly_benchmark")
+    with dg.DagsterInstance.ephemeral() as instance:
+        for agents in (["careful"], ["careful"]):
+            result = job.execute_in_process(instance=instance,
+                                            run_config=nightly_run_config(str(small), agents, chunk_size=3))
+    meta = scoreboard_metadata(result)
+    assert meta["history"].value.count("eval_small.jsonl") == 2
+    assert meta["regressions"].value == []
+    before = {"cases_file": "f", "agents": {"careful": {"reward": 1.0}}}
+    fell = regressions(before, {"cases_file": "f", "agents": {"careful": {"reward": 0.9}}})
+    assert fell == ["careful: 1.0000 -> 0.9000"]
+    assert regressions(before, {"cases_file": "g", "agents": {"careful": {"reward": 0.9}}}) == []
+
+
+def test_bad_nightly_config_is_one_clear_failure(home, tmp_path):
+    job = defs.resolve_job_def("nightly_benchmark")
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = job.execute_in_process(instance=instance, raise_on_error=False,
+                                        run_config=nightly_run_config(str(EVAL), ["careful", "nope"]))
+    assert not result.success
+    failure = next(e for e in result.all_events if e.is_step_failure)
+    assert "unknown agent 'nope'" in failure.event_specific_data.error.message
+    assert RunStore().nightly_history() == []
+
