@@ -1,0 +1,62 @@
+"""The model agent selected in the Dagster pipeline's run config, playing against the scripted server."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from gate_pipeline.cases import read_cases
+from gate_pipeline.dagster_defs.definitions import defs
+from gate_pipeline.dagster_defs.jobs import play_case_run_config
+from gate_pipeline.dagster_defs.partitions import cases_partitions
+from gate_pipeline.dagster_defs.resources import CaseLibrary, GateStore
+from gate_pipeline.store import RunStore
+from scripted_server import ScriptedServer
+
+ROOT = Path(__file__).resolve().parents[1]
+EVAL = ROOT / "cases" / "classic" / "eval_curated.jsonl"
+CASE = "eval-dimension-fanout-0"
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ScriptedServer() as s:
+        yield s
+
+
+@pytest.fixture
+def instance(tmp_path, monkeypatch):
+    monkeypatch.setenv("GATE_HOME", str(tmp_path / "gate"))
+    monkeypatch.setenv("GATE_CASES_DIR", str(ROOT / "cases"))
+    monkeypatch.delenv("GATE_DB_URL", raising=False)
+    with dg.DagsterInstance.ephemeral() as inst:
+        inst.add_dynamic_partitions(cases_partitions.name, [c["case_id"] for c in read_cases(EVAL)])
+        yield inst
+
+
+def play_and_grade(instance, options):
+    result = defs.resolve_job_def("play_case").execute_in_process(
+        instance=instance, partition_key=CASE, run_config=play_case_run_config("model", options),
+        raise_on_error=False)
+    context = dg.build_sensor_context(instance=instance,
+                                      resources={"gate_store": GateStore(), "case_library": CaseLibrary()})
+    [obs] = defs.resolve_sensor_def("grading_sensor").evaluate_tick(context).asset_events
+    return result, obs
+
+
+def test_the_model_agent_is_selectable_in_the_run_config(server, instance):
+    result, obs = play_and_grade(instance, {"model": "careful", "base_url": server.url})
+    assert result.success and obs.metadata["reward"].value == 1.0
+    assert RunStore().latest_grades(CASE)["model"]["reward"] == 1.0
+
+
+def test_an_unfinished_model_rollout_fails_the_step_with_the_reason(server, instance):
+    result, obs = play_and_grade(instance, {"model": "silent", "base_url": server.url, "max_turns": 2})
+    assert obs.metadata["reward"].value == 0.0
+    assert "max_turns: no report after 2 turns" in obs.metadata["reason"].value
+
+
+def test_bad_model_options_fail_the_run_clearly(server, instance):
+    result, obs = play_and_grade(instance, {"model": "careful"})
+    assert not result.success and "needs options model and base_url" in obs.metadata["reason"].value
