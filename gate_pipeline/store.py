@@ -1,9 +1,10 @@
 """Runs on disk, so a grader in another process can grade what really happened.
 
-Each episode played under orchestration keeps its warehouse as a SQLite file under
-GATE_HOME (default `.gate/` in the working directory) and its ledger, one row per tool call
-written as the call happens, in a run store reached through SQLAlchemy (default a SQLite
-file in GATE_HOME; any database URL through GATE_DB_URL). Grading reads only the stored
+Each episode played under orchestration writes its ledger as it plays, one row per tool call
+before the agent sees the result, to a run store reached through SQLAlchemy (default a
+SQLite file in GATE_HOME, which defaults to `.gate/` in the working directory; any database
+URL through GATE_DB_URL), and its warehouse to a SQLite file under GATE_HOME when it ends,
+however it ends (an episode plays on an in-memory copy: a file per call costs fsyncs). Grading reads only the stored
 warehouse, the stored ledger and the case's truth labels (`grader.grade_record`), never
 what the agent said. A grade is computed once per episode (its row is the marker) and kept
 with a sequence number, so a consumer can emit each grade once with a cursor, across
@@ -149,7 +150,9 @@ class RunStore:
                        dagster_run_id: str | None, reason: str) -> str:
         """Record a run that failed before its agent played (e.g. an unknown agent name)."""
         episode_id, path = self.start_episode(prepared, agent, options, dagster_run_id)
-        World(prepared, path).close()  # the untouched warehouse, so the record is complete
+        world = World(prepared)
+        save_warehouse(world.conn, path)  # the untouched warehouse, so the record is complete
+        world.close()
         self.end_episode(episode_id, reason)
         return episode_id
 
@@ -268,6 +271,18 @@ class RunStore:
                  "summary": json.loads(r["summary"])} for r in reversed(rows)]
 
 
+def save_warehouse(conn: sqlite3.Connection, path: Path) -> None:
+    """Copy an episode's database to its warehouse file (written whole, then renamed into place)."""
+    tmp = path.with_suffix(".partial")
+    disk = sqlite3.connect(str(tmp))
+    try:
+        disk.execute("PRAGMA synchronous=OFF")
+        conn.backup(disk)
+    finally:
+        disk.close()
+    os.replace(tmp, path)
+
+
 def play_stored(store: RunStore, prepared: PreparedCase, agent_name: str, options: dict | None = None,
                 dagster_run_id: str | None = None, on_call=None) -> tuple[str, str | None]:
     """Play one episode with its warehouse and ledger on disk; returns (episode id, error or None).
@@ -286,11 +301,7 @@ def play_stored(store: RunStore, prepared: PreparedCase, agent_name: str, option
     except UnknownAgent as exc:
         return store.fail_unstarted(prepared, str(agent_name), options, dagster_run_id, str(exc)), str(exc)
     episode_id, path = store.start_episode(prepared, agent_name, options, dagster_run_id)
-    episode = Episode(prepared, path=path)
-    # WAL: a commit is not an fsync (a crashed process loses nothing; only a power cut can
-    # drop the last commits), and the grader can read the file while it is written.
-    episode.world.conn.execute("PRAGMA journal_mode=WAL")
-    episode.world.conn.execute("PRAGMA synchronous=NORMAL")
+    episode = Episode(prepared)  # in memory while it plays; the ledger goes to disk call by call
     stored = 0
 
     def tools(name, **args):
@@ -311,6 +322,9 @@ def play_stored(store: RunStore, prepared: PreparedCase, agent_name: str, option
     except Exception as exc:  # an agent's bug ends its episode, never the run store
         error = f"{type(exc).__name__}: {exc}"
     finally:
-        episode.close()
-        store.end_episode(episode_id, error)
+        try:
+            save_warehouse(episode.world.conn, path)
+        finally:
+            episode.close()
+            store.end_episode(episode_id, error)
     return episode_id, error
