@@ -87,3 +87,57 @@ def test_cli_errors_are_one_line(argv, needle, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert needle in err and err.startswith("gate: error: ") and err.count("\n") == 1
+
+
+NIGHTLY_VARIANTS = ["full", "no-orders.customer_id.orphan_reference", "over-strict"]
+
+
+@pytest.fixture
+def gate_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("GATE_HOME", str(tmp_path / "gate"))
+    monkeypatch.delenv("GATE_DB_URL", raising=False)
+    return tmp_path
+
+
+def test_variants_run_as_a_config_of_the_nightly_benchmark_job(gate_home):
+    """careful@<variant> names are agents of the Dagster benchmark job; its stored-run scoreboard
+    agrees case by case with the in-process experiment."""
+    import dagster as dg
+
+    from gate_pipeline.cases import write_cases
+    from gate_pipeline.dagster_defs.definitions import defs
+    from gate_pipeline.dagster_defs.jobs import nightly_run_config
+
+    cases = [c for c in read_cases(CASES) if c["family"] in ("orphan-customer", "legit-edge")]
+    small = gate_home / "eval_orphan_legit.jsonl"
+    write_cases(small, cases)
+    agents = [f"careful@{v}" for v in NIGHTLY_VARIANTS]
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = defs.resolve_job_def("nightly_benchmark").execute_in_process(
+            instance=instance, run_config=nightly_run_config(str(small), agents, chunk_size=4))
+        board = result.output_for_node("scoreboard")
+    _, expected = run_experiment(cases, NIGHTLY_VARIANTS)
+    keys = ["case_id", "family", "reward", "disposition", "evidence", "bad_batches_loaded",
+            "revenue_error_usd", "ledger_intact"]
+    assert list(board["grades"]) == agents
+    for agent in agents:
+        assert [{k: g[k] for k in keys} for g in board["grades"][agent]] == \
+               [{k: g[k] for k in keys} for g in expected[agent]]
+    A = board["summary"]["agents"]
+    assert A["careful@full"]["reward"] == 1.0
+    assert A["careful@no-orders.customer_id.orphan_reference"]["bad_batches_loaded"] > 0
+    assert A["careful@over-strict"]["reward"] < 1.0
+
+
+def test_nightly_job_refuses_an_unknown_variant(gate_home):
+    import dagster as dg
+
+    from gate_pipeline.dagster_defs.definitions import defs
+    from gate_pipeline.dagster_defs.jobs import nightly_run_config
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = defs.resolve_job_def("nightly_benchmark").execute_in_process(
+            instance=instance, raise_on_error=False,
+            run_config=nightly_run_config(str(CASES), ["careful@no-such-variant"]))
+    assert not result.success
+    failure = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"][0]
+    assert "unknown variant 'no-such-variant'" in str(failure.event_specific_data.error)
