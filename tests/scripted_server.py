@@ -11,6 +11,9 @@ library only. The policy is chosen by the request's `model`:
   the first reply is that kind of malformed output; then the careful policy.
 - `silent`: never calls a tool.  `hang`: sleeps `hang_seconds` before answering.
 - `garbage`: a 200 reply that is not a chat completion.
+- `coin`: at its first turn picks, at random (seeded), to be careful or to load everything as
+  listed without looking (it writes its plan in that turn's content and sticks to it): a
+  policy with pass@1 near one half, to show what pass^k measures.
 
 `server.faults` is a queue of HTTP statuses (e.g. [429, 500]) served, one per request, before
 any policy answers. Run standalone: `python tests/scripted_server.py [--port N]`.
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import random
 import socket
 import sys
 import threading
@@ -100,9 +104,25 @@ def careful(messages: list) -> list[dict]:
     return calls + [_call("submit_report", {"loaded": loaded, "quarantined": quarantined})]
 
 
-def reply(model: str, messages: list) -> dict:
+def load_all(messages: list) -> list[dict]:
+    """Load every batch in the order listed, without looking, and report it."""
+    listing = next((r for name, _, r in _history(messages) if name == "list_batches"), [])
+    ids = [b["batch_id"] for b in listing]
+    return [_call("load_batch", {"batch_id": b}) for b in ids] + [
+        _call("submit_report", {"loaded": ids, "quarantined": []})]
+
+
+def reply(model: str, messages: list, rng: random.Random | None = None) -> dict:
     """The assistant message the policy `model` sends next."""
     first = not any(m.get("role") == "assistant" for m in messages)
+    if model == "coin":
+        if first:
+            plan = "careful" if (rng or random).random() < 0.5 else "quick"
+            return {"role": "assistant", "content": f"plan: {plan}",
+                    "tool_calls": [_call("read_contract", {}), _call("list_batches", {})]}
+        plan = next(m.get("content") for m in messages if m.get("role") == "assistant")
+        return {"role": "assistant", "content": None,
+                "tool_calls": careful(messages) if plan == "plan: careful" else load_all(messages)}
     if model == "silent" or (model == "no-tool-call" and first):
         return {"role": "assistant", "content": "All batches look fine to me."}
     if model in MALFORMED and first:
@@ -157,7 +177,9 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(server.delay)
         if model == "garbage":
             return self._send(200, {"object": "not.a.completion"})
-        message = reply(model, messages)
+        with server.lock:
+            rng = random.Random(server.rng.random())
+        message = reply(model, messages, rng)
         prompt_tokens = len(raw) // 4
         completion_tokens = len(json.dumps(message)) // 4
         self._send(200, {
@@ -175,15 +197,21 @@ class ScriptedServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128
 
-    def __init__(self, port: int = 0, hang_seconds: float = 5.0):
+    def __init__(self, port: int = 0, hang_seconds: float = 5.0, seed: int = 0):
         super().__init__(("127.0.0.1", port), Handler)
         self.lock = threading.Lock()
         self.faults: list[int] = []
         self.requests: Counter = Counter()
         self.last_body: dict | None = None
         self.hang_seconds = hang_seconds
+        self.rng = random.Random(seed)
         self.delay = 0.0  # seconds before every answer (to interrupt a run mid-way in tests)
         self._thread: threading.Thread | None = None
+
+    def handle_error(self, request, client_address):
+        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            return  # a client that timed out and hung up: expected in the timeout tests
+        super().handle_error(request, client_address)
 
     @property
     def url(self) -> str:
@@ -202,8 +230,9 @@ class ScriptedServer(ThreadingHTTPServer):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--port", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the coin policy")
     a = p.parse_args()
-    server = ScriptedServer(a.port)
+    server = ScriptedServer(a.port, seed=a.seed)
     print(server.url, flush=True)
     try:
         server.serve_forever()

@@ -138,3 +138,13 @@ def test_pass_at_1_and_pass_hat_k_are_exact_and_per_family():
     assert rates["all"] == {"cases": 3, "pass@1": float(Fraction(2, 3)), "pass^3": float(Fraction(1, 3))}
     table = pass_table(records, 3)
     assert "pass^3" in table.splitlines()[1] and table.splitlines()[-1].split() == ["all", "3", "0.6667", "0.3333"]
+
+
+def test_pass_hat_k_is_below_pass_at_1_for_a_policy_that_succeeds_half_the_time(server, eval_cases, tmp_path):
+    records = run(eval_cases[:4], settings(server, model="coin"), 4, 1, tmp_path / "coin")["records"]
+    rewards = [r["reward"] for r in records]
+    assert 1.0 in rewards and any(x < 1.0 for x in rewards)
+    plans = {r["messages"][2]["content"] for r in records}
+    assert plans == {"plan: careful", "plan: quick"}
+    rates = pass_rates(records, 4)["all"]
+    assert rates["pass^4"] < rates["pass@1"] < 1.0

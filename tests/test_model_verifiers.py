@@ -72,9 +72,14 @@ def test_vf_eval_runs_gate(server, tmp_path):
     vf_eval = Path(sys.executable).with_name("vf-eval")
     env = {**os.environ, "GATE_TEST_KEY": "x"}
     done = subprocess.run([str(vf_eval), "gate_pipeline.integrations.verifiers_env", "-m", "careful",
-                           "-b", server.url, "-k", "GATE_TEST_KEY", "-n", "2", "-r", "1", "--disable-tui",
+                           "-b", server.url, "-k", "GATE_TEST_KEY", "-n", "2", "-r", "2", "--disable-tui",
                            "--disable-env-server", "-a", '{"num_cases": 2}'],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "stop_conditions: has_final_env_response: 1.000" in done.stdout
     assert "reward: avg - 1.000" in done.stdout
+    assert "pass^k: 1=1.000, 2=1.000" in done.stdout
+
+
+def test_pass_counts_only_reward_one_as_gate_does():
+    assert load_environment(num_cases=1).pass_threshold == 1.0

@@ -62,6 +62,7 @@ class GateEnv(vf.MultiTurnEnv):
                 for c in cases]
         rubric = vf.Rubric(funcs=[gate_reward, *(_metric(k) for k in METRICS)],
                            weights=[1.0] + [0.0] * len(METRICS))
+        kwargs.setdefault("pass_threshold", 1.0)  # pass@k / pass^k as gate counts them: reward 1.0
         super().__init__(dataset=Dataset.from_list(rows), eval_dataset=Dataset.from_list(rows),
                          system_prompt=SYSTEM_PROMPT, rubric=rubric, tool_defs=_tool_defs(),
                          max_turns=max_turns, **kwargs)
