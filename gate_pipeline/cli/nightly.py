@@ -39,6 +39,14 @@ def _options(text: str | None):
     return value
 
 
+def _root_message(error) -> str:
+    """The innermost cause of a step failure, first line (what went wrong, not where)."""
+    while getattr(error, "cause", None) is not None:
+        error = error.cause
+    lines = [ln for ln in error.message.strip().splitlines() if ln.strip()]
+    return lines[0] if lines else "the nightly run failed"
+
+
 def cmd_nightly(a) -> int:
     from ..agents import UnknownAgent, make_agent
     from ..cases import read_cases
@@ -51,6 +59,11 @@ def cmd_nightly(a) -> int:
         except UnknownAgent as exc:
             raise UsageError(str(exc))
     read_cases(a.cases)  # a bad case file is one line, before Dagster starts
+    from ..store import RunStore, StoreError
+    try:
+        RunStore().dispose()
+    except StoreError as exc:
+        raise UsageError(str(exc))
     if a.chunk_size is not None and a.chunk_size < 1:
         raise UsageError("--chunk-size must be at least 1")
 
@@ -60,12 +73,12 @@ def cmd_nightly(a) -> int:
     from ..dagster_defs.jobs import nightly_run_config
 
     config = {**nightly_run_config(a.cases, agents, options or None, a.chunk_size),
-              "loggers": {"console": {"config": {"log_level": "ERROR"}}}}
+              "loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
     with dg.DagsterInstance.ephemeral() as instance:
         result = defs.resolve_job_def("nightly_benchmark").execute_in_process(
             run_config=config, instance=instance, raise_on_error=False, tags={"gate/trigger": "cli"})
         if not result.success:
-            failures = [e.event_specific_data.error.message.strip().splitlines()[-1]
+            failures = [_root_message(e.event_specific_data.error)
                         for e in result.all_events if e.is_step_failure and e.event_specific_data.error]
             raise UsageError(failures[0] if failures else "the nightly run failed")
         board = result.output_for_node("scoreboard")
@@ -73,7 +86,6 @@ def cmd_nightly(a) -> int:
         print(json.dumps(board["summary"]))
         return 0
     print(board["tables"])
-    from ..store import RunStore
     history = RunStore().nightly_history(5)
     print("\nnightly history (mean reward):")
     for night in history:
@@ -91,6 +103,8 @@ def cmd_ui(a) -> int:
     from ..store import gate_home
     home = Path(os.environ.get("DAGSTER_HOME") or gate_home() / "dagster").resolve()
     home.mkdir(parents=True, exist_ok=True)
+    if not (home / "dagster.yaml").exists():  # defaults: SQLite run, event and schedule storage here
+        (home / "dagster.yaml").write_text("# gate's Dagster instance: default SQLite storage in this directory\n")
     env = {**os.environ, "DAGSTER_HOME": str(home)}
 
     import dagster as dg

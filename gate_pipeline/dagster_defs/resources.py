@@ -10,7 +10,7 @@ from typing import Optional
 
 import dagster as dg
 
-from ..store import RunStore
+from ..store import RunStore, StoreError
 from .partitions import CaseIndex, CaseRef, case_index, load_case
 
 
@@ -21,7 +21,10 @@ class GateStore(dg.ConfigurableResource):
     db_url: Optional[str] = None
 
     def open(self) -> RunStore:
-        return RunStore(self.home, self.db_url)
+        try:
+            return RunStore(self.home, self.db_url)
+        except StoreError as exc:  # a bad setting is one clear failure, not a traceback
+            raise dg.Failure(description=str(exc)) from None
 
 
 class CaseLibrary(dg.ConfigurableResource):
