@@ -78,6 +78,9 @@ def _check_overrides(overrides, where: str) -> dict:
             if isinstance(value, bool) or not isinstance(value, kind):
                 raise ContractError(f"{where}: key 'variant.overrides.{section}.{key}' must be a "
                                     f"{_type_name(kind)}, not {type(value).__name__}")
+            if kind is list and not (value and all(isinstance(v, str) and v for v in value)):
+                raise ContractError(f"{where}: key 'variant.overrides.{section}.{key}' must be a non-empty "
+                                    f"list of strings")
     return overrides
 
 
@@ -143,7 +146,8 @@ def variant_names() -> list[str]:
 
 
 def load_variant(name: str) -> Variant:
-    if not isinstance(name, str) or not NAME_RE.match(name) or not (variants_dir() / f"{name}.yaml").is_file():
+    outside = not isinstance(name, str) or not name or name.startswith(".") or "/" in name or "\\" in name
+    if outside or not (variants_dir() / f"{name}.yaml").is_file():
         raise ContractError(f"unknown variant {name!r}; variants in {variants_dir()}: {', '.join(variant_names())}")
     return load_variant_file(variants_dir() / f"{name}.yaml")
 

@@ -95,6 +95,10 @@ def test_a_user_adds_a_variant_by_writing_a_file(user_contracts):
      "'variant.overrides.reporting_window.end'"),
     ("variant:\n  base: classic\n  description: x\n  overrides: {reporting_window: {start: '2026-10-01'}}\n",
      "'variant.overrides.reporting_window'"),
+    ("variant:\n  base: classic\n  description: x\n  overrides: {limits: {allowed_status: [1, 2]}}\n",
+     "'variant.overrides.limits.allowed_status'"),
+    ("variant:\n  base: classic\n  description: x\n  overrides: {limits: {allowed_countries: []}}\n",
+     "'variant.overrides.limits.allowed_countries'"),
     ("variant:\n  base: nope\n  description: x\n", "'variant.base'"),
     ("variant:\n  description: x\n", "'variant.base'"),
     ("variant:\n  base: classic\n", "'variant.description'"),
@@ -125,3 +129,10 @@ def test_gate_experiment_reports_a_broken_variant_file_in_one_line(user_contract
     err = capsys.readouterr().err.strip()
     assert err.startswith("gate: error: ") and "mine.yaml" in err and "'variant.overides'" in err
     assert len(err.splitlines()) == 1
+
+
+def test_a_badly_named_variant_file_is_named_in_the_error(user_contracts):
+    _write(user_contracts, "Cap 20k", GOOD)
+    with pytest.raises(ContractError) as exc:
+        load_variants()
+    assert "Cap 20k.yaml" in str(exc.value) and "must be lower-case" in str(exc.value)
