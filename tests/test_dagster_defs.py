@@ -55,4 +55,5 @@ def test_dg_project_points_at_the_definitions():
     dg_conf = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["dg"]
     assert dg_conf["directory_type"] == "project"
     assert dg_conf["project"]["code_location_target_module"] == "gate_pipeline.dagster_defs.definitions"
+    assert dg_conf["project"]["defs_module"] == "gate_pipeline.dagster_defs"  # `dg check defs` needs it
     assert "gate_pipeline.dagster_defs.definitions" in (root / "workspace.yaml").read_text()
