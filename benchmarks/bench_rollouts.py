@@ -4,8 +4,9 @@ The scripted chat-completions server (tests/scripted_server.py, careful policy, 
 two-batch case) runs in its own process, as a model server would. For each concurrency the
 eval cases are played R times each through run_rollouts (the code `gate run` uses: the openai
 client, transcripts written to disk, grades), and the script prints rollouts/s plus where the
-CPU went: this process (HTTP client, JSON, transcripts, and gate's own episode work: tools and
-grading) and the server process.
+CPU went: this process (HTTP client, JSON, transcripts, gate's episode work) and the server
+process. "(gate ms)" is the time spent in gate's own episode work, tool calls and grading: it is
+synchronous, so it is CPU time plus any wait for a CPU on a busy machine.
 
     .venv/bin/python benchmarks/bench_rollouts.py [--rollouts R] [--concurrency 1,8,32]
 """
