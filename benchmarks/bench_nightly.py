@@ -82,7 +82,7 @@ def main() -> int:
 
     per_case_ms = (nightly_s - core_s) / n * 1000
     print(f"nightly benchmark: {n} eval cases x {', '.join(AGENTS)} = {n * len(AGENTS)} episodes "
-          f"(median of {a.repeats})")
+          f"(median of {a.repeats}; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the end)")
     print(f"  import dagster + gate definitions        {import_s:7.2f} s")
     print(f"  bare core (runner.play_agents)           {core_s:7.2f} s")
     print(f"  stored runs, no Dagster (play_stored)    {stored_s:7.2f} s")
