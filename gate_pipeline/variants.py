@@ -6,7 +6,7 @@ base contract and says what to change about the schema built from it:
     variant:
       base: classic                      # a contract under contracts/ (required)
       description: "one line"            # shown in tables (required)
-      remove_rules: [orders.customer_id.orphan_reference]   # Rule.key from schemas.CATALOGUE
+      remove_rules: [orders.customer_id.orphan_reference]   # Rule.key from rules.CATALOGUE
       overrides:                         # values the schema uses, replaced
         limits: {max_amount: 10000}
         reporting_window: {end: "2026-09-29"}

@@ -6,7 +6,7 @@ import pytest
 from gate_pipeline.agents import UnknownAgent, make_agent
 from gate_pipeline.agents.careful import CarefulPandera
 from gate_pipeline.contract import ContractError, load_contract
-from gate_pipeline.schemas import CATALOGUE
+from gate_pipeline.rules import CATALOGUE
 from gate_pipeline.variants import load_variant, load_variant_file, load_variants, variant_names
 
 RULES = [r.key for r in CATALOGUE]
