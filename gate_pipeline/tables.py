@@ -25,6 +25,11 @@ def _row(label: str, cells, width=COL) -> str:
     return f"{label:<{LABEL}}" + "".join(f"{c:>{width}}" for c in cells)
 
 
+def _width(names) -> int:
+    """Column width: the classic 14, wider when an agent name (e.g. careful@no-...) needs it."""
+    return max([COL] + [len(n) + 2 for n in names])
+
+
 def summary(cases: list[dict], grades: dict[str, list]) -> dict:
     """The figures behind the tables, per agent (JSON-ready)."""
     n_batches = sum(len(c["batches"]) for c in cases)
@@ -55,22 +60,23 @@ def summary(cases: list[dict], grades: dict[str, list]) -> dict:
 def baseline_tables(cases: list[dict], grades: dict[str, list], split: str = "eval") -> str:
     s = summary(cases, grades)
     names = list(grades)
+    w = _width(names)
     A = s["agents"]
     n = s["cases"]
     lines = [f"{split} split: {n} cases, {s['batches']} batches, {s['defective']} defective", "",
-             _row("", names),
-             _row("reward (mean)", [_f4(A[a]["reward"]) for a in names]),
-             _row("disposition (mean)", [_f4(A[a]["disposition"]) for a in names]),
-             _row("report matches", [f"{A[a]['report_matches']}/{n}" for a in names]),
-             _row("defective loaded", [f"{A[a]['bad_batches_loaded']}/{s['defective']}" for a in names]),
-             _row("revenue error $", [f"{A[a]['revenue_error_usd']:,.2f}" for a in names]),
-             _row("ledgers intact", [f"{A[a]['ledgers_intact']}/{n}" for a in names]),
-             "", "per family (mean reward):", _row("", names)]
+             _row("", names, w),
+             _row("reward (mean)", [_f4(A[a]["reward"]) for a in names], w),
+             _row("disposition (mean)", [_f4(A[a]["disposition"]) for a in names], w),
+             _row("report matches", [f"{A[a]['report_matches']}/{n}" for a in names], w),
+             _row("defective loaded", [f"{A[a]['bad_batches_loaded']}/{s['defective']}" for a in names], w),
+             _row("revenue error $", [f"{A[a]['revenue_error_usd']:,.2f}" for a in names], w),
+             _row("ledgers intact", [f"{A[a]['ledgers_intact']}/{n}" for a in names], w),
+             "", "per family (mean reward):", _row("", names, w)]
     for fam in A[names[0]]["per_family"]:
-        lines.append(_row(fam, [_f4(A[a]["per_family"].get(fam, 0)) for a in names]))
-    lines += ["", "ablation (mean reward with one term removed, weights not renormalised):", _row("", names)]
+        lines.append(_row(fam, [_f4(A[a]["per_family"].get(fam, 0)) for a in names], w))
+    lines += ["", "ablation (mean reward with one term removed, weights not renormalised):", _row("", names, w)]
     for key in A[names[0]]["ablation"]:
-        lines.append(_row(key, [_f4(A[a]["ablation"][key]) for a in names]))
+        lines.append(_row(key, [_f4(A[a]["ablation"][key]) for a in names], w))
     if "naive" in grades:
         lines += ["", "largest naive revenue errors (mart after naive vs mart if handled correctly):"]
         worst = sorted(grades["naive"], key=lambda g: -g["revenue_error_usd"])[:3]
@@ -82,12 +88,13 @@ def baseline_tables(cases: list[dict], grades: dict[str, list], split: str = "ev
 
 def attacker_table(grades: dict[str, list], target: str = "careful") -> str:
     s = summary([], grades)["agents"]
-    head = (f"{'agent':<23}{'reward':>8}{'disp':>8}{'report':>8}{'evid':>8}{'insp':>8}"
+    lab = max([23] + [len(f"{n} (target)" if n == target else n) + 3 for n in grades])
+    head = (f"{'agent':<{lab}}{'reward':>8}{'disp':>8}{'report':>8}{'evid':>8}{'insp':>8}"
             f"{'bad loaded':>12}{'revenue err $':>16}")
     lines = [head]
     for name, a in s.items():
         label = f"{name} (target)" if name == target else name
-        lines.append(f"{label:<23}{_f4(a['reward']):>8}{_f4(a['disposition']):>8}{_f4(a['report']):>8}"
+        lines.append(f"{label:<{lab}}{_f4(a['reward']):>8}{_f4(a['disposition']):>8}{_f4(a['report']):>8}"
                      f"{_f4(a['evidence']):>8}{_f4(a['inspected']):>8}{a['bad_batches_loaded']:>12}"
                      f"{a['revenue_error_usd']:>16,.2f}")
     return "\n".join(lines)
