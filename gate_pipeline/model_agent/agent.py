@@ -219,7 +219,7 @@ class ModelAgent:
     async def _complete(self, client, messages: list, convo: Conversation) -> dict:
         """The reply as JSON. Sent with the client's documented raw `post` (same auth, errors and
         timeouts as chat.completions.create) because the typed path re-walks every message of a
-        growing conversation on each turn, which was most of gate's own time per request."""
+        growing conversation on each turn, which was most of the client's CPU per request."""
         import httpx2
         s = self.settings
         # the conversation only grows: encode each message once, not once per turn
