@@ -7,6 +7,7 @@ import pytest
 
 from gate_pipeline.agents import AGENTS, make_agent
 from gate_pipeline.cases import read_cases, write_cases
+from gate_pipeline.dagster_defs.checks import CHECKED_TABLES, contract_failures
 from gate_pipeline.dagster_defs.definitions import defs
 from gate_pipeline.dagster_defs.jobs import play_case_run_config
 from gate_pipeline.dagster_defs.partitions import cases_partitions, sync_case_partitions
@@ -88,6 +89,14 @@ def test_contract_check_reports_failure_cases(home, instance):
     check = next(e for e in result.get_asset_check_evaluations() if e.check_name == "orders_contract")
     assert not check.passed and check.metadata["batches_failing"].value == 1
     assert "out_of_range" in check.metadata["failure_cases"].value
+
+
+def test_contract_checks_flag_exactly_the_defective_batches():
+    for c in read_cases(EVAL):
+        prepared = PreparedCase(c)
+        flagged = {bid for table in CHECKED_TABLES
+                   for bid, _, failed, _ in contract_failures(prepared, table) if failed}
+        assert flagged == {bid for bid, t in prepared.truth.items() if t["defective"]}, c["case_id"]
 
 
 def test_sensor_grades_a_finished_run_exactly_once(home, instance):
