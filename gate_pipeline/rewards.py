@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 STEP_COST = -0.005
 REPEAT_PENALTY = -0.01
@@ -24,7 +24,6 @@ PROGRESS_WEIGHTS = (0.25, 0.50, 0.25)  # cardinality, value overlap, numeric ran
 BIN_EDGES = ((0.875, 1.0), (0.625, 0.75), (0.375, 0.5), (0.125, 0.25))
 CLAMP = (-0.2, 0.5)
 ACTION_TYPES = ("DESCRIBE", "SAMPLE", "QUERY")
-_SPACE = re.compile(r"\s+")
 
 
 @dataclass
@@ -35,13 +34,18 @@ class EpisodeContext:
     best_progress: float = 0.0
     cumulative_step_reward: float = 0.0
     cumulative_new_info_reward: float = 0.0
+    _gold: "_Gold | None" = field(default=None, repr=False, compare=False)  # gold's cells, cached
 
 
 def action_key(action_type: str, sql: str) -> str:
     """SHA-256 of a query (trimmed, trailing ';' dropped, inner white space collapsed), or of a
     tool's key text (its name with its arguments as canonical JSON) as given."""
     if action_type == "QUERY":
-        text = _SPACE.sub(" ", sql).strip()
+        text = sql
+        # already normal when no white space but single inner spaces (every other white space
+        # character is non-printable); else trim and collapse runs of white space
+        if not (sql.isprintable() and "  " not in sql and sql[:1] != " " and sql[-1:] != " "):
+            text = " ".join(sql.split())
         while text.endswith(";"):
             text = text[:-1].rstrip()
     else:
@@ -60,8 +64,10 @@ def _layer1_operational(ctx: EpisodeContext, action_type: str, sql: str, rows, e
     if error is not None:
         return reward, False
     reward += EXEC_OK
-    room = round(NEW_INFO_CAP - ctx.cumulative_new_info_reward, 9)
-    bonus = min(NEW_INFO, room) if room > 0 else 0.0
+    room = NEW_INFO_CAP - ctx.cumulative_new_info_reward
+    if room <= 1e-9:  # ten payments of 0.01 sum to 0.0999..., which is the cap reached
+        return reward, False
+    bonus = min(NEW_INFO, room)
     ctx.cumulative_new_info_reward += bonus
     return reward + bonus, False
 
@@ -70,17 +76,40 @@ def _cardinality_score(pred_rows: list, gold_rows: list) -> float:
     return 1.0 - abs(len(pred_rows) - len(gold_rows)) / max(len(pred_rows), len(gold_rows), 1)
 
 
-def _value_overlap_score(pred_rows: list, gold_rows: list) -> float:
-    pred = {str(v) for row in pred_rows for v in row}
-    gold = {str(v) for row in gold_rows for v in row}
+def _cells(rows) -> set[str]:
+    return {str(v) for row in rows for v in row}
+
+
+def _jaccard(pred: set, gold: set) -> float:
     if not pred and not gold:
         return 1.0
     return len(pred & gold) / len(pred | gold)
 
 
+def _value_overlap_score(pred_rows: list, gold_rows: list) -> float:
+    return _jaccard(_cells(pred_rows), _cells(gold_rows))
+
+
+@lru_cache(maxsize=1 << 16)
+def _text_number(text: str) -> float | None:
+    """What `float()` makes of a cell's text (NaN excluded); cached, as cells recur across queries."""
+    try:
+        x = float(text)
+    except (ValueError, OverflowError):
+        return None
+    return None if math.isnan(x) else x
+
+
 def _number(value) -> float | None:
     """The cell as a number when `float()` accepts it (NaN excluded), else None."""
-    if isinstance(value, bool):
+    kind = type(value)
+    if kind is str:
+        return _text_number(value)
+    if kind is float:
+        return None if value != value else value
+    if kind is int:
+        return float(value)
+    if value is None or kind is bool:
         return None
     try:
         x = float(value)
@@ -89,22 +118,29 @@ def _number(value) -> float | None:
     return None if math.isnan(x) else x
 
 
+def _numbers(rows) -> list[float]:
+    return [x for row in rows for v in row
+            if (x := (_text_number(v) if type(v) is str else _number(v))) is not None]
+
+
 def _proximity(distance: float) -> float:
     return 1.0 / (1.0 + math.log1p(distance))
 
 
-def _numeric_range_score(pred_rows: list, gold_rows: list) -> float:
-    gold = [x for row in gold_rows for v in row if (x := _number(v)) is not None]
+def _proximity_mean(pred: list[float], gold: list[float]) -> float:
     if not gold:
         return 1.0
-    pred = [x for row in pred_rows for v in row if (x := _number(v)) is not None]
     if not pred:
         return 0.0
     total = 0.0
     for g in gold:
-        nearest = min(0.0 if p == g else abs(p - g) for p in pred)
-        total += _proximity(nearest)
+        total += _proximity(min(0.0 if p == g else abs(p - g) for p in pred))
     return total / len(gold)
+
+
+def _numeric_range_score(pred_rows: list, gold_rows: list) -> float:
+    gold = _numbers(gold_rows)
+    return _proximity_mean(_numbers(pred_rows), gold) if gold else 1.0
 
 
 def _raw_progress(pred_rows: list, gold_rows: list) -> float:
@@ -120,11 +156,44 @@ def _bin_progress(raw_score: float) -> float:
     return 0.0
 
 
+@dataclass(frozen=True)
+class _Gold:
+    """The gold side of the sub-scores, computed once per episode."""
+    rows: list
+    cells: set
+    numbers: list
+
+
+def _gold_of(ctx: EpisodeContext) -> _Gold:
+    if ctx._gold is None or ctx._gold.rows is not ctx.gold_rows:
+        ctx._gold = _Gold(ctx.gold_rows, _cells(ctx.gold_rows), _numbers(ctx.gold_rows))
+    return ctx._gold
+
+
+def _progress_level(ctx: EpisodeContext, rows: list) -> float:
+    """`_bin_progress(_raw_progress(rows, gold))`, or 0.0 as soon as the bin cannot beat
+    best_progress even with the remaining sub-scores at 1. The sums are the plain formula's, in
+    its order, so the bins are the same; numeric range (the costly part) is computed only when
+    it can move the bin."""
+    gold, best = _gold_of(ctx), ctx.best_progress
+    wc, wv, wn = PROGRESS_WEIGHTS
+    if not rows:  # nothing returned: cardinality and overlap 0, numeric range 0 (or 1 without numbers)
+        return _bin_progress(0.0 if gold.numbers else wn)
+    raw = wc * _cardinality_score(rows, gold.rows)
+    if _bin_progress(raw + wv + wn) <= best:
+        return 0.0
+    raw += wv * _jaccard(_cells(rows), gold.cells)
+    top = _bin_progress(raw + wn)  # the bin with numeric range 1.0 (what it is when gold has no number)
+    if top <= best or not gold.numbers or _bin_progress(raw) == top:
+        return top if top > best else 0.0
+    return _bin_progress(raw + wn * _proximity_mean(_numbers(rows), gold.numbers))
+
+
 def _layer2_progress(ctx: EpisodeContext, rows: list) -> float:
     """Improvement-only progress towards the gold rows: at most PROGRESS_SCALE per episode."""
-    if not ctx.gold_rows:
+    if not ctx.gold_rows or ctx.best_progress >= 1.0:  # nothing left to pay: skip the scoring
         return 0.0
-    level = _bin_progress(_raw_progress(rows, ctx.gold_rows))
+    level = _progress_level(ctx, rows)
     if level <= ctx.best_progress:
         return 0.0
     paid = PROGRESS_SCALE * (level - ctx.best_progress)
@@ -151,7 +220,7 @@ def step_parts(ctx: EpisodeContext, action_type: str, sql: str, rows, error) -> 
     layer1, repeat = _layer1_operational(ctx, action_type, sql, rows, error)
     layer2 = 0.0
     if action_type == "QUERY" and error is None and rows is not None and not repeat:
-        layer2 = _layer2_progress(ctx, [tuple(r) for r in rows])
+        layer2 = _layer2_progress(ctx, rows)
     return {"layer1": layer1, "layer2": layer2, "step": _clamp(ctx, layer1 + layer2)}
 
 

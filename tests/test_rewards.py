@@ -1,6 +1,7 @@
 """The F003 dense step reward: every test vector of DENSE_REWARD.md, the clamp, repeats, Layer 2's cap."""
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 
@@ -10,8 +11,8 @@ from gate_pipeline.cases import read_cases
 from gate_pipeline.contract import COLUMNS
 from gate_pipeline.gold import gold_rows
 from gate_pipeline.rewards import (EpisodeContext, _bin_progress, _cardinality_score, _layer2_progress,
-                                   _numeric_range_score, _value_overlap_score, action_key, compute_step_reward,
-                                   step_parts)
+                                   _numeric_range_score, _progress_level, _raw_progress, _value_overlap_score,
+                                   action_key, compute_step_reward, step_parts)
 
 EVAL = "cases/classic/eval_curated.jsonl"
 TINY = 1e-12
@@ -38,6 +39,13 @@ def test_repeat_key_ignores_white_space_and_trailing_semicolons_but_keeps_case()
     assert ok(ctx, "  SELECT * FROM t ;; ") == pytest.approx(-0.015, abs=TINY)
     assert ok(ctx, "select * from t") == pytest.approx(0.025, abs=TINY)
     assert action_key("QUERY", "SELECT 1;") == action_key("QUERY", "SELECT 1")
+    spaces = [" ", "  ", "\t", "\n", "\r\n", "\x0b", "\x0c", "\x1c", "\u00a0", "\u2003", "\u2028", " ;"]
+    rng = random.Random(5)
+    for _ in range(500):
+        words = ["SELECT", "a", "FROM", "t", ";"]
+        sql = "".join(rng.choice(spaces) + w for w in words) + rng.choice(spaces)
+        plain = " ".join(sql.split()).rstrip("; ").rstrip(";")
+        assert action_key("QUERY", sql) == hashlib.sha256(plain.encode()).hexdigest(), repr(sql)
 
 
 def test_a_syntax_error_pays_the_step_cost_only():
@@ -120,6 +128,18 @@ def test_layer2_pays_improvement_only():
     assert _layer2_progress(ctx, [("a", "1")]) == 0.0
     assert _layer2_progress(ctx, gold) == pytest.approx(0.15 - first, abs=TINY)
     assert _layer2_progress(ctx, gold) == 0.0
+
+
+def test_the_fast_progress_level_pays_exactly_what_the_plain_formula_pays():
+    rng = random.Random(11)
+    cells = ["O1", "C1", "10.00", "USD", "-5", 3, 2.5, None, "", "x", "1e3", "nan", "inf"]
+    for _ in range(3000):
+        gold = [tuple(rng.choice(cells) for _ in range(3)) for _ in range(rng.randint(1, 4))]
+        rows = [tuple(rng.choice(cells) for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(0, 6))]
+        best = rng.choice([0.0, 0.25, 0.5, 0.75])
+        exact = _bin_progress(_raw_progress(rows, gold))
+        level = _progress_level(EpisodeContext(gold_rows=gold, best_progress=best), rows)
+        assert level == exact if exact > best else level <= best, (gold, rows, best)
 
 
 def test_empty_gold_skips_layer2():

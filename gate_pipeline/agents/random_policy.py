@@ -1,0 +1,68 @@
+"""A seeded random-tool policy: the floor the dense reward is calibrated against.
+
+Why it exists: F003 promises that random exploration earns little step reward and careful
+inspection a lot more; measuring that needs a policy that picks tools and plausible arguments
+at random (real batch ids, staging tables, columns and defect types it has seen; simple
+SELECTs), with no strategy. Each episode's calls come from `Random((seed, episode number))`,
+so the same seed and the same case order give the same calls.
+"""
+from __future__ import annotations
+
+import random
+
+from ..contract import COLUMNS, DEFECT_TYPES
+from ..tools import TOOL_NAMES
+from .base import Tools
+
+QUERIES = (
+    "SELECT * FROM {table} LIMIT {k}",
+    "SELECT COUNT(*) FROM {table}",
+    "SELECT DISTINCT {column} FROM {table}",
+    "SELECT MIN({column}), MAX({column}) FROM {table}",
+    "SELECT {column}, COUNT(*) FROM {table} GROUP BY {column} ORDER BY 2 DESC LIMIT {k}",
+    "SELECT * FROM {table} WHERE {column} IS NULL OR TRIM({column}) = ''",
+)
+
+
+class RandomPolicy:
+    """Lists the batches, then makes up to `max_calls` random tool calls, then reports what it did."""
+    name, oracle = "random", False
+
+    def __init__(self, seed: int = 0, max_calls: int = 12):
+        self.seed = seed
+        self.max_calls = max_calls
+        self.episodes = 0
+
+    def _query(self, rng: random.Random, batches: list[dict]) -> str:
+        targets = [(b["staging_table"], b["table"]) for b in batches] + [("wh_orders", "orders"),
+                                                                         ("wh_customers", "customers")]
+        table, kind = rng.choice(targets)
+        return rng.choice(QUERIES).format(table=table, column=rng.choice(COLUMNS[kind]), k=rng.randint(1, 20))
+
+    def play(self, tools: Tools, case=None) -> None:
+        rng = random.Random(f"{self.seed}:{self.episodes}")
+        self.episodes += 1
+        listing = tools("list_batches")
+        batches = [b for b in listing if isinstance(b, dict)] if isinstance(listing, list) else []
+        loaded, quarantined = [], []
+        for _ in range(self.max_calls):
+            tool = rng.choice(TOOL_NAMES)
+            if tool == "submit_report":
+                break
+            batch = rng.choice(batches) if batches else {"batch_id": "B-0", "table": "orders",
+                                                          "staging_table": "stg_b_0"}
+            bid = batch["batch_id"]
+            if tool in ("read_contract", "list_batches"):
+                tools(tool)
+            elif tool == "profile_batch":
+                tools(tool, batch_id=bid)
+            elif tool == "run_sql":
+                tools(tool, query=self._query(rng, batches))
+            elif tool == "load_batch":
+                if "error" not in tools(tool, batch_id=bid):
+                    loaded.append(bid)
+            else:
+                column = rng.choice(COLUMNS[batch["table"]])
+                if "error" not in tools(tool, batch_id=bid, column=column, defect_type=rng.choice(DEFECT_TYPES)):
+                    quarantined.append(bid)
+        tools("submit_report", loaded=sorted(set(loaded)), quarantined=sorted(set(quarantined)))
