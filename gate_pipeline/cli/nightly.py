@@ -105,7 +105,7 @@ def cmd_ui(a) -> int:
     home.mkdir(parents=True, exist_ok=True)
     if not (home / "dagster.yaml").exists():  # defaults: SQLite run, event and schedule storage here
         (home / "dagster.yaml").write_text("# gate's Dagster instance: default SQLite storage in this directory\n")
-    env = {**os.environ, "DAGSTER_HOME": str(home)}
+    env = {**os.environ, "DAGSTER_HOME": str(home), "GATE_HOME": str(gate_home())}  # absolute for every process
 
     import dagster as dg
     from ..dagster_defs.partitions import sync_case_partitions
