@@ -46,9 +46,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rollouts", type=int, default=8, help="rollouts per eval case (32 cases)")
     p.add_argument("--concurrency", default="1,8,32")
+    p.add_argument("--server", choices=["asyncio", "threads"], default="asyncio",
+                   help="the scripted server on one asyncio thread (default) or a thread per connection")
     a = p.parse_args()
     cases = read_cases(ROOT / "cases" / "classic" / "eval_curated.jsonl")
-    server = subprocess.Popen([sys.executable, str(ROOT / "tests" / "scripted_server.py")],
+    server = subprocess.Popen([sys.executable, str(ROOT / "tests" / "scripted_server.py"),
+                               *(["--asyncio"] if a.server == "asyncio" else [])],
                               stdout=subprocess.PIPE, text=True)
     try:
         url = server.stdout.readline().strip()
@@ -56,7 +59,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             asyncio.run(run_rollouts(cases, settings, 1, 8, Path(tmp) / "warm-up"))
             print(f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f} before the runs; "
-                  f"{len(cases)} cases x {a.rollouts} rollouts per concurrency")
+                  f"{len(cases)} cases x {a.rollouts} rollouts per concurrency; {a.server} server")
             print(f"{'concurrency':>11}{'rollouts':>10}{'seconds':>9}{'rollouts/s':>12}{'requests/s':>12}"
                   f"{'client ms':>11}{'(gate ms)':>11}{'server ms':>11}   (CPU per rollout)")
             for c in [int(x) for x in a.concurrency.split(",")]:

@@ -21,6 +21,7 @@ any policy answers. Run standalone: `python tests/scripted_server.py [--port N]`
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 import json
 import random
@@ -29,6 +30,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -155,50 +157,50 @@ class Handler(BaseHTTPRequestHandler):
             pass
 
     def do_POST(self):
-        server = self.server
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        if self.path.rstrip("/") != "/v1/chat/completions":
-            return self._send(404, {"error": {"message": f"no route {self.path}"}})
-        try:
-            body = json.loads(raw)
-            model, messages = body["model"], body["messages"]
-        except (ValueError, KeyError, TypeError):
-            return self._send(400, {"error": {"message": "bad request body"}})
-        with server.lock:
-            server.requests[model] += 1
-            server.last_body = body
-            fault = server.faults.pop(0) if server.faults else None
-        if fault is not None:
-            return self._send(fault, {"error": {"message": f"scripted {fault}", "type": "server_error"}},
-                              {"Retry-After": "0"} if fault == 429 else None)
-        if model == "hang":
-            time.sleep(server.hang_seconds)
-        elif server.delay:
-            time.sleep(server.delay)
-        if model == "garbage":
-            return self._send(200, {"object": "not.a.completion"})
-        with server.lock:
-            rng = random.Random(server.rng.random())
-        message = reply(model, messages, rng)
-        prompt_tokens = len(raw) // 4
-        completion_tokens = len(json.dumps(message)) // 4
-        self._send(200, {
-            "id": f"chatcmpl-{next(_ids)}", "object": "chat.completion", "created": int(time.time()),
-            "model": model,
-            "choices": [{"index": 0, "message": message,
-                         "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens},
-        })
+        wait, status, body, headers = answer(self.server, self.path, raw)
+        if wait:
+            time.sleep(wait)
+        self._send(status, body, headers)
 
 
-class ScriptedServer(ThreadingHTTPServer):
-    """`with ScriptedServer() as s:` serves on 127.0.0.1 in a thread; `s.url` is the base URL."""
-    daemon_threads = True
-    request_queue_size = 128
+def answer(state, path: str, raw: bytes) -> tuple[float, int, dict, dict | None]:
+    """(seconds to wait first, status, JSON body, extra headers) for one request; `state` is a server."""
+    if path.rstrip("/") != "/v1/chat/completions":
+        return 0.0, 404, {"error": {"message": f"no route {path}"}}, None
+    try:
+        body = json.loads(raw)
+        model, messages = body["model"], body["messages"]
+    except (ValueError, KeyError, TypeError):
+        return 0.0, 400, {"error": {"message": "bad request body"}}, None
+    with state.lock:
+        state.requests[model] += 1
+        state.last_body = body
+        fault = state.faults.pop(0) if state.faults else None
+        rng = random.Random(state.rng.random())
+    if fault is not None:
+        return 0.0, fault, {"error": {"message": f"scripted {fault}", "type": "server_error"}}, \
+            ({"Retry-After": "0"} if fault == 429 else None)
+    wait = state.hang_seconds if model == "hang" else state.delay
+    if model == "garbage":
+        return wait, 200, {"object": "not.a.completion"}, None
+    message = reply(model, messages, rng)
+    prompt_tokens = len(raw) // 4
+    completion_tokens = len(json.dumps(message)) // 4
+    return wait, 200, {
+        "id": f"chatcmpl-{next(_ids)}", "object": "chat.completion", "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": message,
+                     "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens},
+    }, None
 
-    def __init__(self, port: int = 0, hang_seconds: float = 5.0, seed: int = 0):
-        super().__init__(("127.0.0.1", port), Handler)
+
+class _PolicyState:
+    """What the policies share across requests: faults to serve, counts, the coin's seed."""
+
+    def _init_state(self, hang_seconds: float, seed: int) -> None:
         self.lock = threading.Lock()
         self.faults: list[int] = []
         self.requests: Counter = Counter()
@@ -206,6 +208,16 @@ class ScriptedServer(ThreadingHTTPServer):
         self.hang_seconds = hang_seconds
         self.rng = random.Random(seed)
         self.delay = 0.0  # seconds before every answer (to interrupt a run mid-way in tests)
+
+
+class ScriptedServer(_PolicyState, ThreadingHTTPServer):
+    """`with ScriptedServer() as s:` serves on 127.0.0.1 in a thread; `s.url` is the base URL."""
+    daemon_threads = True
+    request_queue_size = 128
+
+    def __init__(self, port: int = 0, hang_seconds: float = 5.0, seed: int = 0):
+        super().__init__(("127.0.0.1", port), Handler)
+        self._init_state(hang_seconds, seed)
         self._thread: threading.Thread | None = None
 
     def handle_error(self, request, client_address):
@@ -227,11 +239,60 @@ class ScriptedServer(ThreadingHTTPServer):
         self.server_close()
 
 
+class AsyncScriptedServer(_PolicyState):
+    """The same policies on one asyncio thread (no thread per connection): the benchmark's server,
+    so that the server's own overhead takes as little as possible of the CPUs it shares."""
+
+    def __init__(self, port: int = 0, hang_seconds: float = 5.0, seed: int = 0):
+        self._init_state(hang_seconds, seed)
+        self.port = port
+
+    async def _connection(self, reader, writer) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                path = lines[0].split(" ")[1] if len(lines[0].split(" ")) > 1 else "/"
+                length = 0
+                for line in lines[1:]:
+                    name, _, value = line.partition(":")
+                    if name.strip().lower() == "content-length":
+                        length = int(value.strip())
+                raw = await reader.readexactly(length)
+                wait, status, body, headers = answer(self, path, raw)
+                if wait:
+                    await asyncio.sleep(wait)
+                data = json.dumps(body).encode()
+                extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+                writer.write(f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
+                             f"Content-Length: {len(data)}\r\n{extra}\r\n".encode() + data)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError, IndexError):
+            pass
+        finally:
+            writer.close()
+
+    async def serve(self, ready=None) -> None:
+        server = await asyncio.start_server(self._connection, "127.0.0.1", self.port, backlog=256)
+        self.port = server.sockets[0].getsockname()[1]
+        if ready:
+            ready(f"http://127.0.0.1:{self.port}/v1")
+        async with server:
+            await server.serve_forever()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--seed", type=int, default=0, help="seed of the coin policy")
+    p.add_argument("--asyncio", action="store_true", help="one asyncio thread instead of a thread per connection")
     a = p.parse_args()
+    if a.asyncio:
+        try:
+            asyncio.run(AsyncScriptedServer(a.port, seed=a.seed).serve(lambda url: print(url, flush=True)))
+        except KeyboardInterrupt:
+            pass
+        return
     server = ScriptedServer(a.port, seed=a.seed)
     print(server.url, flush=True)
     try:

@@ -232,7 +232,7 @@ class ModelAgent:
             try:
                 response = await client.post("/chat/completions", cast_to=httpx2.Response, content=content,
                                              options=options)
-                return response.json()
+                return json.loads(response.content)
             except Exception as exc:
                 if attempt == s.retries or not _retryable(exc):
                     raise

@@ -74,16 +74,20 @@ class KeepAliveTransport(httpx2.AsyncBaseTransport):
             try:
                 writer.write(data)
                 async with asyncio.timeout(_timeout(request, "read")):
-                    status_line = await reader.readline()
-                    if not status_line:
-                        raise _Closed()
-                    status, headers = self._head(request, status_line, await self._header_lines(reader))
+                    try:
+                        head = await reader.readuntil(b"\r\n\r\n")  # status line and headers in one read
+                    except asyncio.IncompleteReadError as exc:
+                        if not exc.partial:
+                            raise _Closed() from exc
+                        raise
+                    status_line, *lines = head[:-4].split(b"\r\n")
+                    status, headers = self._head(request, status_line, lines)
                     content, keep = await self._body(request, reader, headers)
             except (ConnectionResetError, BrokenPipeError) as exc:
                 raise _Closed() from exc
             except TimeoutError as exc:
                 raise httpx2.ReadTimeout("timed out waiting for the server", request=request) from exc
-            except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
                 raise httpx2.ReadError(f"bad response: {exc}", request=request) from exc
             return httpx2.Response(status, headers=headers, content=content, request=request,
                                    extensions={"http_version": b"HTTP/1.1"})
