@@ -148,3 +148,23 @@ def test_pass_hat_k_is_below_pass_at_1_for_a_policy_that_succeeds_half_the_time(
     assert plans == {"plan: careful", "plan: quick"}
     rates = pass_rates(records, 4)["all"]
     assert rates["pass^4"] < rates["pass@1"] < 1.0
+
+
+def test_the_benchmarks_asyncio_server_plays_the_same_policies(eval_cases, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).with_name("scripted_server.py")
+    proc = subprocess.Popen([sys.executable, str(script), "--asyncio"], stdout=subprocess.PIPE, text=True)
+    try:
+        url = proc.stdout.readline().strip()
+        s = ModelSettings(model="careful", base_url=url, backoff=0.01)
+        out = run(eval_cases[:4], s, 2, 4, tmp_path / "a")
+        assert [r["reward"] for r in out["records"]] == [1.0] * 8 and all(r["turns"] == 4 for r in out["records"])
+        bad = run(eval_cases[:1], ModelSettings(model="garbage", base_url=url), 1, 1, tmp_path / "g")
+        assert bad["records"][0]["end_reason"] == "api_error"
+        lost = run(eval_cases[:1], ModelSettings(model="careful", base_url=url + "/nowhere"), 1, 1, tmp_path / "n")
+        assert "HTTP 404" in lost["records"][0]["error"]
+    finally:
+        proc.terminate()
+        proc.wait()
