@@ -82,3 +82,27 @@ def test_bad_nightly_config_is_one_clear_failure(home, tmp_path):
     assert "unknown agent 'nope'" in failure.event_specific_data.error.message
     assert RunStore().nightly_history() == []
 
+
+
+def test_gate_nightly_bad_input_is_one_line(home, tmp_path, capsys, monkeypatch):
+    assert main(["nightly", "--agents", "careful,bogus"]) == 2
+    assert "unknown agent 'bogus'" in capsys.readouterr().err
+    assert main(["nightly", "--agent-options", "[1]"]) == 2
+    assert "--agent-options must be a JSON object" in capsys.readouterr().err
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert main(["nightly", "--cases", str(empty)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no cases in file" in err
+    monkeypatch.setenv("GATE_DB_URL", "nosuchdb://x")
+    assert main(["nightly"]) == 2
+    assert "run store URL 'nosuchdb://x'" in capsys.readouterr().err
+
+
+def test_gate_nightly_prints_the_scoreboard_and_history(home, tmp_path, capsys):
+    small = tmp_path / "eval_small.jsonl"
+    write_cases(small, read_cases(EVAL)[:2])
+    assert main(["nightly", "--cases", str(small), "--agents", "naive,careful"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("eval split: 2 cases")
+    assert "nightly history (mean reward):" in out and "eval_small.jsonl" in out
