@@ -183,3 +183,19 @@ def test_partitions_follow_the_case_files(tmp_path):
         assert list(delete.partition_keys) == [cases[2]["case_id"]]
         (root / "broken.jsonl").write_text("{not json\n")  # an unreadable file never deletes anything
         assert sensor.evaluate_tick(context).dynamic_partitions_requests == []
+
+
+def test_failed_run_sensor_closes_the_runs_open_episodes(home, instance):
+    result = run_case(instance, "eval-clean-control-3", "no-such-agent")
+    assert not result.success
+    store = RunStore()
+    episode_id, _ = store.start_episode(PreparedCase(case("eval-clean-control-3")), "careful", {}, result.run_id)
+    failure = next(e for e in result.all_events if e.event_type_value == "PIPELINE_FAILURE")
+    context = dg.build_run_status_sensor_context(
+        sensor_name="failed_run_sensor", dagster_event=failure, dagster_instance=instance,
+        dagster_run=result.dagster_run, resources={"gate_store": GateStore()}).for_run_failure()
+    defs.resolve_sensor_def("failed_run_sensor")(context)
+    episode = store.episode(episode_id)
+    assert episode["status"] == "ended" and episode["error"].startswith("the Dagster run failed: ")
+    grades = {e.metadata["episode_id"].value: e for e in tick(instance).asset_events}
+    assert grades[episode_id].metadata["reward"].value == 0.0

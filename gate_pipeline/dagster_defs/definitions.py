@@ -9,12 +9,12 @@ from .jobs import nightly_job, nightly_multiprocess_job, play_case_job
 from .resources import default_resources
 from .schedules import nightly_schedule
 from .scoreboard import scoreboard
-from .sensors import case_partitions_sensor, grading_sensor
+from .sensors import case_partitions_sensor, failed_run_sensor, grading_sensor
 
 defs = dg.Definitions.merge(
     dg.Definitions(assets=[staging_batches, agent_episode, scoreboard]),
     dg.Definitions(jobs=[play_case_job, nightly_job, nightly_multiprocess_job]),
-    dg.Definitions(sensors=[grading_sensor, case_partitions_sensor], schedules=[nightly_schedule]),
+    dg.Definitions(sensors=[grading_sensor, failed_run_sensor, case_partitions_sensor], schedules=[nightly_schedule]),
     dg.Definitions(resources=default_resources(), executor=dg.in_process_executor),
 )
 

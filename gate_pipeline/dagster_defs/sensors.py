@@ -5,12 +5,15 @@ case's truth, `store.RunStore.compute_grade`), never from what the agent said. A
 computed once per episode (its row in the store is the marker, so a restart cannot grade
 twice); the sensor's cursor is the last grade it emitted, so each grade becomes exactly one
 observation on `agent_report` for the case's partition. An episode whose Dagster run ended
-while it was still open (a crash, a cancelled run) is closed with that reason and grades 0.
+while it was still open (a crash, a cancelled run) is closed with that reason and grades 0;
+`failed_run_sensor` does the same at once for a failed run, with Dagster's failure message.
 """
 
 import dagster as dg
 
 from ..grader import TERMS
+from ..store import RUNNING
+from .jobs import nightly_job, nightly_multiprocess_job, play_case_job
 from .markdown import md_table
 from .partitions import cases_partitions, partition_changes
 from .resources import CaseLibrary, GateStore
@@ -66,6 +69,22 @@ def grading_sensor(context: dg.SensorEvaluationContext, gate_store: GateStore):
             return dg.SkipReason("no new grades")
         events = [grade_observation(g, store.latest_grades(g["case_id"])) for _, g in pending]
         return dg.SensorResult(asset_events=events, cursor=str(pending[-1][0]))
+    finally:
+        store.dispose()
+
+
+@dg.run_failure_sensor(monitored_jobs=[play_case_job, nightly_job, nightly_multiprocess_job],
+                       default_status=dg.DefaultSensorStatus.RUNNING,
+                       description="Closes the open episodes of a failed run with Dagster's failure message, "
+                                   "so the grading sensor grades them 0 with that reason.")
+def failed_run_sensor(context: dg.RunFailureSensorContext, gate_store: GateStore):
+    store = gate_store.open()
+    try:
+        reason = f"the Dagster run failed: {context.failure_event.message or 'no message'}"
+        for ep in store.episodes_of_run(context.dagster_run.run_id):
+            if ep["status"] == RUNNING:
+                store.end_episode(ep["episode_id"], reason)
+                context.log.info(f"closed episode {ep['episode_id']} of failed run {context.dagster_run.run_id}")
     finally:
         store.dispose()
 
