@@ -96,3 +96,12 @@ def test_resuming_with_another_model_is_refused(server, tmp_path, capsys):
     assert gate_run(server, tmp_path, "-n", "1", "--run-id", "same") == 0
     assert gate_run(server, tmp_path, "-n", "1", "--run-id", "same", model="silent") == 2
     assert "use another --run-id" in capsys.readouterr().err
+
+
+def test_a_run_the_endpoint_never_answered_says_so_and_exits_1(tmp_path, capsys):
+    rc = main(["run", "--model", "m", "--base-url", "http://127.0.0.1:9/v1", "-n", "2", "--retries", "0",
+               "--run-id", "down", "--runs-dir", str(tmp_path)])
+    captured = capsys.readouterr()
+    assert rc == 1 and "ended: reported 0, max_turns 0, timeout 0, api_error 2" in captured.out
+    assert "2 of 2 rollouts ended on an API error or timeout" in captured.err
+    assert "--run-id down retries only those" in captured.err

@@ -113,6 +113,10 @@ def cmd_run(a) -> int:
     except OSError as exc:
         raise UsageError(f"{run_dir}: {exc.strerror or exc}")
     records = out["records"]
+    faults = sum(1 for r in records if r["end_reason"] in ("api_error", "timeout"))
+    if faults:
+        print(f"gate: {faults} of {len(records)} rollouts ended on an API error or timeout (no credit); "
+              f"the same --run-id {run_id} retries only those", file=sys.stderr)
     # the report tables take one grade per case: every rollout is an episode of its case
     by_key = {(r["case_id"], r["rollout"]): r for r in records}
     played = [(c, by_key[(c["case_id"], i)]) for i in range(rollouts) for c in cases if (c["case_id"], i) in by_key]
@@ -122,7 +126,7 @@ def cmd_run(a) -> int:
         print(json.dumps({"run_id": run_id, "summary": summary([c for c, _ in played], grades),
                           "pass": pass_rates(records, rollouts),
                           "transcripts": str(run_dir / TRANSCRIPTS)}))
-        return 0
+        return 1 if faults == len(records) else 0
     split = "eval" if "eval" in Path(a.cases).name else "train" if "train" in Path(a.cases).name else Path(a.cases).name
     print("\n".join(_summary_lines(records, out["new"], out["kept"], run_dir / TRANSCRIPTS)))
     print()
@@ -130,7 +134,7 @@ def cmd_run(a) -> int:
                           split=split if rollouts == 1 else f"{split} x {rollouts} rollouts"))
     print()
     print(pass_table(records, rollouts))
-    return 0
+    return 1 if faults == len(records) else 0  # nothing was measured: the endpoint never answered
 
 
 def register(subparsers, parser_class) -> None:
