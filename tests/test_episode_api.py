@@ -129,6 +129,20 @@ def test_tuple_actions_work_like_dicts(dense_env):
     assert obs["result"]["rows"] == [[1]] and reward == 0.025
 
 
+def test_vectors_through_the_real_tools(dense_env):
+    dense_env.reset(options={"case_id": "eval-amount-bounds-0"})
+    gold = dense_env.ctx.gold_rows
+    assert len(gold) == 1 and float(gold[0][2]) > 50000
+    _, reward, *_ = dense_env.step(("run_sql", {"query": "SELEC 1"}))
+    assert reward == -0.005
+    obs, reward, _, _, info = dense_env.step(
+        ("run_sql", {"query": "SELECT * FROM stg_b_0930_70_1 WHERE CAST(amount AS REAL) > 50000"}))
+    assert [tuple(r) for r in obs["result"]["rows"]] == gold
+    assert info["layer1"] == 0.025 and info["layer2"] == 0.15
+    _, reward, *_ = dense_env.step(("run_sql", {"query": " SELECT * FROM stg_b_0930_70_1\nWHERE CAST(amount AS REAL) > 50000;"}))
+    assert reward == pytest.approx(-0.015, abs=1e-12)
+
+
 def test_max_turns_truncates_with_terminal_zero():
     env = GateEnv(EVAL, reward="dense", max_turns=3)
     env.reset(seed=0)
