@@ -9,29 +9,10 @@ from pathlib import Path
 
 from ..cases import read_cases
 from .errors import UsageError
+from .html_output import html_target, save_html
 from .progress import progress_bar
 
 DEFAULT_CASES = "cases/classic/eval_curated.jsonl"
-
-
-def html_target(path: str | None) -> Path | None:
-    """Check an --html path before any work is done: its folder must exist and it must not be a folder."""
-    if path is None:
-        return None
-    target = Path(path)
-    if target.is_dir():
-        raise UsageError(f"--html {path}: is a directory; give a file name")
-    if not target.parent.is_dir():
-        raise UsageError(f"--html {path}: folder {target.parent} does not exist")
-    return target
-
-
-def save_html(target: Path, grades: dict, **kw) -> None:
-    from ..html_report import write_html
-    try:
-        write_html(target, grades, **kw)
-    except OSError as exc:
-        raise UsageError(f"--html {target}: cannot write ({exc.strerror or exc})")
 
 
 def _variant_names(text: str | None) -> list[str] | None:

@@ -63,7 +63,7 @@ def cmd_cases_generate(a) -> int:
 
 
 def cmd_report(a) -> int:
-    from .experiment import html_target, save_html
+    from .html_output import html_target, save_html
     if a.html and a.reward == "dense":
         raise UsageError("--html draws the terminal-reward report; drop --reward dense")
     target = html_target(a.html)

@@ -51,6 +51,8 @@ def cmd_nightly(a) -> int:
     from ..agents import UnknownAgent, make_agent
     from ..cases import read_cases
 
+    from .html_output import html_target, save_html
+    target = html_target(a.html)
     agents = _agent_list(a.agents)
     options = _options(a.agent_options) or {}
     for name in agents or []:
@@ -82,6 +84,8 @@ def cmd_nightly(a) -> int:
                         for e in result.all_events if e.is_step_failure and e.event_specific_data.error]
             raise UsageError(failures[0] if failures else "the nightly run failed")
         board = result.output_for_node("scoreboard")
+    save_html(target, board["grades"], title="gate nightly scoreboard",
+              subtitle=f"{Path(a.cases).name}: {', '.join(board['grades'])}", tables=[("Tables", board["tables"])])
     if a.json:
         print(json.dumps(board["summary"]))
         return 0
@@ -145,6 +149,7 @@ def register(subparsers, parser_class) -> None:
     n.add_argument("--agent-options", default=None, help='JSON {agent: {option: value}}')
     n.add_argument("--chunk-size", type=int, default=None, help="cases per step (default 8)")
     n.add_argument("--json", action="store_true", help="print the scoreboard's figures as JSON")
+    n.add_argument("--html", default=None, metavar="FILE", help="also write the scoreboard as a self-contained HTML page")
     n.set_defaults(fn=cmd_nightly)
 
     u = subparsers.add_parser("ui", help="start the Dagster UI and daemon on 127.0.0.1 (workspace.yaml)")

@@ -89,7 +89,9 @@ def cmd_run(a) -> int:
     from ..model_agent.passk import pass_rates, pass_table
     from ..model_agent.rollouts import TRANSCRIPTS, RunError, check_run_id, default_run_id, run_rollouts
     from ..tables import baseline_tables, summary
+    from .html_output import html_target, save_html
     settings = _settings(a)
+    target = html_target(a.html)
     rollouts = _positive(a.rollouts, "-r")
     concurrency = _positive(a.concurrency, "-c")
     cases = read_cases(a.cases)
@@ -130,10 +132,14 @@ def cmd_run(a) -> int:
     split = "eval" if "eval" in Path(a.cases).name else "train" if "train" in Path(a.cases).name else Path(a.cases).name
     print("\n".join(_summary_lines(records, out["new"], out["kept"], run_dir / TRANSCRIPTS)))
     print()
-    print(baseline_tables([c for c, _ in played], grades,
-                          split=split if rollouts == 1 else f"{split} x {rollouts} rollouts"))
+    tables = baseline_tables([c for c, _ in played], grades,
+                             split=split if rollouts == 1 else f"{split} x {rollouts} rollouts")
+    print(tables)
     print()
     print(pass_table(records, rollouts))
+    save_html(target, grades, title=f"gate run {run_id}", subtitle=f"{settings.model} on {len(cases)} cases "
+              f"({a.cases}), {rollouts} rollout(s) each", tables=[("Tables", tables)],
+              pass_k={settings.model: pass_rates(records, rollouts)})
     return 1 if faults == len(records) else 0  # nothing was measured: the endpoint never answered
 
 
@@ -154,4 +160,5 @@ def register(subparsers, parser_class) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--retries", type=int, default=3, help="retries per request on 429/5xx/timeouts, with backoff")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--html", default=None, metavar="FILE", help="also write a self-contained HTML report")
     p.set_defaults(fn=cmd_run)

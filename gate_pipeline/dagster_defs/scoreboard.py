@@ -107,6 +107,13 @@ def regressions(previous: dict | None, current: dict) -> list[str]:
             if a in previous["agents"] and s["reward"] < previous["agents"][a]["reward"]]
 
 
+def _write_page(path: Path, grades: dict, tables: str, night) -> Path:
+    """The scoreboard as the self-contained HTML page (charts and tables) beside the run store."""
+    from ..html_report import write_html
+    return write_html(path, grades, title="gate nightly scoreboard",
+                      subtitle=f"night {night}: {', '.join(grades)}", tables=[("Tables", tables)])
+
+
 @dg.op(description="Grade the stored runs and render the report tables, with history.")
 def build_scoreboard(context: dg.OpExecutionContext, parts: list, gate_store: GateStore):
     played = [p for part in parts for p in part["played"]]
@@ -127,6 +134,7 @@ def build_scoreboard(context: dg.OpExecutionContext, parts: list, gate_store: Ga
     fell = regressions(previous[0]["summary"] if previous else None, figures)
     store.add_nightly(figures, context.run.run_id)
     history = store.nightly_history(HISTORY_NIGHTS)
+    page = _write_page(store.home / "scoreboard.html", grades, text, history[0]["night"] if history else None)
     store.dispose()
     for line in fell:
         context.log.warning(f"regression since the previous night: {line}")
@@ -135,6 +143,7 @@ def build_scoreboard(context: dg.OpExecutionContext, parts: list, gate_store: Ga
         "summary": dg.MetadataValue.json(figures),
         "history": dg.MetadataValue.md(_history(history, agents)),
         "regressions": dg.MetadataValue.json(fell),
+        "html": dg.MetadataValue.path(str(page)),
         "episodes": len(played),
         **{f"reward/{a}": figures["agents"][a]["reward"] for a in agents},
     })
