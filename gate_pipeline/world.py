@@ -8,6 +8,7 @@ touches it, and the grader (`grader.py`) reads it afterwards.
 """
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 from collections import Counter
@@ -95,6 +96,7 @@ class PreparedCase:
         self.case = case
         self.case_id: str = case["case_id"]
         self.contract: dict = case["contract"]
+        self.contract_json = json.dumps(self.contract)
         self.batches: dict[str, dict] = {b["batch_id"]: b for b in case["batches"]}
         self.order = [b["batch_id"] for b in case["batches"]]
         self.staging = {bid: staging_table(bid) for bid in self.order}
