@@ -145,7 +145,7 @@ class GateEnv(_Base):
             self._prepared[case_id] = (PreparedCase(case), gold_rows(case))
         return self._prepared[case_id]
 
-    def reset(self, *, seed=None, options=None):
+    def reset(self, seed=None, options=None):
         """Start an episode: options {"case_id": id}, else case `seed % n`, else the next case."""
         index = self._pick(seed, options)
         if gymnasium is not None:
