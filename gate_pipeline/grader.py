@@ -52,25 +52,35 @@ _NEEDS = {"load_batch": ("batch_id",), "quarantine_batch": ("batch_id", "column"
           "profile_batch": ("batch_id",), "run_sql": (), "submit_report": ()}
 
 
-def executed(entries: list[dict]):
+def executed(entries: list[dict]) -> list[tuple[str, dict]]:
     """(action, args) of each executed entry, skipping any malformed one (a stored ledger can be
     edited by hand; its chain is then broken and `ledger_intact` says so, but grading goes on)."""
+    out = []
     for e in entries:
-        if not isinstance(e, dict) or e.get("executed") is not True:
+        if type(e) is not dict or e.get("executed") is not True:
             continue
         action, args = e.get("action"), e.get("args")
-        if action not in _NEEDS or not isinstance(args, dict):
+        needs = _NEEDS.get(action)
+        if needs is None or type(args) is not dict:
             continue
-        if all(isinstance(args.get(k), str) for k in _NEEDS[action]):
-            yield action, args
+        for key in needs:
+            if type(args.get(key)) is not str:
+                break
+        else:
+            out.append((action, args))
+    return out
 
 
 def inspected(entries: list[dict], staging: dict) -> float:
     """Share of acted-on batches that were profiled or queried before the first action on them."""
+    return _inspected(executed(entries), staging)
+
+
+def _inspected(acts: list[tuple[str, dict]], staging: dict) -> float:
     looked: set[str] = set()
     acted: dict[str, bool] = {}
     by_table = {table: bid for bid, table in staging.items()}
-    for action, args in executed(entries):
+    for action, args in acts:
         if action == "profile_batch":
             looked.add(args["batch_id"])
         elif action == "run_sql":
@@ -91,11 +101,15 @@ def reward_of(terms: dict) -> float:
 
 def state_from_ledger(entries: list[dict]) -> dict:
     """Loads, first citations, orphans at load and the report, as the executed entries record them."""
+    return _state(executed(entries))
+
+
+def _state(acts: list[tuple[str, dict]]) -> dict:
     loads: dict[str, int] = {}
     quarantined: dict[str, dict] = {}
     orphans: dict[str, int] = {}
     report = None
-    for action, args in executed(entries):
+    for action, args in acts:
         if action == "load_batch":
             bid = args["batch_id"]
             loads[bid] = loads.get(bid, 0) + 1
@@ -114,7 +128,8 @@ def state_from_ledger(entries: list[dict]) -> dict:
 def grade_record(case: dict, entries: list[dict], mart: float, correct_mart: float) -> dict:
     """The grade from a case's truth labels, a ledger and the mart: all a stored run needs."""
     truth = {b["batch_id"]: b["truth"] for b in case["batches"]}
-    state = state_from_ledger(entries)
+    acts = executed(entries)
+    state = _state(acts)
     loads, quarantined = state["loads"], state["quarantined"]
     metrics = {
         "bad_batches_loaded": sum(1 for bid, t in truth.items() if t["defective"] and loads.get(bid, 0) >= 1),
@@ -127,7 +142,7 @@ def grade_record(case: dict, entries: list[dict], mart: float, correct_mart: flo
             "disposition": disposition(truth, loads, quarantined, state["orphans_at_load"]),
             "report": report_term(state["report"], loads, quarantined),
             "evidence": evidence(truth, loads, quarantined),
-            "inspected": inspected(entries, {bid: staging_table(bid) for bid in truth}),
+            "inspected": _inspected(acts, {bid: staging_table(bid) for bid in truth}),
         }
         reward = reward_of(terms)
     else:
