@@ -101,12 +101,14 @@ class Conversation:
 
 def make_client(settings: ModelSettings):
     """One async client (keep-alive connection pool) for many rollouts; retries are ours, so 0 here."""
-    from openai import AsyncOpenAI, DefaultAsyncHttpxClient
+    from openai import DefaultAsyncHttpxClient
+
+    from .client import GateOpenAI
     http_client = None
     if settings.base_url.startswith("http://"):
         from .transport import KeepAliveTransport
         http_client = DefaultAsyncHttpxClient(transport=KeepAliveTransport(), timeout=settings.timeout)
-    return AsyncOpenAI(base_url=settings.base_url, api_key=settings.api_key(), timeout=settings.timeout,
+    return GateOpenAI(base_url=settings.base_url, api_key=settings.api_key(), timeout=settings.timeout,
                        max_retries=0, http_client=http_client)
 
 
@@ -227,11 +229,15 @@ class ModelAgent:
         encoded.extend(json.dumps(m, default=str) for m in messages[len(encoded):])
         content = (self._head + ",".join(encoded) + "]}").encode()
         options = {"headers": {"Content-Type": "application/json"}, "timeout": s.timeout}
+        post_bytes = getattr(client, "post_bytes", None)
         for attempt in range(s.retries + 1):
             started = time.perf_counter()
             try:
-                response = await client.post("/chat/completions", cast_to=httpx2.Response, content=content,
-                                             options=options)
+                if post_bytes is not None:  # GateOpenAI: the same post, options copied not rebuilt
+                    response = await post_bytes("/chat/completions", content, options)
+                else:
+                    response = await client.post("/chat/completions", cast_to=httpx2.Response, content=content,
+                                                 options=options)
                 return json.loads(response.content)
             except Exception as exc:
                 if attempt == s.retries or not _retryable(exc):

@@ -121,8 +121,24 @@ def _record(run_id, case, index, settings, convo, episode, g, started, wall, gra
     }
 
 
-async def one_rollout(agent: ModelAgent, client, prepared: PreparedCase, index: int, run_id: str) -> dict:
-    """Play one episode and return its transcript record (the episode is closed)."""
+def transcript_line(record: dict, encoded: list[str]) -> str:
+    """`json.dumps(record, default=str)`, reusing the JSON of the messages the agent already encoded
+    for its requests (`encoded[i]` is `json.dumps(record["messages"][i], default=str)`): the
+    conversation is most of a record's bytes, so it is not encoded a second time."""
+    keys = list(record)
+    messages = record["messages"]
+    if "messages" not in keys[1:-1] or len(encoded) > len(messages):
+        return json.dumps(record, default=str)
+    at = keys.index("messages")
+    before = json.dumps({k: record[k] for k in keys[:at]}, default=str)
+    after = json.dumps({k: record[k] for k in keys[at + 1:]}, default=str)
+    parts = encoded + [json.dumps(m, default=str) for m in messages[len(encoded):]]
+    return f'{before[:-1]}, "messages": [{", ".join(parts)}], {after[1:]}'
+
+
+async def one_rollout(agent: ModelAgent, client, prepared: PreparedCase, index: int,
+                      run_id: str) -> tuple[dict, str]:
+    """Play one episode; its transcript record and that record's JSON line (the episode is closed)."""
     started = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
     t0 = time.perf_counter()
     episode = Episode(prepared)
@@ -131,8 +147,9 @@ async def one_rollout(agent: ModelAgent, client, prepared: PreparedCase, index: 
         t1 = time.perf_counter()
         g = grade(episode)
         t2 = time.perf_counter()
-        return _record(run_id, prepared.case, index, agent.settings, convo, episode, g,
-                       started, t2 - t0, t2 - t1)
+        record = _record(run_id, prepared.case, index, agent.settings, convo, episode, g,
+                         started, t2 - t0, t2 - t1)
+        return record, transcript_line(record, convo.encoded)
     finally:
         episode.close()
 
@@ -162,8 +179,8 @@ async def run_rollouts(cases: list[dict], settings: ModelSettings, rollouts: int
             cid = case["case_id"]
             if cid not in prepared:
                 prepared[cid] = PreparedCase(case)
-            record = await one_rollout(agent, client, prepared[cid], index, run_dir.name)
-            out.write(json.dumps(record, default=str) + "\n")
+            record, line = await one_rollout(agent, client, prepared[cid], index, run_dir.name)
+            out.write(line + "\n")
             out.flush()
             done[record["key"]] = record
             if on_done:
