@@ -25,6 +25,7 @@ import asyncio
 import itertools
 import json
 import random
+import re
 import socket
 import sys
 import threading
@@ -164,18 +165,54 @@ class Handler(BaseHTTPRequestHandler):
         self._send(status, body, headers)
 
 
+CALL_ID = re.compile(rb'"(?:id|tool_call_id)": ?"(call_[0-9]+)"')
+MODEL = re.compile(rb'"model": ?"([^"\\]*)"')
+REPLY_CACHE_SIZE = 4096
+
+
+def _shape(raw: bytes) -> bytes:
+    """The request with its call ids renumbered in order of appearance: two conversations with the
+    same shape differ only in the ids this server handed out, so the policies answer them alike."""
+    seen: dict[bytes, bytes] = {}
+
+    def renumber(m: re.Match) -> bytes:
+        n = seen.setdefault(m.group(1), b"%d" % len(seen))
+        return m.group(0).replace(m.group(1), b"#" + n)
+    return CALL_ID.sub(renumber, raw)
+
+
+def _fresh(cached: dict) -> dict:
+    """A cached assistant message with new call ids, as the policy would have sent it."""
+    out = {"role": "assistant", "content": cached["content"]}
+    if "tool_calls" in cached:
+        out["tool_calls"] = [_call(tc["function"]["name"], tc["function"]["arguments"]) for tc in cached["tool_calls"]]
+    return out
+
+
 def answer(state, path: str, raw: bytes) -> tuple[float, int, dict, dict | None]:
-    """(seconds to wait first, status, JSON body, extra headers) for one request; `state` is a server."""
+    """(seconds to wait first, status, JSON body, extra headers) for one request; `state` is a server.
+
+    The policies but `coin` are pure functions of the conversation, so their replies are kept by
+    the conversation's shape (`_shape`): a model server that answers at once, without re-reading
+    every earlier tool result on each request."""
     if path.rstrip("/") != "/v1/chat/completions":
         return 0.0, 404, {"error": {"message": f"no route {path}"}}, None
-    try:
-        body = json.loads(raw)
-        model, messages = body["model"], body["messages"]
-    except (ValueError, KeyError, TypeError):
-        return 0.0, 400, {"error": {"message": "bad request body"}}, None
+    found = MODEL.search(raw)
+    shape = _shape(raw) if found and found.group(1) not in (b"coin", b"garbage") else None
+    cached = state.replies.get(shape) if shape is not None else None
+    if cached is not None:
+        model = found.group(1).decode()
+    else:
+        try:
+            body = json.loads(raw)
+            model, messages = body["model"], body["messages"]
+            if not isinstance(model, str):
+                raise TypeError("model is not a string")
+        except (ValueError, KeyError, TypeError):
+            return 0.0, 400, {"error": {"message": "bad request body"}}, None
     with state.lock:
         state.requests[model] += 1
-        state.last_body = body
+        state.last_raw = raw
         fault = state.faults.pop(0) if state.faults else None
         rng = random.Random(state.rng.random())
     if fault is not None:
@@ -184,7 +221,15 @@ def answer(state, path: str, raw: bytes) -> tuple[float, int, dict, dict | None]
     wait = state.hang_seconds if model == "hang" else state.delay
     if model == "garbage":
         return wait, 200, {"object": "not.a.completion"}, None
-    message = reply(model, messages, rng)
+    if cached is not None:
+        message = _fresh(cached)
+    else:
+        message = reply(model, messages, rng)
+        if shape is not None and model.encode() == found.group(1):
+            with state.lock:
+                if len(state.replies) >= REPLY_CACHE_SIZE:
+                    state.replies.clear()
+                state.replies[shape] = message
     prompt_tokens = len(raw) // 4
     completion_tokens = len(json.dumps(message)) // 4
     return wait, 200, {
@@ -204,10 +249,16 @@ class _PolicyState:
         self.lock = threading.Lock()
         self.faults: list[int] = []
         self.requests: Counter = Counter()
-        self.last_body: dict | None = None
+        self.last_raw: bytes | None = None
+        self.replies: dict[bytes, dict] = {}  # assistant message by conversation shape (not coin's)
         self.hang_seconds = hang_seconds
         self.rng = random.Random(seed)
         self.delay = 0.0  # seconds before every answer (to interrupt a run mid-way in tests)
+
+    @property
+    def last_body(self) -> dict | None:
+        """The last request's JSON body (parsed when asked: cached replies do not parse it)."""
+        return json.loads(self.last_raw) if self.last_raw is not None else None
 
 
 class ScriptedServer(_PolicyState, ThreadingHTTPServer):
