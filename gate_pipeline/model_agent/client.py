@@ -50,13 +50,18 @@ class GateOpenAI(AsyncOpenAI):
             template = super()._build_request(options.model_copy(update={"content": b""}),
                                               retries_taken=retries_taken)
             shape = (template.method, template.url,
-                     [(k, v) for k, v in template.headers.raw if k.lower() != b"content-length"],
+                     httpx2.Headers([(k, v) for k, v in template.headers.raw if k.lower() != b"content-length"]),
                      template.extensions)
             if len(self._shapes) >= MAX_SHAPES:
                 self._shapes.clear()
             self._shapes[key] = shape
-        method, url, raw_headers, extensions = shape
-        return httpx2.Request(method, url, headers=raw_headers, content=options.content, extensions=extensions)
+        method, url, headers, extensions = shape
+        headers = httpx2.Headers(headers)  # a copy; Content-Length last, as httpx2 puts it
+        headers["Content-Length"] = str(len(options.content))
+        request = httpx2.Request(method, url, headers=headers, stream=httpx2.ByteStream(options.content),
+                                 extensions=extensions)
+        request.read()
+        return request
 
     async def post_bytes(self, path: str, content: bytes, options: dict) -> httpx2.Response:
         """`self.post(path, cast_to=httpx2.Response, content=content, options=options)`, the same
