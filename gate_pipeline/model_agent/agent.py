@@ -28,6 +28,10 @@ COUNTERS = ("tool_calls", "tool_errors", "invalid_json", "not_an_object", "unkno
 
 Call = Callable[[str, dict], object]  # (tool, args) -> the JSON value the tool returns
 
+# json.dumps(value, default=str), with one encoder instead of one built per call (~3 us each,
+# and a rollout encodes every message and tool result)
+to_json = json.JSONEncoder(default=str).encode
+
 
 class SettingsError(ValueError):
     """A model setting that cannot work (empty model name, negative timeout...); one line."""
@@ -226,7 +230,7 @@ class ModelAgent:
         s = self.settings
         # the conversation only grows: encode each message once, not once per turn
         encoded = convo.encoded
-        encoded.extend(json.dumps(m, default=str) for m in messages[len(encoded):])
+        encoded.extend(map(to_json, messages[len(encoded):]))
         content = (self._head + ",".join(encoded) + "]}").encode()
         options = {"headers": {"Content-Type": "application/json"}, "timeout": s.timeout}
         post_bytes = getattr(client, "post_bytes", None)
@@ -319,7 +323,7 @@ class ModelAgent:
                 result, ok_report = self._run_tool(call, turn, tc, convo)
                 reported = reported or ok_report
                 messages.append({"role": "tool", "tool_call_id": tc["id"],
-                                 "content": json.dumps(result, default=str)})
+                                 "content": to_json(result)})
             if reported:
                 convo.end_reason = REPORTED
                 return

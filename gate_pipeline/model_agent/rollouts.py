@@ -20,7 +20,7 @@ from typing import Callable
 from ..grader import grade
 from ..tools import Episode
 from ..world import PreparedCase
-from .agent import API_ERROR, TIMEOUT, ModelAgent, ModelSettings, make_client
+from .agent import API_ERROR, TIMEOUT, ModelAgent, ModelSettings, make_client, to_json
 
 TRANSCRIPTS, META = "transcripts.jsonl", "run.json"
 REDONE_ON_RESUME = (API_ERROR, TIMEOUT)
@@ -128,11 +128,11 @@ def transcript_line(record: dict, encoded: list[str]) -> str:
     keys = list(record)
     messages = record["messages"]
     if "messages" not in keys[1:-1] or len(encoded) > len(messages):
-        return json.dumps(record, default=str)
+        return to_json(record)
     at = keys.index("messages")
-    before = json.dumps({k: record[k] for k in keys[:at]}, default=str)
-    after = json.dumps({k: record[k] for k in keys[at + 1:]}, default=str)
-    parts = encoded + [json.dumps(m, default=str) for m in messages[len(encoded):]]
+    before = to_json({k: record[k] for k in keys[:at]})
+    after = to_json({k: record[k] for k in keys[at + 1:]})
+    parts = encoded + [to_json(m) for m in messages[len(encoded):]]
     return f'{before[:-1]}, "messages": [{", ".join(parts)}], {after[1:]}'
 
 

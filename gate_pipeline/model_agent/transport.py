@@ -47,7 +47,10 @@ class KeepAliveTransport(httpx2.AsyncBaseTransport):
         if url.scheme != "http":
             raise httpx2.UnsupportedProtocol(f"KeepAliveTransport serves http:// only, not {url.scheme}://")
         host, port = url.host, url.port or 80
-        body = b"".join([part async for part in request.stream])
+        try:
+            body = request.content  # already read (GateOpenAI builds requests with their body read)
+        except httpx2.RequestNotRead:
+            body = b"".join([part async for part in request.stream])
         target = url.raw_path.decode("ascii")
         lines = [f"{request.method} {target} HTTP/1.1".encode()]
         lines += [k + b": " + v for k, v in request.headers.raw if k.lower() != b"content-length"]
