@@ -89,3 +89,13 @@ def test_the_spliced_transcript_line_is_exactly_the_records_json(server, eval_ca
     assert transcript_line(record, []) == json.dumps(record, default=str)
     record["messages"] = record["messages"][:2]
     assert transcript_line(record, ["too", "many", "encodings"]) == json.dumps(record, default=str)
+
+
+def test_a_run_collects_young_objects_less_often_and_puts_the_thresholds_back(server, eval_cases, tmp_path):
+    import gc
+    seen = []
+    before = gc.get_threshold()
+    settings = ModelSettings(model="careful", base_url=server.url)
+    asyncio.run(run_rollouts(eval_cases[:2], settings, 1, 2, tmp_path / "g",
+                             on_done=lambda record: seen.append(gc.get_threshold()[0])))
+    assert seen == [max(before[0], 10_000)] * 2 and gc.get_threshold() == before
