@@ -1,9 +1,11 @@
 """CPU per chat-completions request on the client side: where `gate run`'s HTTP time goes.
 
 1. Against the scripted server (own process), 640 requests with 32 in flight: the openai client
-   with its default transport vs with gate's KeepAliveTransport (model_agent/transport.py).
+   with its default transport vs with gate's KeepAliveTransport (model_agent/transport.py), and
+   GateOpenAI (model_agent/client.py: the same client, each request shape built once) on top.
 2. Against a transport that answers at once (no network, no server): the openai client's own
-   request building vs a bare httpx2 client, i.e. what the official client costs by itself.
+   request building, GateOpenAI's, and a bare httpx2 client, i.e. what the official client costs
+   by itself.
 
     .venv/bin/python benchmarks/bench_client_overhead.py
 """
@@ -21,6 +23,7 @@ from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from gate_pipeline.model_agent.client import GateOpenAI  # noqa: E402
 from gate_pipeline.model_agent.transport import KeepAliveTransport  # noqa: E402
 
 BODY = json.dumps({"model": "silent", "messages": [{"role": "user", "content": "x" * 8000}]}).encode()
@@ -57,11 +60,15 @@ async def main() -> None:
         default = AsyncOpenAI(base_url=url, api_key="x", max_retries=0)
         lean = AsyncOpenAI(base_url=url, api_key="x", max_retries=0,
                            http_client=DefaultAsyncHttpxClient(transport=KeepAliveTransport()))
+        gate = GateOpenAI(base_url=url, api_key="x", max_retries=0,
+                          http_client=DefaultAsyncHttpxClient(transport=KeepAliveTransport()))
         print("client CPU per request (ms), 640 requests, 32 in flight, scripted server:")
         for label, client in (("openai client, default transport", default), ("openai client, KeepAliveTransport", lean)):
             ms = await cpu_per_request(lambda c=client: c.post("/chat/completions", cast_to=httpx2.Response,
                                                                content=BODY, options=OPTIONS), 640, 32)
             print(f"  {label:<40}{ms:>8.3f}")
+        ms = await cpu_per_request(lambda: gate.post_bytes("/chat/completions", BODY, OPTIONS), 640, 32)
+        print(f"  {'GateOpenAI, KeepAliveTransport':<40}{ms:>8.3f}")
     finally:
         server.terminate()
         server.wait()
@@ -72,6 +79,10 @@ async def main() -> None:
     ms = await cpu_per_request(lambda: instant.post("/chat/completions", cast_to=httpx2.Response, content=BODY,
                                                     options=OPTIONS), 2000, 1)
     print(f"  {'openai client (request building)':<40}{ms:>8.3f}")
+    instant_gate = GateOpenAI(base_url="http://127.0.0.1:1/v1", api_key="x", max_retries=0,
+                              http_client=DefaultAsyncHttpxClient(transport=Instant()))
+    ms = await cpu_per_request(lambda: instant_gate.post_bytes("/chat/completions", BODY, OPTIONS), 2000, 1)
+    print(f"  {'GateOpenAI (request building)':<40}{ms:>8.3f}")
     ms = await cpu_per_request(lambda: bare.post("http://127.0.0.1:1/v1/chat/completions", content=BODY,
                                                  headers={"Content-Type": "application/json"}), 2000, 1)
     print(f"  {'bare httpx2 client':<40}{ms:>8.3f}")
