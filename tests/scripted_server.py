@@ -165,20 +165,18 @@ class Handler(BaseHTTPRequestHandler):
         self._send(status, body, headers)
 
 
-CALL_ID = re.compile(rb'"(?:id|tool_call_id)": ?"(call_[0-9]+)"')
+CALL_ID = re.compile(rb'("(?:id|tool_call_id)": ?")call_[0-9]+"')
+CALL_IDS = re.compile(rb'"(?:id|tool_call_id)": ?"(call_[0-9]+)"')
 MODEL = re.compile(rb'"model": ?"([^"\\]*)"')
 REPLY_CACHE_SIZE = 4096
 
 
-def _shape(raw: bytes) -> bytes:
-    """The request with its call ids renumbered in order of appearance: two conversations with the
-    same shape differ only in the ids this server handed out, so the policies answer them alike."""
-    seen: dict[bytes, bytes] = {}
-
-    def renumber(m: re.Match) -> bytes:
-        n = seen.setdefault(m.group(1), b"%d" % len(seen))
-        return m.group(0).replace(m.group(1), b"#" + n)
-    return CALL_ID.sub(renumber, raw)
+def _shape(raw: bytes) -> tuple[bytes, tuple[int, ...]]:
+    """The request without its call ids, and the ids renumbered in order of appearance: two
+    conversations with the same shape differ only in the ids this server handed out, so the
+    policies answer them alike."""
+    order: dict[bytes, int] = {}
+    return CALL_ID.sub(rb'\1#"', raw), tuple(order.setdefault(i, len(order)) for i in CALL_IDS.findall(raw))
 
 
 def _fresh(cached: dict) -> dict:
@@ -250,7 +248,7 @@ class _PolicyState:
         self.faults: list[int] = []
         self.requests: Counter = Counter()
         self.last_raw: bytes | None = None
-        self.replies: dict[bytes, dict] = {}  # assistant message by conversation shape (not coin's)
+        self.replies: dict[tuple, dict] = {}  # assistant message by conversation shape (not coin's)
         self.hang_seconds = hang_seconds
         self.rng = random.Random(seed)
         self.delay = 0.0  # seconds before every answer (to interrupt a run mid-way in tests)
