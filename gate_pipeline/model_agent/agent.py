@@ -223,9 +223,10 @@ class ModelAgent:
 
     # -- one request, with retries ---------------------------------------------------------
     async def _complete(self, client, messages: list, convo: Conversation) -> dict:
-        """The reply as JSON. Sent with the client's documented raw `post` (same auth, errors and
-        timeouts as chat.completions.create) because the typed path re-walks every message of a
-        growing conversation on each turn, which was most of the client's CPU per request."""
+        """The reply as JSON. Sent as raw bytes through the client's `post` (GateOpenAI's
+        `post_bytes`: the same request path; same auth, errors and timeouts as
+        chat.completions.create) because the typed path re-walks every message of a growing
+        conversation on each turn, which was most of the client's CPU per request."""
         import httpx2
         s = self.settings
         # the conversation only grows: encode each message once, not once per turn

@@ -3,14 +3,14 @@
 Measured (benchmarks/bench_client_overhead.py): of the openai client's ~0.6 ms of CPU per request,
 about 60 % went to `_build_request` (header merging, URL parsing and validation through httpx2),
 and for `gate run` that work gives the same URL and headers on every request of a run: only the
-body changes. Likewise `post` spent ~50 us per call building its pydantic options from scratch.
-`GateOpenAI` lets openai build the request once per shape (method, path, custom
-headers, timeout, retry number, key, base URL) with its own `_build_request` and reuses that URL
-and those headers for the next bodies, and `post_bytes` copies one options object per shape.
-Everything else is the client's own code: retries,
-timeouts, error mapping (APIStatusError, APITimeoutError...), auth. Any request the cache does
-not cover (JSON bodies, files, query params, an idempotency header, cookies set by a server, a
-key provider, workload identity, a provider runtime or custom auth) goes through openai as is.
+body changes; `post` also spent ~50 us per call building its pydantic options from scratch.
+`GateOpenAI` lets openai build a request once per shape (method, path, custom headers, timeout,
+retry number, key, base URL) with its own `_build_request` and reuses that URL and those headers
+for the next bodies; `post_bytes` copies one options object per shape. Everything else is the
+client's own code: retries, timeouts, error mapping (APIStatusError, APITimeoutError...), auth.
+A request the cache does not cover (JSON bodies, files, query params, an idempotency header,
+cookies set by a server, a key provider, workload identity, a provider runtime or custom auth)
+goes through openai as is.
 """
 from __future__ import annotations
 
