@@ -92,3 +92,30 @@ def test_a_mangled_stored_ledger_is_graded_not_crashed(prepared):
     g = grade_record(p.case, entries, ep.world.revenue(), p.correct_mart)
     assert not g["ledger_intact"] and not g["finished"] and g["reward"] == 0.0
     ep.close()
+
+
+def test_the_fast_body_encoding_is_json_dumps_on_every_real_entry(prepared):
+    """Ledger hashes spell the body out for speed; on every entry the agents write, the bytes
+    must be exactly json.dumps(body, sort_keys=True)."""
+    from gate_pipeline.agents import ATTACKERS, BASELINES
+    from gate_pipeline.ledger import _body_json
+    n = 0
+    for case_id in list(prepared)[::4]:
+        for name in [*BASELINES, *ATTACKERS]:
+            _, ep = play(prepared[case_id], make_agent(name), keep_episode=True)
+            for e in ep.ledger.entries:
+                body = {k: e[k] for k in ("seq", "action", "args", "executed", "note", "prev_hash")}
+                assert _body_json(**body) == json.dumps(body, sort_keys=True)
+                n += 1
+            ep.close()
+    odd = {"seq": 0, "action": "run_sql", "args": {"query": "SELECT '\u00e9\\\\\"'", "tables_read": []},
+           "executed": False, "note": "caf\u00e9", "prev_hash": "genesis"}
+    assert _body_json(**odd) == json.dumps(odd, sort_keys=True)
+    assert n > 1000
+
+
+def test_unusual_field_types_still_hash_like_json_dumps():
+    from gate_pipeline.ledger import _fields_hash
+    body = {"seq": 0, "action": "x", "args": [], "executed": 1, "note": None, "prev_hash": "genesis"}
+    expect = __import__("hashlib").sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    assert _fields_hash(**body) == expect
