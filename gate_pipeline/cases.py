@@ -109,6 +109,8 @@ def parse_cases(text: str, where: str) -> list[dict]:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise CaseError(f"{where}:{lineno}: not JSON ({exc.msg} at column {exc.colno})") from None
+        except RecursionError:
+            raise CaseError(f"{where}:{lineno}: not a case (JSON nested too deep)") from None
         validate_case(obj, f"{where}:{lineno}")
         if obj["case_id"] in ids:
             raise CaseError(f"{where}:{lineno}: case id {obj['case_id']!r} repeats")

@@ -100,3 +100,10 @@ def test_malformed_case_line_names_file_and_line(tmp_path):
     f = tmp_path / "cases.jsonl"
     f.write_text(lines[0] + "\n" + json.dumps(bad) + "\n")
     one_line_error(gate("report", "--cases", str(f)), "cases.jsonl:2")
+
+
+def test_deeply_nested_json_is_one_line_not_a_traceback(tmp_path):
+    t = tmp_path / "deep.jsonl"
+    t.write_text("[" * 100_000 + "\n")
+    one_line_error(gate("replay", "--trajectories", str(t)), "deep.jsonl:1")
+    one_line_error(gate("report", "--cases", str(t)), "deep.jsonl:1")

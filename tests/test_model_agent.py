@@ -159,3 +159,9 @@ def test_the_api_key_comes_from_the_named_variable_and_is_never_recorded(monkeyp
     monkeypatch.setenv("GATE_TEST_KEY", "sk-secret")
     a = ModelAgent(model="m", base_url="http://x/v1", api_key_env="GATE_TEST_KEY")
     assert a.settings.api_key() == "sk-secret" and "sk-secret" not in json.dumps(a.settings.public())
+
+
+def test_arguments_nested_past_the_recursion_limit_are_a_tool_error():
+    from gate_pipeline.model_agent.agent import _parse_arguments
+    args, counter, error = _parse_arguments("[" * 100_000)
+    assert args is None and counter == "invalid_json" and "not valid JSON" in error

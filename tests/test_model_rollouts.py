@@ -93,6 +93,9 @@ def test_a_torn_last_line_is_dropped_and_redone_a_torn_middle_line_is_an_error(s
     path.write_text(kept + "\n" + '{"key": "eval-clean-cont')  # the process died mid-write
     out = run(cases, settings(server), 1, 2, tmp_path / "t")
     assert out["new"] == 1 and out["kept"] == 1 and all(r["reward"] == 1.0 for r in out["records"])
+    assert len(read_transcripts(path)) == 2  # the torn tail was cut, not glued onto the next record
+    again = run(cases, settings(server), 1, 2, tmp_path / "t")
+    assert again["new"] == 0 and again["kept"] == 2
     path.write_text("not json\n" + path.read_text())
     with pytest.raises(RunError, match=r"transcripts.jsonl:1: not a rollout record"):
         read_transcripts(path)

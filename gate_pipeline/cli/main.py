@@ -119,6 +119,8 @@ def cmd_replay(a) -> int:
             t = json.loads(line)
         except json.JSONDecodeError as exc:
             raise UsageError(f"{a.trajectories}:{n}: not JSON ({exc.msg})")
+        except RecursionError:
+            raise UsageError(f"{a.trajectories}:{n}: not usable JSON (nested too deep)")
         if not isinstance(t, dict) or not isinstance(t.get("calls"), list) or "case_id" not in t:
             raise UsageError(f"{a.trajectories}:{n}: a trajectory needs 'case_id' and a list 'calls'")
         if t["case_id"] not in cases:

@@ -93,7 +93,7 @@ class GateEnv(vf.MultiTurnEnv):
             counts["tool_calls"] += 1
             try:
                 args = json.loads(call.arguments or "{}")
-            except (TypeError, ValueError) as exc:
+            except (TypeError, ValueError, RecursionError) as exc:
                 args, result = None, {"error": f"arguments are not valid JSON ({exc}); send one JSON object"}
             else:
                 if not isinstance(args, dict):

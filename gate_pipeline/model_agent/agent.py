@@ -190,7 +190,7 @@ def _parse_arguments(raw) -> tuple[dict | None, str | None, str | None]:
         return {}, None, None  # "no arguments" is how many servers send a zero-argument call
     try:
         args = json.loads(raw)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:  # RecursionError: nested past Python's limit
         return None, "invalid_json", f"arguments are not valid JSON ({exc}); send one JSON object"
     if not isinstance(args, dict):
         return None, "not_an_object", f"arguments must be a JSON object, not {type(args).__name__}"

@@ -84,12 +84,25 @@ def read_transcripts(path: Path) -> list[dict]:
             record = json.loads(line)
             if not isinstance(record, dict) or not isinstance(record.get("key"), str):
                 raise ValueError("not a rollout record")
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             if n == len(lines):
                 continue
             raise RunError(f"{path}:{n}: not a rollout record ({exc})")
         records.append(record)
     return records
+
+
+def drop_torn_tail(path: Path) -> None:
+    """Cut a half-written last line (a process killed mid-write) so the next line starts clean.
+
+    read_transcripts skips such a line; appending after it would glue the next record onto it
+    and make the file unreadable on the following resume."""
+    if not path.exists():
+        return
+    with path.open("rb+") as fh:
+        data = fh.read()
+        if data and not data.endswith(b"\n"):
+            fh.truncate(data.rfind(b"\n") + 1)
 
 
 def latest(records: list[dict]) -> dict[str, dict]:
@@ -206,6 +219,7 @@ async def run_rollouts(cases: list[dict], settings: ModelSettings, rollouts: int
             if on_done:
                 on_done(record)
 
+    drop_torn_tail(path)
     try:
         with path.open("a", encoding="utf-8") as out, fewer_collections():
             await asyncio.gather(*(worker(out) for _ in range(max(1, min(concurrency, len(todo) or 1)))))
