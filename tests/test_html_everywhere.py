@@ -30,7 +30,9 @@ def test_gate_nightly_html_and_the_scoreboard_page(home, tmp_path, capsys):
     page = tmp_path / "nightly.html"
     assert main(["nightly", "--cases", str(small), "--agents", "naive,careful", "--html", str(page)]) == 0
     _is_page(page, "gate nightly scoreboard", "reward (mean)")
-    _is_page(home / "scoreboard.html", "night 1")
+    _is_page(home / "scoreboard.html", "night 1:")
+    assert main(["nightly", "--cases", str(small), "--agents", "naive"]) == 0
+    _is_page(home / "scoreboard.html", "night 2:")
 
 
 def test_gate_run_html_carries_pass_k(tmp_path, capsys):

@@ -132,9 +132,9 @@ def build_scoreboard(context: dg.OpExecutionContext, parts: list, gate_store: Ga
     text = baseline_tables(cases, grades, split=split_of(Path(cases_file)))
     previous = store.nightly_history(1)
     fell = regressions(previous[0]["summary"] if previous else None, figures)
-    store.add_nightly(figures, context.run.run_id)
+    night = store.add_nightly(figures, context.run.run_id)
     history = store.nightly_history(HISTORY_NIGHTS)
-    page = _write_page(store.home / "scoreboard.html", grades, text, history[0]["night"] if history else None)
+    page = _write_page(store.home / "scoreboard.html", grades, text, night)
     store.dispose()
     for line in fell:
         context.log.warning(f"regression since the previous night: {line}")
