@@ -163,7 +163,7 @@ VARIANT_AGENTS = ("careful",)
 def variant_agent(name: str, **options):
     """The agent named 'careful@<variant>': CarefulPandera with the variant's schema changes."""
     from .agents import UnknownAgent
-    from .agents.careful import CarefulPandera
+    from .agents.careful import CarefulPandera, rule_keys
     agent_name, _, variant_name = name.partition("@")
     if agent_name not in VARIANT_AGENTS:
         raise UnknownAgent(f"unknown agent {name!r}: only {', '.join(VARIANT_AGENTS)} takes a contract variant "
@@ -172,10 +172,12 @@ def variant_agent(name: str, **options):
         variant = load_variant(variant_name)
     except ContractError as exc:
         raise UnknownAgent(f"agent {name!r}: {exc}") from None
-    without = tuple(options.pop("without", ())) + variant.remove_rules
     try:
+        without = rule_keys(options.pop("without", ())) + tuple(variant.remove_rules)
         agent = CarefulPandera(without=without, contract_view=variant.apply, **options)
     except TypeError as exc:
         raise UnknownAgent(f"agent {name!r} does not take options {sorted(options)} ({exc})") from None
+    except ValueError as exc:
+        raise UnknownAgent(f"agent {name!r}: {exc}") from None
     agent.name = name
     return agent

@@ -111,3 +111,12 @@ def test_an_agent_that_raises_is_graded_as_it_stands(prepared):
 def test_unknown_agent_name():
     with pytest.raises(UnknownAgent, match="unknown agent 'carefull'"):
         make_agent("carefull")
+
+
+@pytest.mark.parametrize("name", ["careful", "careful@full"])
+@pytest.mark.parametrize("without, text", [(5, "must be a list of rule keys"), ("orders.amount.out_of_range", "must be a list"),
+                                           (["orders.nope"], "unknown rule 'orders.nope'")])
+def test_a_bad_without_option_is_a_clear_agent_error(name, without, text):
+    with pytest.raises(UnknownAgent, match=text):
+        make_agent(name, without=without)
+    assert make_agent(name, without=["orders.amount.out_of_range"]).without[0] == "orders.amount.out_of_range"

@@ -33,3 +33,5 @@ def make_agent(name: str, **options):
         return AGENTS[name](**options)
     except TypeError as exc:
         raise UnknownAgent(f"agent {name!r} does not take options {sorted(options)} ({exc})") from None
+    except ValueError as exc:  # an option the agent takes, with a value it refuses
+        raise UnknownAgent(f"agent {name!r}: {exc}") from None

@@ -8,7 +8,7 @@ first, quarantine with the defect found, and report what they did.
 from __future__ import annotations
 
 from ..contract import COLUMNS
-from ..rules import rules_for
+from ..rules import CATALOGUE, rules_for
 from .base import Tools, customers_first
 
 PAGE = 50
@@ -64,6 +64,17 @@ def fetch_all(tools: Tools, select: str) -> list[list]:
         offset += PAGE
 
 
+def rule_keys(value) -> tuple[str, ...]:
+    """The `without` option: a list of rule keys (rules.CATALOGUE); anything else is a ValueError."""
+    known = [r.key for r in CATALOGUE]
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"option 'without' must be a list of rule keys, not {value!r}")
+    unknown = [v for v in value if v not in known]
+    if unknown:
+        raise ValueError(f"option 'without': unknown rule {unknown[0]!r}; rules: {', '.join(known)}")
+    return tuple(value)
+
+
 class _Careful:
     """Shared loop: contract, listing, customers first, check, load or quarantine, report."""
     name, oracle = "careful", False
@@ -109,7 +120,7 @@ class CarefulPandera(_Careful):
 
     def __init__(self, without=(), contract_view=None, **kw):
         super().__init__(**kw)
-        self.without = tuple(without)
+        self.without = rule_keys(without)
         self.contract_view = contract_view  # contract read -> contract the schema is built from (variants)
 
     def find_defect(self, tools, batch, contract):
