@@ -7,7 +7,9 @@ refused with one error naming the file and the key, before anything uses it.
 from __future__ import annotations
 
 import copy
+import math
 import os
+from datetime import date
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -55,8 +57,12 @@ def validate_contract(doc: Any, where: str = "contract") -> dict:
         raise ContractError(f"{where}: a contract must be a mapping, not {type(doc).__name__}")
     for key in ("start", "end"):
         value = _need(doc, f"reporting_window.{key}", str, where)
-        if len(value) != 10 or value[4] != "-" or value[7] != "-":
-            raise ContractError(f"{where}: key 'reporting_window.{key}' must be YYYY-MM-DD, not {value!r}")
+        try:
+            ok = len(value) == 10 and date.fromisoformat(value).isoformat() == value
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ContractError(f"{where}: key 'reporting_window.{key}' must be a real date YYYY-MM-DD, not {value!r}")
     for table, columns in COLUMNS.items():
         section = _need(doc, table, dict, where)
         for column, text in section.items():
@@ -64,12 +70,15 @@ def validate_contract(doc: Any, where: str = "contract") -> dict:
                 raise ContractError(f"{where}: key '{table}.{column}' is not a column of {table} {list(columns)}")
             if not isinstance(text, str):
                 raise ContractError(f"{where}: key '{table}.{column}' must be a str, not {type(text).__name__}")
-    _need(doc, "limits.max_amount", (int, float), where)
-    _need(doc, "limits.currency", str, where)
+    cap = _need(doc, "limits.max_amount", (int, float), where)
+    if not math.isfinite(cap) or cap <= 0:
+        raise ContractError(f"{where}: key 'limits.max_amount' must be a positive number, not {cap!r}")
+    if not _need(doc, "limits.currency", str, where).strip():
+        raise ContractError(f"{where}: key 'limits.currency' must not be blank")
     for key in ("allowed_status", "allowed_countries"):
         values = _need(doc, f"limits.{key}", list, where)
-        if not all(isinstance(v, str) for v in values):
-            raise ContractError(f"{where}: key 'limits.{key}' must be a list of strings")
+        if not values or not all(isinstance(v, str) and v.strip() for v in values):
+            raise ContractError(f"{where}: key 'limits.{key}' must be a non-empty list of non-blank strings")
     types = _need(doc, "defect_types", list, where)
     unknown = [t for t in types if t not in DEFECT_TYPES]
     if unknown:

@@ -136,3 +136,12 @@ def test_a_badly_named_variant_file_is_named_in_the_error(user_contracts):
     with pytest.raises(ContractError) as exc:
         load_variants()
     assert "Cap 20k.yaml" in str(exc.value) and "must be lower-case" in str(exc.value)
+
+
+@pytest.mark.parametrize("override, key", [("{limits: {max_amount: .nan}}", "variant.overrides.limits.max_amount"),
+                                           ("{limits: {currency: ''}}", "variant.overrides.limits.currency"),
+                                           ("{reporting_window: {end: '2026-13-45'}}", "variant.overrides.reporting_window.end")])
+def test_impossible_override_values_are_refused(user_contracts, override, key):
+    path = _write(user_contracts, "odd", f"variant:\n  base: classic\n  description: x\n  overrides: {override}\n")
+    with pytest.raises(ContractError, match=key.replace(".", r"\.")):
+        load_variant_file(path)
