@@ -202,9 +202,10 @@ class RunStore:
         """The grade from the stored warehouse, the stored ledger and the case's truth (pure)."""
         ep = self.episode(episode_id)
         case = json.loads(ep["case_json"])
-        if ep["case_id"] not in self._correct:
-            self._correct[ep["case_id"]] = PreparedCase(case).correct_mart
-        correct = self._correct[ep["case_id"]]
+        key = ep["case_json"]  # the case as this episode played it (a regenerated file may reuse an id)
+        if key not in self._correct:
+            self._correct[key] = PreparedCase(case).correct_mart
+        correct = self._correct[key]
         entries = self.entries(episode_id)
         reason = ep["error"]
         try:
