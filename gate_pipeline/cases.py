@@ -134,6 +134,12 @@ def read_cases(path: str | Path) -> list[dict]:
     return cases
 
 
+def split_of(path: str | Path) -> str:
+    """The split a case file holds, by its name: "eval", "train", or the file's stem."""
+    stem = Path(path).stem
+    return "eval" if "eval" in stem else "train" if "train" in stem else stem
+
+
 def defective_ids(case: dict) -> list[str]:
     """Truth labels (grader and oracle attackers only; never shown to an agent)."""
     return [b["batch_id"] for b in case["batches"] if b["truth"]["defective"]]

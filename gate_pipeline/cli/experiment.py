@@ -38,8 +38,8 @@ def cmd_experiment(a) -> int:
     load_variants(names)  # every variant file checked before the first episode
     with progress_bar(len(cases), "cases") as advance:
         summary, grades = run_experiment(cases, names, progress=advance)
-    from .main import _split
-    text = experiment_tables(summary, split=_split(a.cases))
+    from ..cases import split_of
+    text = experiment_tables(summary, split=split_of(a.cases))
     if a.json:
         print(json.dumps({"experiment": summary, "agents": grades}))
     else:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from ..agents import AGENTS, ATTACKERS, UnknownAgent
-from ..cases import CaseError, read_cases
+from ..cases import CaseError, read_cases, split_of
 from ..contract import ContractError
 from .errors import UsageError
 from .progress import progress_bar
@@ -74,7 +74,7 @@ def cmd_report(a) -> int:
         return dense_report(a, cases)
     grades = _play(cases, names)
     from ..tables import baseline_tables
-    tables = baseline_tables(cases, grades, split=_split(a.cases))
+    tables = baseline_tables(cases, grades, split=split_of(a.cases))
     if a.json:
         print(json.dumps({"agents": grades}))
     else:
@@ -83,11 +83,6 @@ def cmd_report(a) -> int:
         save_html(target, grades, title="gate report", subtitle=f"{len(cases)} cases ({a.cases})",
                   tables=[("Tables", tables)])
     return 0
-
-
-def _split(path) -> str:
-    name = Path(path).name
-    return "eval" if "eval" in name else "train" if "train" in name else name
 
 
 def cmd_attacks(a) -> int:

@@ -85,7 +85,7 @@ def _summary_lines(records: list[dict], new: int, kept: int, path: Path) -> list
 
 
 def cmd_run(a) -> int:
-    from ..cases import read_cases
+    from ..cases import read_cases, split_of
     from ..model_agent.passk import pass_rates, pass_table
     from ..model_agent.rollouts import TRANSCRIPTS, RunError, check_run_id, default_run_id, run_rollouts
     from ..tables import baseline_tables, summary
@@ -129,7 +129,7 @@ def cmd_run(a) -> int:
                           "pass": pass_rates(records, rollouts),
                           "transcripts": str(run_dir / TRANSCRIPTS)}))
         return 1 if faults == len(records) else 0
-    split = "eval" if "eval" in Path(a.cases).name else "train" if "train" in Path(a.cases).name else Path(a.cases).name
+    split = split_of(a.cases)
     print("\n".join(_summary_lines(records, out["new"], out["kept"], run_dir / TRANSCRIPTS)))
     print()
     tables = baseline_tables([c for c, _ in played], grades,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from ..cases import CaseError, read_cases
+from ..cases import CaseError, read_cases, split_of
 
 cases_partitions = dg.DynamicPartitionsDefinition(name="cases")
 CASES_DIR_ENV = "GATE_CASES_DIR"
@@ -21,11 +21,6 @@ CASES_DIR_ENV = "GATE_CASES_DIR"
 
 def cases_dir(path: str | Path | None = None) -> Path:
     return Path(path or os.environ.get(CASES_DIR_ENV) or "cases")
-
-
-def split_of(path: Path) -> str:
-    stem = path.stem
-    return "eval" if "eval" in stem else "train" if "train" in stem else stem
 
 
 @dataclass(frozen=True)

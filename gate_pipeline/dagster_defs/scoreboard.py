@@ -14,14 +14,14 @@ import dagster as dg
 from pydantic import Field
 
 from ..agents import UnknownAgent, make_agent
-from ..cases import CaseError, read_cases
+from ..cases import CaseError, read_cases, split_of
 from ..grader import GRADE_KEYS
 from ..store import play_stored
 from ..tables import baseline_tables, summary
 from ..world import PreparedCase
 from .bridge import ToolBridge
 from .markdown import md_code, md_table
-from .partitions import cases_partitions, split_of
+from .partitions import cases_partitions
 from .resources import GateStore
 
 NIGHTLY_GROUP = "gate_nightly"
