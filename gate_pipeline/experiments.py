@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable
 
 from .agents import make_agent
-from .generator import FAMILIES
+from .generator import family_order
 from .grader import exact_mean
 from .runner import play
 from .tables import money
@@ -53,8 +53,7 @@ def _figures(gs: list[dict]) -> dict:
 
 
 def families_of(cases: list[dict]) -> list[str]:
-    present = {c["family"] for c in cases}
-    return [f for f in FAMILIES if f in present] + sorted(present - set(FAMILIES))
+    return family_order(c["family"] for c in cases)
 
 
 def summarise(cases: list[dict], variants: list[Variant], grades: dict) -> dict:

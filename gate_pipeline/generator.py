@@ -19,6 +19,14 @@ FAMILIES = (
 )
 COUNTRIES = ("US", "CA", "GB", "DE", "FR", "KR", "JP", "AU")
 CLEAN_STATUSES = ("placed", "shipped", "delivered", "returned")
+
+
+def family_order(families) -> list[str]:
+    """Families in the suite's order, any others after them alphabetically (for every table and chart)."""
+    present = set(families)
+    return [f for f in FAMILIES if f in present] + sorted(present - set(FAMILIES))
+
+
 ORDER_SOURCES = ["shop-api export", "pos export", "shop-api export (retry)"]
 EVAL_BASE_SEED = 20260930
 TRAIN_SEED, TRAIN_CASES = 7, 320

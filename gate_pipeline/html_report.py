@@ -21,7 +21,7 @@ from matplotlib import rcParams
 from matplotlib.figure import Figure
 from matplotlib.ticker import StrMethodFormatter
 
-from .generator import FAMILIES
+from .generator import family_order
 from .grader import exact_mean
 from .tables import money, summary
 
@@ -39,8 +39,7 @@ figure{margin:1em 0} figcaption{color:#57606a;font-size:.9em} svg{max-width:100%
 
 
 def _families(grades: dict[str, list]) -> list[str]:
-    present = {g["family"] for gs in grades.values() for g in gs}
-    return [f for f in FAMILIES if f in present] + sorted(present - set(FAMILIES))
+    return family_order(g["family"] for gs in grades.values() for g in gs)
 
 
 def _colours(n: int) -> list:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 from .grader import TERMS, WEIGHTS, exact_mean
-from .generator import FAMILIES
+from .generator import family_order
 
 LABEL, COL = 22, 14
 
@@ -35,8 +35,7 @@ def summary(cases: list[dict], grades: dict[str, list]) -> dict:
     n_batches = sum(len(c["batches"]) for c in cases)
     n_bad = sum(1 for c in cases for b in c["batches"] if b["truth"]["defective"])
     out = {"cases": len(cases), "batches": n_batches, "defective": n_bad, "agents": {}}
-    families = [f for f in FAMILIES if any(c["family"] == f for c in cases)]
-    families += sorted({c["family"] for c in cases} - set(families))
+    families = family_order(c["family"] for c in cases)
     for name, gs in grades.items():
         fam = {f: float(exact_mean(g["reward"] for g in gs if g["family"] == f)) for f in families
                if any(g["family"] == f for g in gs)}

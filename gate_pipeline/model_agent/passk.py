@@ -9,14 +9,9 @@ from __future__ import annotations
 from collections import defaultdict
 from fractions import Fraction
 
-from ..generator import FAMILIES
+from ..generator import family_order
 
 PASS = 1.0
-
-
-def _family_order(families) -> list[str]:
-    known = [f for f in FAMILIES if f in families]
-    return known + sorted(set(families) - set(known))
 
 
 def pass_rates(records: list[dict], k: int) -> dict:
@@ -30,7 +25,7 @@ def pass_rates(records: list[dict], k: int) -> dict:
         if len(rs) == k:
             groups[rs[0]["family"]].append(rs)
     out = {}
-    for family in _family_order(groups) + ["all"]:
+    for family in family_order(groups) + ["all"]:
         cases = [rs for f in groups for rs in groups[f]] if family == "all" else groups[family]
         if not cases:
             continue
