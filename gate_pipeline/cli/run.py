@@ -122,8 +122,7 @@ def cmd_run(a) -> int:
     # the report tables take one grade per case: every rollout is an episode of its case
     by_key = {(r["case_id"], r["rollout"]): r for r in records}
     played = [(c, by_key[(c["case_id"], i)]) for i in range(rollouts) for c in cases if (c["case_id"], i) in by_key]
-    label = settings.model if len(settings.model) < 14 else settings.model[:12] + "~"
-    grades = {label: [r["grade"] for _, r in played]}
+    grades = {settings.model: [r["grade"] for _, r in played]}  # tables widen for long names
     if a.json:
         print(json.dumps({"run_id": run_id, "summary": summary([c for c, _ in played], grades),
                           "pass": pass_rates(records, rollouts),
