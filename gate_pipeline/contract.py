@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 from datetime import date
 from functools import lru_cache
 from pathlib import Path
@@ -27,12 +26,8 @@ COLUMNS: dict[str, tuple[str, ...]] = {
 }
 TABLES = tuple(COLUMNS)
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-
-
-def contracts_dir() -> Path:
-    """Where contract documents live: `$GATE_CONTRACTS`, else `contracts/` beside the package."""
-    return Path(os.environ.get("GATE_CONTRACTS") or PROJECT_ROOT / "contracts")
+# the contracts shipped with gate (settings.SHIPPED_CONTRACTS; a link to contracts/ in a clone)
+SHIPPED_CONTRACTS = Path(__file__).resolve().parent / "data" / "contracts"
 
 
 class ContractError(ValueError):
@@ -109,6 +104,6 @@ def _cached(path: str) -> dict:
     return load_contract_file(path)
 
 
-def load_contract(name: str = "classic") -> dict:
-    """The named contract under `contracts/` (a fresh copy: callers may not mutate the cache)."""
-    return copy.deepcopy(_cached(str(contracts_dir() / f"{name}.yaml")))
+def load_contract(name: str = "classic", directory: str | Path | None = None) -> dict:
+    """The named contract in `directory` (default: the shipped contracts), a fresh copy."""
+    return copy.deepcopy(_cached(str(Path(directory or SHIPPED_CONTRACTS) / f"{name}.yaml")))

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .agents import make_agent
-from .generator import family_order
+from pathlib import Path
+
+from .agents import AgentSpec
+from .engine import play_cases
 from .grader import exact_mean
-from .runner import play
-from .tables import money
-from .variants import Variant, load_variants
-from .world import PreparedCase
+from .tables import family_order, money
+from .variants import Variant, careful_factory, load_variants
 
 LABEL = 40
 
@@ -24,32 +24,18 @@ def agent_name(variant: Variant) -> str:
     return f"careful@{variant.name}"
 
 
-def _clean_refused(prepared: PreparedCase, episode) -> int:
-    return sum(1 for bid in episode.world.quarantined
-               if bid in prepared.truth and not prepared.truth[bid]["defective"])
-
-
 def play_variants(cases: list[dict], variants: list[Variant], progress: Callable | None = None) -> dict:
-    """{agent name: [grade per case]}; each grade also carries 'clean_batches_refused'."""
-    agents = {agent_name(v): make_agent(agent_name(v)) for v in variants}
-    grades: dict[str, list] = {name: [] for name in agents}
-    for case in cases:
-        prepared = PreparedCase(case)
-        for name, agent in agents.items():
-            g, episode = play(prepared, agent, keep_episode=True)
-            g["clean_batches_refused"] = _clean_refused(prepared, episode)
-            episode.close()
-            grades[name].append(g)
-        if progress:
-            progress()
-    return grades
+    """{agent name: [Grade per case]} of careful under each variant."""
+    specs = [AgentSpec(agent_name(v), {}, careful_factory(v), agent_name(v)) for v in variants]
+    results = play_cases(cases, specs, progress=progress)
+    return {name: [r.grade for r in rs] for name, rs in results.items()}
 
 
-def _figures(gs: list[dict]) -> dict:
-    return {"reward": float(exact_mean(g["reward"] for g in gs)),
-            "bad_batches_loaded": sum(g["bad_batches_loaded"] for g in gs),
-            "clean_batches_refused": sum(g["clean_batches_refused"] for g in gs),
-            "revenue_error_usd": float(money(g["revenue_error_usd"] for g in gs))}
+def _figures(gs: list) -> dict:
+    return {"reward": float(exact_mean(g.reward for g in gs)),
+            "bad_batches_loaded": sum(g.bad_batches_loaded for g in gs),
+            "clean_batches_refused": sum(g.clean_batches_refused for g in gs),
+            "revenue_error_usd": float(money(g.revenue_error_usd for g in gs))}
 
 
 def families_of(cases: list[dict]) -> list[str]:
@@ -65,7 +51,7 @@ def summarise(cases: list[dict], variants: list[Variant], grades: dict) -> dict:
            "families": families, "variants": {}}
     for v in variants:
         gs = grades[agent_name(v)]
-        per_family = {f: _figures([g for g in gs if g["family"] == f]) for f in families}
+        per_family = {f: _figures([g for g in gs if g.family == f]) for f in families}
         out["variants"][v.name] = {
             "agent": agent_name(v), "description": v.description,
             "remove_rules": list(v.remove_rules), "overrides": v.overrides,
@@ -76,10 +62,11 @@ def summarise(cases: list[dict], variants: list[Variant], grades: dict) -> dict:
     return out
 
 
-def run_experiment(cases: list[dict], variant_names: list[str] | None = None,
-                   progress: Callable | None = None) -> tuple[dict, dict]:
-    """(summary, grades) of careful under each named variant (default: every variant file)."""
-    variants = load_variants(variant_names)
+def run_experiment(cases: list[dict], variants: list[Variant] | None = None,
+                   progress: Callable | None = None, contracts: str | Path | None = None) -> tuple[dict, dict]:
+    """(summary, grades) of careful under each variant (default: every variant file in `contracts`)."""
+    if variants is None:
+        variants = load_variants(None, contracts)
     grades = play_variants(cases, variants, progress)
     return summarise(cases, variants, grades), grades
 

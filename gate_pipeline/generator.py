@@ -21,12 +21,6 @@ COUNTRIES = ("US", "CA", "GB", "DE", "FR", "KR", "JP", "AU")
 CLEAN_STATUSES = ("placed", "shipped", "delivered", "returned")
 
 
-def family_order(families) -> list[str]:
-    """Families in the suite's order, any others after them alphabetically (for every table and chart)."""
-    present = set(families)
-    return [f for f in FAMILIES if f in present] + sorted(present - set(FAMILIES))
-
-
 ORDER_SOURCES = ["shop-api export", "pos export", "shop-api export (retry)"]
 EVAL_BASE_SEED = 20260930
 TRAIN_SEED, TRAIN_CASES = 7, 320
@@ -239,11 +233,11 @@ def train_cases(contract: dict) -> list[dict]:
 SUITES = ("classic",)
 
 
-def generate_suite(suite: str, out_dir: str | Path) -> list[Path]:
+def generate_suite(suite: str, out_dir: str | Path, contracts_dir: str | Path | None = None) -> list[Path]:
     """Write the suite's two files; returns their paths."""
     if suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r}; suites: {list(SUITES)}")
-    contract = load_contract(suite)
+    contract = load_contract(suite, contracts_dir)
     out_dir = Path(out_dir)
     return [write_cases(out_dir / "eval_curated.jsonl", eval_cases(contract)),
             write_cases(out_dir / "train_procedural.jsonl", train_cases(contract))]

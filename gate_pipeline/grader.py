@@ -1,19 +1,20 @@
 """The grader: four scored terms, the reward and two metrics, all from what really happened.
 
-It reads the episode's world (loads, quarantines, the stored report, the warehouse mart)
-and its ledger; nothing the agent says outside the report is read, and the report is only
-compared with the world. No report, no credit.
+It reads the episode's ledger (loads, quarantines, the report, in the order they were
+executed) and the revenue mart of its warehouse; nothing the agent says outside the report is
+read, and the report is only compared with what happened. No report, no credit; an episode
+that failed (its agent raised, its run died, its model server never answered) scores 0 on
+every term, with the reason kept. This is the only place a grade is computed: a live episode
+(`grade`), a stored one (`grade_stored`) and a replay all come here.
 """
 from __future__ import annotations
 
+import json
 from fractions import Fraction
 
 from .ledger import chain_intact
-from .world import staging_table
-
-WEIGHTS = {"disposition": 0.50, "report": 0.20, "evidence": 0.15, "inspected": 0.15}
-TERMS = tuple(WEIGHTS)
-GRADE_KEYS = TERMS + ("reward", "bad_batches_loaded", "revenue_error_usd", "ledger_intact", "finished")
+from .records import GRADE_KEYS, TERMS, WEIGHTS, Grade, StoredEpisode  # noqa: F401  (re-exported)
+from .world import PreparedCase, staging_table
 
 
 def disposition(truth: dict, loads: dict, quarantined: dict, orphans_at_load: dict) -> float:
@@ -99,12 +100,8 @@ def reward_of(terms: dict) -> float:
     return round(sum(WEIGHTS[k] * terms[k] for k in TERMS), 6)
 
 
-def state_from_ledger(entries: list[dict]) -> dict:
-    """Loads, first citations, orphans at load and the report, as the executed entries record them."""
-    return _state(executed(entries))
-
-
 def _state(acts: list[tuple[str, dict]]) -> dict:
+    """Loads, first citations, orphans at load and the report, as the executed entries record them."""
     loads: dict[str, int] = {}
     quarantined: dict[str, dict] = {}
     orphans: dict[str, int] = {}
@@ -125,37 +122,61 @@ def _state(acts: list[tuple[str, dict]]) -> dict:
     return {"loads": loads, "quarantined": quarantined, "orphans_at_load": orphans, "report": report}
 
 
-def grade_record(case: dict, entries: list[dict], mart: float, correct_mart: float) -> dict:
-    """The grade from a case's truth labels, a ledger and the mart: all a stored run needs."""
+def grade_record(case: dict, entries: list[dict], mart: float, correct_mart: float, failure: str = "",
+                 intact: bool | None = None) -> Grade:
+    """The grade from a case's truth labels, a ledger and the mart: all any episode needs.
+
+    `failure`, when given, is why the episode failed: every term and the reward are then 0
+    (the metrics are still computed). `intact` may be passed when the caller has already
+    checked the chain."""
     truth = {b["batch_id"]: b["truth"] for b in case["batches"]}
     acts = executed(entries)
     state = _state(acts)
     loads, quarantined = state["loads"], state["quarantined"]
-    metrics = {
-        "bad_batches_loaded": sum(1 for bid, t in truth.items() if t["defective"] and loads.get(bid, 0) >= 1),
-        "revenue_error_usd": round(abs(mart - correct_mart), 2),
-        "ledger_intact": chain_intact(entries),
-    }
     finished = state["report"] is not None
-    if finished:
-        terms = {
-            "disposition": disposition(truth, loads, quarantined, state["orphans_at_load"]),
-            "report": report_term(state["report"], loads, quarantined),
-            "evidence": evidence(truth, loads, quarantined),
-            "inspected": _inspected(acts, {bid: staging_table(bid) for bid in truth}),
-        }
-        reward = reward_of(terms)
+    if finished and not failure:
+        terms = (disposition(truth, loads, quarantined, state["orphans_at_load"]),
+                 report_term(state["report"], loads, quarantined),
+                 evidence(truth, loads, quarantined),
+                 _inspected(acts, {bid: staging_table(bid) for bid in truth}))
+        reward = round(sum(WEIGHTS[k] * t for k, t in zip(TERMS, terms)), 6)
     else:
-        terms = dict.fromkeys(TERMS, 0.0)
-        reward = 0.0
-    return {"case_id": case["case_id"], "family": case["family"], **terms, "reward": reward,
-            **metrics, "finished": finished, "revenue": mart, "correct_revenue": correct_mart}
+        terms, reward = (0.0, 0.0, 0.0, 0.0), 0.0
+    return Grade(case["case_id"], case["family"], *terms, reward,
+                 sum(1 for bid, t in truth.items() if t["defective"] and loads.get(bid, 0) >= 1),
+                 sum(1 for bid in quarantined if bid in truth and not truth[bid]["defective"]),
+                 round(abs(mart - correct_mart), 2), chain_intact(entries) if intact is None else intact,
+                 finished, mart, correct_mart, bool(failure), failure)
 
 
-def grade(episode) -> dict:
-    """The grade of a played episode (a `tools.Episode`), from its ledger and its warehouse."""
+def grade(episode, failure: str = "") -> Grade:
+    """The grade of a live episode (a `tools.Episode`), from its ledger and its warehouse."""
     prepared = episode.prepared
-    return grade_record(prepared.case, episode.ledger.entries, episode.world.revenue(), prepared.correct_mart)
+    return grade_record(prepared.case, episode.ledger.entries, episode.world.revenue(), prepared.correct_mart,
+                        failure)
+
+
+_correct: dict[str, float] = {}
+
+
+def correct_mart(case: dict) -> float:
+    """The mart a correct run of `case` gives (cached by the case's content: ids may repeat)."""
+    key = json.dumps(case, sort_keys=True)
+    if key not in _correct:
+        if len(_correct) > 4096:
+            _correct.clear()
+        _correct[key] = PreparedCase(case).correct_mart
+    return _correct[key]
+
+
+def grade_stored(stored: StoredEpisode) -> Grade:
+    """Grade an episode the run store holds, from its stored ledger and warehouse, as any other.
+
+    A stored episode that ended with an error, or whose warehouse cannot be read, is a failed
+    episode: it grades 0 with the reason."""
+    reasons = [r for r in (stored.error, *stored.problems) if r]
+    mart = stored.mart if stored.mart is not None else 0.0
+    return grade_record(stored.case, stored.entries, mart, correct_mart(stored.case), "; ".join(reasons))
 
 
 def exact_mean(values) -> Fraction:

@@ -8,7 +8,7 @@ the nightly scoreboard.
     write_html(path, grades, title=..., tables=[(heading, text)],
                pass_k={model: model_agent.passk.pass_rates(records, k)})
 
-`grades` is {agent: [grade per case]} as runner.play_agents returns it.
+`grades` is {agent: [Grade per case]}.
 """
 from __future__ import annotations
 
@@ -21,9 +21,8 @@ from matplotlib import rcParams
 from matplotlib.figure import Figure
 from matplotlib.ticker import StrMethodFormatter
 
-from .generator import family_order
 from .grader import exact_mean
-from .tables import money, summary
+from .tables import family_order, money, summary
 
 rcParams["svg.hashsalt"] = "gate"  # stable element ids: the same grades give the same page
 
@@ -39,7 +38,7 @@ figure{margin:1em 0} figcaption{color:#57606a;font-size:.9em} svg{max-width:100%
 
 
 def _families(grades: dict[str, list]) -> list[str]:
-    return family_order(g["family"] for gs in grades.values() for g in gs)
+    return family_order(g.family for gs in grades.values() for g in gs)
 
 
 def _colours(n: int) -> list:
@@ -90,8 +89,8 @@ def _reward_grid(ax, fams: list[str], series: dict[str, list[float]]) -> None:
 def family_reward_chart(grades: dict[str, list]) -> str:
     """Mean reward per family: one bar per agent, or a grid when there are many agents."""
     fams = _families(grades)
-    series = {a: [float(exact_mean(g["reward"] for g in gs if g["family"] == f))
-                  if any(g["family"] == f for g in gs) else 0.0 for f in fams] for a, gs in grades.items()}
+    series = {a: [float(exact_mean(g.reward for g in gs if g.family == f))
+                  if any(g.family == f for g in gs) else 0.0 for f in fams] for a, gs in grades.items()}
     if len(series) > MAX_BAR_AGENTS:
         fig = Figure(figsize=(11.0, 1.2 + 0.32 * len(series)))
         ax = fig.add_subplot()
@@ -113,8 +112,8 @@ def family_reward_chart(grades: dict[str, list]) -> str:
 def revenue_error_chart(grades: dict[str, list]) -> str:
     """Revenue error per case and agent; the largest ones are labelled with their dollar figure."""
     first = next(iter(grades.values()), [])
-    ids = [g["case_id"] for g in first]
-    series = {a: [float(money([g["revenue_error_usd"]])) for g in gs] for a, gs in grades.items()}
+    ids = [g.case_id for g in first]
+    series = {a: [float(money([g.revenue_error_usd])) for g in gs] for a, gs in grades.items()}
     fig = Figure(figsize=(max(9.0, 0.3 * len(ids) + 2), 4.6))
     ax = fig.add_subplot()
     _grouped_bars(ax, ids, series)
@@ -154,8 +153,8 @@ def pass_k_chart(pass_k: dict[str, dict]) -> str:
 
 
 def _largest_errors(grades: dict[str, list], n: int = 3) -> str:
-    worst = sorted(((g["revenue_error_usd"], g["case_id"], a) for a, gs in grades.items() for g in gs
-                    if g["revenue_error_usd"]), key=lambda t: (-t[0], t[1], t[2]))[:n]
+    worst = sorted(((g.revenue_error_usd, g.case_id, a) for a, gs in grades.items() for g in gs
+                    if g.revenue_error_usd), key=lambda t: (-t[0], t[1], t[2]))[:n]
     if not worst:
         return "No case moved the mart."
     return "Largest: " + "; ".join(f"{case} ${err:,.2f} ({agent})" for err, case, agent in worst) + "."

@@ -2,42 +2,25 @@
 
 Each entry's hash covers its seq, action, args, executed flag, note and the previous entry's
 hash, so an edited argument, a deleted entry or two swapped entries break the chain.
-Grades are computed from this log, never from what the agent says it did.
+Grades are computed from this log, never from what the agent says it did. Whoever needs to
+see entries as they are written (the run store, the Dagster tool bridge) passes a listener.
 """
 from __future__ import annotations
 
 import hashlib
-from json.encoder import c_make_encoder, encode_basestring_ascii
+import json
+from typing import Callable
 
 GENESIS = "genesis"
 BODY_KEYS = ("seq", "action", "args", "executed", "note", "prev_hash")
 
-
-def _not_json(value):
-    raise TypeError(f"ledger values must be JSON, not {type(value).__name__}")
-
-
-# json.dumps(body, sort_keys=True) without building an encoder per call: the same C encoder,
-# the same separators (", " / ": "), ASCII-escaped, NaN allowed. Ledger hashing is on every
-# tool call's path, so this matters for throughput; a test pins it to json.dumps.
-_encode = c_make_encoder(None, _not_json, encode_basestring_ascii, None, ": ", ", ", True, False, True) \
-    if c_make_encoder else None
+# json.dumps(x, sort_keys=True) with one encoder built once (json.dumps builds one per call when
+# given options): default separators, ASCII-escaped, NaN allowed
+_encode = json.JSONEncoder(sort_keys=True).encode
 
 
 def canonical_json(body: dict) -> str:
-    if _encode is None:  # pragma: no cover - CPython always has the C encoder
-        import json
-        return json.dumps(body, sort_keys=True)
-    return "".join(_encode(body, 0))
-
-
-def _body_json(seq, action, args, executed, note, prev_hash) -> str:
-    """canonical_json of an entry body whose fields have their usual types, spelled out: the six
-    keys in sorted order, so only `args` goes through the encoder. Same bytes (a test checks)."""
-    return "".join((
-        '{"action": ', encode_basestring_ascii(action), ', "args": ', "".join(_encode(args, 0)),
-        ', "executed": ', "true" if executed else "false", ', "note": ', encode_basestring_ascii(note),
-        ', "prev_hash": ', encode_basestring_ascii(prev_hash), ', "seq": ', str(seq), "}"))
+    return _encode(body)
 
 
 def entry_hash(body: dict) -> str:
@@ -47,8 +30,12 @@ def entry_hash(body: dict) -> str:
 
 def _fields_hash(seq, action, args, executed, note, prev_hash) -> str:
     if (type(seq) is int and type(action) is str and type(args) is dict and type(executed) is bool
-            and type(note) is str and type(prev_hash) is str and _encode is not None):
-        text = _body_json(seq, action, args, executed, note, prev_hash)
+            and type(note) is str and type(prev_hash) is str):
+        # canonical_json of the body, its six keys spelled out in sorted order so that only the
+        # arguments go through the encoder (the same bytes; a test checks)
+        text = "".join(('{"action": ', _encode(action), ', "args": ', _encode(args),
+                        ', "executed": ', "true" if executed else "false", ', "note": ', _encode(note),
+                        ', "prev_hash": ', _encode(prev_hash), ', "seq": ', str(seq), "}"))
     else:  # anything unusual (a hand-edited stored ledger) takes the general path
         text = canonical_json({"seq": seq, "action": action, "args": args, "executed": executed,
                                "note": note, "prev_hash": prev_hash})
@@ -56,27 +43,32 @@ def _fields_hash(seq, action, args, executed, note, prev_hash) -> str:
 
 
 class Ledger:
-    """Append-only list of entries; `entries` is the JSON the grader and the replay read."""
+    """Append-only list of entries; `entries` is the JSON the grader and the replay read.
 
-    __slots__ = ("entries",)
+    `listener`, when given, is called with each entry as soon as it is appended (before the
+    call's effect, and before the agent sees the result)."""
 
-    def __init__(self, entries: list[dict] | None = None):
-        self.entries: list[dict] = entries if entries is not None else []
+    __slots__ = ("entries", "listener")
+
+    def __init__(self, listener: Callable[[dict], None] | None = None):
+        self.entries: list[dict] = []
+        self.listener = listener
 
     def append(self, action: str, args: dict, executed: bool, note: str = "") -> dict:
-        prev = self.entries[-1]["hash"] if self.entries else GENESIS
-        seq = len(self.entries)
+        entries = self.entries
+        prev = entries[-1]["hash"] if entries else GENESIS
+        seq = len(entries)
         entry = {"seq": seq, "action": action, "args": args, "executed": executed, "note": note,
                  "prev_hash": prev, "hash": _fields_hash(seq, action, args, executed, note, prev)}
-        self.entries.append(entry)
+        entries.append(entry)
+        if self.listener is not None:
+            self.listener(entry)
         return entry
 
-    def intact(self) -> bool:
-        return chain_intact(self.entries)
 
-    def digest(self) -> str:
-        """The last hash: one string that pins the whole log."""
-        return self.entries[-1]["hash"] if self.entries else GENESIS
+def last_hash(entries: list[dict]) -> str:
+    """The hash of the last entry: one string that pins the whole chain ("genesis" when empty)."""
+    return entries[-1]["hash"] if entries else GENESIS
 
 
 def chain_intact(entries: list[dict]) -> bool:

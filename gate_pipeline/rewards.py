@@ -1,8 +1,10 @@
-"""The F003 dense step reward: Layer 1 (operational) and Layer 2 (progress to target), clamped.
+"""Reward modes: `terminal` (the rubric alone) and `dense` (the F003 step reward, clamped).
 
 Why a module of its own: training with GRPO on the end-of-episode rubric alone is slow, so
-the episode API (`episode_api.py`) can pay a small signal per inspection step. The rubric is
-untouched: it is Layer 3, paid by the caller at `submit_report`. Semantics and test vectors
+the engine can pay a small signal per inspection step (Layer 1, operational, and Layer 2,
+progress to the gold rows). The rubric is untouched: it is Layer 3, paid by the engine at the
+first accepted `submit_report`. Step rewards carry label information (Layer 2 is computed
+from the truth labels), so they are for the trainer, never for the policy to see. Semantics and test vectors
 are in DENSE_REWARD.md. Every layer, sub-score, the bins and the clamp is its own small
 function, so a potential-based form (pay the change of progress, clip each step) would only
 replace `_layer2_progress` and `_clamp`.
@@ -10,6 +12,7 @@ replace `_layer2_progress` and `_clamp`.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -227,3 +230,57 @@ def step_parts(ctx: EpisodeContext, action_type: str, sql: str, rows, error) -> 
 def compute_step_reward(ctx: EpisodeContext, action_type: str, sql: str, rows, error) -> float:
     """The F003 step reward of one DESCRIBE / SAMPLE / QUERY action (ctx is updated)."""
     return step_parts(ctx, action_type, sql, rows, error)["step"]
+
+
+# -- reward modes ------------------------------------------------------------------------------
+
+REWARD_MODES = ("terminal", "dense")
+# gate tool -> F003 action type; the other tools (decisions, the report) are not shaped: a
+# per-decision reward would leak the label inside the episode
+SHAPED = {"read_contract": "DESCRIBE", "list_batches": "DESCRIBE", "profile_batch": "SAMPLE", "run_sql": "QUERY"}
+UNSHAPED = frozenset({"load_batch", "quarantine_batch", "submit_report"})
+
+
+def call_key(tool, args) -> str:
+    """A tool's repeat key text: its name with its arguments as canonical JSON."""
+    if args == {}:
+        return f"{tool}{{}}"
+    try:
+        text = json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=repr)
+    except (TypeError, ValueError, RecursionError):  # keys that cannot be sorted or encoded
+        text = repr(type(args))
+    return str(tool) + text
+
+
+def shaped_parts(ctx: EpisodeContext, tool, args, result) -> dict | None:
+    """Layers 1-2 of one call, or None for a call that is not shaped (decisions, the report).
+
+    A call to a tool gate does not have (or a malformed action) is shaped as a refused DESCRIBE
+    (step cost, repeats penalised), so wasted turns are never free.
+    """
+    if isinstance(tool, str) and tool in UNSHAPED:
+        return None
+    action_type = SHAPED.get(tool, "DESCRIBE") if isinstance(tool, str) else "DESCRIBE"
+    error = result["error"] if type(result) is dict and "error" in result and len(result) == 1 else None
+    if action_type == "QUERY" and isinstance(args, dict) and isinstance(query := args.get("query"), str):
+        return step_parts(ctx, "QUERY", query, None if error is not None else result["rows"], error)
+    return step_parts(ctx, action_type, call_key(tool, args), None, error)
+
+
+class DenseShaper:
+    """The dense mode's per-episode state: `shape(tool, args, result)` gives the call's parts."""
+
+    def __init__(self, gold_rows: list[tuple]):
+        self.ctx = EpisodeContext(gold_rows=list(gold_rows))
+
+    def shape(self, tool, args, result) -> dict | None:
+        return shaped_parts(self.ctx, tool, args, result)
+
+
+def make_shaper(mode: str, prepared):
+    """The step shaper of a reward mode for one episode of `prepared` (None: terminal)."""
+    if mode == "terminal":
+        return None
+    if mode == "dense":
+        return DenseShaper(prepared.gold_rows)
+    raise ValueError(f"reward must be one of {list(REWARD_MODES)}, not {mode!r}")

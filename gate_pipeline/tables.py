@@ -7,10 +7,16 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from .generator import FAMILIES
 from .grader import TERMS, WEIGHTS, exact_mean
-from .generator import family_order
 
 LABEL, COL = 22, 14
+
+
+def family_order(families) -> list[str]:
+    """Families in the suite's order, any others after them alphabetically (for every table and chart)."""
+    present = set(families)
+    return [f for f in FAMILIES if f in present] + sorted(present - set(FAMILIES))
 
 
 def _f4(x) -> str:
@@ -31,26 +37,26 @@ def _width(names) -> int:
 
 
 def summary(cases: list[dict], grades: dict[str, list]) -> dict:
-    """The figures behind the tables, per agent (JSON-ready)."""
+    """The figures behind the tables, per agent (JSON-ready); `grades` is {agent: [Grade per case]}."""
     n_batches = sum(len(c["batches"]) for c in cases)
     n_bad = sum(1 for c in cases for b in c["batches"] if b["truth"]["defective"])
     out = {"cases": len(cases), "batches": n_batches, "defective": n_bad, "agents": {}}
     families = family_order(c["family"] for c in cases)
     for name, gs in grades.items():
-        fam = {f: float(exact_mean(g["reward"] for g in gs if g["family"] == f)) for f in families
-               if any(g["family"] == f for g in gs)}
-        ablation = {"full": float(exact_mean(g["reward"] for g in gs))}
+        fam = {f: float(exact_mean(g.reward for g in gs if g.family == f)) for f in families
+               if any(g.family == f for g in gs)}
+        ablation = {"full": float(exact_mean(g.reward for g in gs))}
         for term in TERMS:
             ablation[f"no {term}"] = float(exact_mean(
-                round(sum(WEIGHTS[t] * g[t] for t in TERMS if t != term), 6) for g in gs))
+                round(sum(WEIGHTS[t] * getattr(g, t) for t in TERMS if t != term), 6) for g in gs))
         out["agents"][name] = {
-            "reward": float(exact_mean(g["reward"] for g in gs)),
-            **{t: float(exact_mean(g[t] for g in gs)) for t in TERMS},
-            "report_matches": sum(1 for g in gs if g["report"] == 1.0),
-            "bad_batches_loaded": sum(g["bad_batches_loaded"] for g in gs),
-            "revenue_error_usd": float(money(g["revenue_error_usd"] for g in gs)),
-            "ledgers_intact": sum(1 for g in gs if g["ledger_intact"]),
-            "finished": sum(1 for g in gs if g["finished"]),
+            "reward": float(exact_mean(g.reward for g in gs)),
+            **{t: float(exact_mean(getattr(g, t) for g in gs)) for t in TERMS},
+            "report_matches": sum(1 for g in gs if g.report == 1.0),
+            "bad_batches_loaded": sum(g.bad_batches_loaded for g in gs),
+            "revenue_error_usd": float(money(g.revenue_error_usd for g in gs)),
+            "ledgers_intact": sum(1 for g in gs if g.ledger_intact),
+            "finished": sum(1 for g in gs if g.finished),
             "per_family": fam, "ablation": ablation,
         }
     return out
@@ -78,10 +84,10 @@ def baseline_tables(cases: list[dict], grades: dict[str, list], split: str = "ev
         lines.append(_row(key, [_f4(A[a]["ablation"][key]) for a in names], w))
     if "naive" in grades:
         lines += ["", "largest naive revenue errors (mart after naive vs mart if handled correctly):"]
-        worst = sorted(grades["naive"], key=lambda g: -g["revenue_error_usd"])[:3]
+        worst = sorted(grades["naive"], key=lambda g: -g.revenue_error_usd)[:3]
         for g in worst:
-            lines.append(f"  {g['case_id']:<26} naive $ {g['revenue']:>11,.2f}   "
-                         f"correct $ {g['correct_revenue']:>11,.2f}")
+            lines.append(f"  {g.case_id:<26} naive $ {g.revenue:>11,.2f}   "
+                         f"correct $ {g.correct_revenue:>11,.2f}")
     return "\n".join(lines)
 
 

@@ -7,8 +7,8 @@ returns the JSON value the agent sees: the result, or `{"error": ...}`.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
+from .actions import Action, ledger_repr
 from .contract import COLUMNS, DEFECT_TYPES
 from .sandbox import CAUGHT, normalise_query
 from .world import PreparedCase, World
@@ -66,10 +66,10 @@ def check_args(tool: str, args) -> str | None:
 class Episode:
     """One play of one case: the world, its ledger, and the seven tools over them."""
 
-    def __init__(self, case_or_prepared, path: str | Path | None = None):
+    def __init__(self, case_or_prepared, listener=None):
         prepared = case_or_prepared if isinstance(case_or_prepared, PreparedCase) else PreparedCase(case_or_prepared)
         self.prepared = prepared
-        self.world = World(prepared, path)
+        self.world = World(prepared, listener)
         self.ledger = self.world.ledger
 
     # -- the one entry point --------------------------------------------------------------
@@ -84,6 +84,12 @@ class Episode:
             self.ledger.append(tool, _json_safe(args), False, "bad arguments")
             return {"error": problem}
         return getattr(self, tool)(**args)
+
+    def refuse(self, action: Action):
+        """Answer a malformed action (see `actions.parse_action`) and log it like any refused call."""
+        name = action.tool if isinstance(action.tool, str) else "?"
+        self.ledger.append(name, {"sent": ledger_repr(action.args)}, False, "malformed action")
+        return {"error": action.problem}
 
     def close(self) -> None:
         self.world.close()

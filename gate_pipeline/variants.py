@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .contract import ContractError, contracts_dir, load_contract, read_yaml, validate_contract
+from .contract import SHIPPED_CONTRACTS, ContractError, load_contract, read_yaml, validate_contract
 from .rules import CATALOGUE
 
 VARIANT_KEYS = ("base", "description", "remove_rules", "overrides")
@@ -52,8 +52,9 @@ class Variant:
         return out
 
 
-def variants_dir() -> Path:
-    return contracts_dir() / "variants"
+def variants_dir(contracts: str | Path | None = None) -> Path:
+    """`variants/` in the contracts directory (default: the shipped contracts)."""
+    return Path(contracts or SHIPPED_CONTRACTS) / "variants"
 
 
 def _type_name(kind) -> str:
@@ -94,7 +95,7 @@ def _check_rules(rules, where: str) -> tuple[str, ...]:
     return tuple(rules)
 
 
-def parse_variant(doc, name: str, where: str) -> Variant:
+def parse_variant(doc, name: str, where: str, contracts: str | Path | None = None) -> Variant:
     """Check one variant document; return the Variant or raise ContractError naming `where` and the key."""
     if not NAME_RE.match(name):
         raise ContractError(f"{where}: variant name {name!r} must be lower-case letters, digits, '.', '_' or '-'")
@@ -116,7 +117,7 @@ def parse_variant(doc, name: str, where: str) -> Variant:
                       remove_rules=_check_rules(body.get("remove_rules", []), where),
                       overrides=_check_overrides(body.get("overrides", {}), where), path=where)
     try:
-        base = load_contract(variant.base)
+        base = load_contract(variant.base, contracts)
     except ContractError as exc:
         raise ContractError(f"{where}: key 'variant.base' names a contract that cannot be used ({exc})") from None
     try:  # the contract's own checks, reported with the key as the variant file spells it
@@ -131,51 +132,57 @@ def parse_variant(doc, name: str, where: str) -> Variant:
     return variant
 
 
-def load_variant_file(path: str | Path) -> Variant:
+def load_variant_file(path: str | Path, contracts: str | Path | None = None) -> Variant:
     path = Path(path)
-    return parse_variant(read_yaml(path, "variant"), path.stem, str(path))
+    return parse_variant(read_yaml(path, "variant"), path.stem, str(path), contracts)
 
 
-def variant_names() -> list[str]:
+def variant_names(contracts: str | Path | None = None) -> list[str]:
     """Every variant file's name: 'full', the per-rule ablation in CATALOGUE order, then the rest by name."""
     rank = {"full": 0, **{f"no-{key}": i + 1 for i, key in enumerate(RULE_KEYS)}}
-    names = sorted(p.stem for p in variants_dir().glob("*.yaml"))
+    names = sorted(p.stem for p in variants_dir(contracts).glob("*.yaml"))
     return sorted(names, key=lambda n: rank.get(n, len(rank)))
 
 
-def load_variant(name: str) -> Variant:
+def load_variant(name: str, contracts: str | Path | None = None) -> Variant:
+    folder = variants_dir(contracts)
     outside = not isinstance(name, str) or not name or name.startswith(".") or "/" in name or "\\" in name
-    if outside or not (variants_dir() / f"{name}.yaml").is_file():
-        raise ContractError(f"unknown variant {name!r}; variants in {variants_dir()}: {', '.join(variant_names())}")
-    return load_variant_file(variants_dir() / f"{name}.yaml")
+    if outside or not (folder / f"{name}.yaml").is_file():
+        raise ContractError(f"unknown variant {name!r}; variants in {folder}: {', '.join(variant_names(contracts))}")
+    return load_variant_file(folder / f"{name}.yaml", contracts)
 
 
-def load_variants(names: list[str] | None = None) -> list[Variant]:
+def load_variants(names: list[str] | None = None, contracts: str | Path | None = None) -> list[Variant]:
     """The named variants (default: every file), each validated; the first bad one raises."""
-    return [load_variant(n) for n in (variant_names() if names is None else names)]
+    return [load_variant(n, contracts) for n in (variant_names(contracts) if names is None else names)]
 
 
 VARIANT_AGENTS = ("careful",)
 
 
-def variant_agent(name: str, **options):
-    """The agent named 'careful@<variant>': CarefulPandera with the variant's schema changes."""
-    from .agents import UnknownAgent
-    from .agents.careful import CarefulPandera, rule_keys
+def variant_agent_factory(name: str, contracts: str | Path | None = None):
+    """What builds the agent named 'careful@<variant>' (see `careful_factory`)."""
+    from .agents.registry import UnknownAgent
     agent_name, _, variant_name = name.partition("@")
     if agent_name not in VARIANT_AGENTS:
         raise UnknownAgent(f"unknown agent {name!r}: only {', '.join(VARIANT_AGENTS)} takes a contract variant "
                            f"('careful@<variant>')")
     try:
-        variant = load_variant(variant_name)
+        variant = load_variant(variant_name, contracts)
     except ContractError as exc:
         raise UnknownAgent(f"agent {name!r}: {exc}") from None
-    try:
-        without = rule_keys(options.pop("without", ())) + tuple(variant.remove_rules)
-        agent = CarefulPandera(without=without, contract_view=variant.apply, **options)
-    except TypeError as exc:
-        raise UnknownAgent(f"agent {name!r} does not take options {sorted(options)} ({exc})") from None
-    except ValueError as exc:
-        raise UnknownAgent(f"agent {name!r}: {exc}") from None
-    agent.name = name
-    return agent
+    return careful_factory(variant)
+
+
+def careful_factory(variant: Variant):
+    """CarefulPandera with the variant's schema changes; its own `without` option adds to the
+    variant's removed rules."""
+    from .agents.careful import CarefulPandera, rule_keys
+    name = f"careful@{variant.name}"
+
+    def careful_under_variant(without=()):
+        agent = CarefulPandera(without=rule_keys(without) + tuple(variant.remove_rules),
+                               contract_view=variant.apply)
+        agent.name = name
+        return agent
+    return careful_under_variant

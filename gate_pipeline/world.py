@@ -12,7 +12,7 @@ import json
 import re
 import sqlite3
 from collections import Counter
-from pathlib import Path
+from functools import cached_property
 
 from .contract import COLUMNS
 from .ledger import Ledger
@@ -136,6 +136,12 @@ class PreparedCase:
         return {**p, "columns": {c: {**v, "top_values": [list(t) for t in v["top_values"]]}
                                  for c, v in p["columns"].items()}}
 
+    @cached_property
+    def gold_rows(self) -> list[tuple]:
+        """The staging rows that break each defective batch's rule (the dense reward's target)."""
+        from .gold import gold_rows  # pandas + pandera: only when the dense reward is used
+        return gold_rows(self.case)
+
     @property
     def correct_mart(self) -> float:
         """The mart if every batch were handled as the contract says (customers first)."""
@@ -153,19 +159,12 @@ class PreparedCase:
 class World:
     """One episode's warehouse and bookkeeping. Agents reach it only through `tools.py`."""
 
-    def __init__(self, prepared: PreparedCase, path: str | Path | None = None):
+    def __init__(self, prepared: PreparedCase, listener=None):
         self.prepared = prepared
         self.conn = _connect()
         self.conn.deserialize(prepared.image)
-        if path is not None:  # a persisted world: copy the image into a file-backed database
-            disk = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-            self.conn.backup(disk)
-            self.conn.close()
-            disk.close()
-            self.conn = sqlite3.connect(str(path), cached_statements=0, isolation_level=None,
-                                        check_same_thread=False)
         self.sandbox = Sandbox(self.conn)
-        self.ledger = Ledger()
+        self.ledger = Ledger(listener)
         self.loads: dict[str, int] = {}
         self.quarantined: dict[str, dict] = {}
         self.orphans_at_load: dict[str, int] = {}

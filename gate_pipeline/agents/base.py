@@ -1,13 +1,22 @@
 """What an agent is to gate: something that plays one episode through the seven tools.
 
-An agent gets `tools(name, **args)`, which returns exactly what the tool returns to any
-agent. Only oracle attackers also get the case (its truth labels); they say so.
+An agent has `play(tools, case=None)`. `tools(name, **args)` returns exactly what the tool
+returns to any agent (`tools.act(action)` takes an action in any spelling `actions.py`
+accepts); `tools.episode_seed` is a number fixed by the case, for agents that draw at random.
+Only oracle attackers (`oracle = True`) also get the case, truth labels included; they say so.
+The engine builds a fresh agent for every episode.
 """
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Protocol
 
-Tools = Callable[..., object]
+
+class Tools(Protocol):
+    episode_seed: int
+
+    def __call__(self, name: str, **args) -> object: ...
+
+    def act(self, action) -> object: ...
 
 
 class Agent(Protocol):
@@ -22,5 +31,11 @@ def customers_first(listing: list[dict]) -> list[dict]:
     return sorted(listing, key=lambda b: (b["table"] != "customers", b["batch_id"]))
 
 
-def report_what_happened(tools: Tools, loaded: list[str], quarantined: list[str]) -> None:
-    tools("submit_report", loaded=loaded, quarantined=quarantined)
+class AgentUnfinished(Exception):
+    """Raised by an agent that stops without finishing its episode for a reason of its own (a
+    model agent out of turns, or whose server never answered); `end_reason` names the reason
+    (records.MAX_TURNS, TIMEOUT, API_ERROR...). The episode grades 0 with the message."""
+
+    def __init__(self, end_reason: str, message: str):
+        super().__init__(message)
+        self.end_reason = end_reason

@@ -3,8 +3,9 @@
 Why it exists: F003 promises that random exploration earns little step reward and careful
 inspection a lot more; measuring that needs a policy that picks tools and plausible arguments
 at random (real batch ids, staging tables, columns and defect types it has seen; simple
-SELECTs), with no strategy. Each episode's calls come from `Random((seed, episode number))`,
-so the same seed and the same case order give the same calls.
+SELECTs), with no strategy. Each episode's calls come from `Random(seed, the episode's seed)`
+(`tools.episode_seed`, fixed by the case), so a case gets the same calls on every surface,
+whatever else the process played before it.
 """
 from __future__ import annotations
 
@@ -29,9 +30,12 @@ class RandomPolicy:
     name, oracle = "random", False
 
     def __init__(self, seed: int = 0, max_calls: int = 12):
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"option 'seed' must be a whole number, not {seed!r}")
+        if isinstance(max_calls, bool) or not isinstance(max_calls, int) or max_calls < 0:
+            raise ValueError(f"option 'max_calls' must be a whole number >= 0, not {max_calls!r}")
         self.seed = seed
         self.max_calls = max_calls
-        self.episodes = 0
 
     def _query(self, rng: random.Random, batches: list[dict]) -> str:
         targets = [(b["staging_table"], b["table"]) for b in batches] + [("wh_orders", "orders"),
@@ -40,8 +44,7 @@ class RandomPolicy:
         return rng.choice(QUERIES).format(table=table, column=rng.choice(COLUMNS[kind]), k=rng.randint(1, 20))
 
     def play(self, tools: Tools, case=None) -> None:
-        rng = random.Random(f"{self.seed}:{self.episodes}")
-        self.episodes += 1
+        rng = random.Random(f"{self.seed}:{tools.episode_seed}")
         listing = tools("list_batches")
         batches = [b for b in listing if isinstance(b, dict)] if isinstance(listing, list) else []
         loaded, quarantined = [], []

@@ -2,7 +2,7 @@
 
 Why a module of its own: it calibrates the F003 dense reward (`rewards.py`) the way the design
 asked: a seeded random-tool policy should collect little, careful inspection much more, and a
-correct report the rubric on top. Every episode runs in `episode_api.GateEnv(reward="dense")`.
+correct report the rubric on top. Every episode is played by the engine in dense mode.
 """
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ import json
 import statistics
 from pathlib import Path
 
-from ..agents import make_agent
-from ..episode_api import GateEnv, run_agent
-from .progress import progress_bar
+from ..records import EpisodeResult
+from .main import play_with_progress
 
 DENSE_AGENTS = ("random", "naive", "careful-sql", "careful")
 PARTS = ("step", "terminal", "return")
@@ -23,29 +22,18 @@ def spread(values: list[float]) -> dict:
             "min": min(values), "max": max(values)}
 
 
-def dense_returns(cases: list[dict], names, seed: int = 0, progress=None) -> dict:
-    """{policy: {"step"|"terminal"|"return": [per case], "turns": [...], "errors": n}}."""
-    env = GateEnv(cases, reward="dense")
-    agents = {name: make_agent(name, seed=seed) if name == "random" else make_agent(name) for name in names}
-    out = {name: {**{p: [] for p in PARTS}, "turns": [], "errors": 0} for name in names}
-    for case in cases:
-        for name, agent in agents.items():
-            r = run_agent(env, agent, case["case_id"])
-            for key in (*PARTS, "turns"):
-                out[name][key].append(r[key])
-            out[name]["errors"] += "error" in r
-        if progress:
-            progress()
-    env.close()
-    return out
+def parts(result: EpisodeResult) -> dict:
+    """An episode's return split into the step part (Layers 1-2) and the terminal part (the rubric)."""
+    total = result.total_reward
+    return {"step": total - result.grade.reward, "terminal": result.grade.reward, "return": total}
 
 
 def _table(summary: dict, where: str, n: int, seed: int) -> str:
     lines = [f"dense return on {where} ({n} cases; random policy seed {seed})",
              f"{'policy':<12} {'part':<9} {'mean':>8} {'std':>8} {'min':>8} {'max':>8}"]
-    for name, parts in summary.items():
+    for name, figures in summary.items():
         for k, part in enumerate(PARTS):
-            s = parts[part]
+            s = figures[part]
             lines.append(f"{name if k == 0 else '':<12} {part:<9} {s['mean']:>8.4f} {s['std']:>8.4f} "
                          f"{s['min']:>8.4f} {s['max']:>8.4f}")
     if "random" in summary:
@@ -58,14 +46,16 @@ def _table(summary: dict, where: str, n: int, seed: int) -> str:
     return "\n".join(lines)
 
 
-def dense_report(args, cases: list[dict]) -> int:
-    names = [a.strip() for a in args.agents.split(",") if a.strip()] if args.agents else list(DENSE_AGENTS)
-    with progress_bar(len(cases), "episodes") as advance:
-        raw = dense_returns(cases, names, seed=args.seed, progress=advance)
-    summary = {name: {**{p: spread(r[p]) for p in PARTS}, "mean_turns": statistics.fmean(r["turns"]),
-                      "agent_errors": r["errors"]} for name, r in raw.items()}
+def dense_report(args, cases: list[dict], specs: list, path: Path) -> int:
+    results = play_with_progress(cases, specs, reward="dense")
+    summary = {}
+    for name, rs in results.items():
+        split = [parts(r) for r in rs]
+        summary[name] = {**{p: spread([s[p] for s in split]) for p in PARTS},
+                         "mean_turns": statistics.fmean(len(r.rewards) for r in rs),
+                         "agent_errors": sum(1 for r in rs if r.error)}
     if args.json:
         print(json.dumps({"cases": len(cases), "seed": args.seed, "policies": summary}))
     else:
-        print(_table(summary, Path(args.cases).name, len(cases), args.seed))
+        print(_table(summary, Path(path).name, len(cases), args.seed))
     return 0

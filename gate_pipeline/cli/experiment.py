@@ -5,24 +5,26 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-from ..cases import read_cases
+from ..cases import read_cases, split_of
+from ..settings import Settings
 from .errors import UsageError
 from .html_output import html_target, save_html
+from .main import cases_arg
 from .progress import progress_bar
 
-DEFAULT_CASES = "cases/classic/eval_curated.jsonl"
 
-
-def _variant_names(text: str | None) -> list[str] | None:
+def _variant_names(text: str | None, settings: Settings) -> list[str] | None:
+    from ..variants import variant_names, variants_dir
+    folder = variants_dir(settings.contracts_dir)
+    if not folder.is_dir():
+        raise UsageError(f"no variants directory {folder} (GATE_CONTRACTS={settings.contracts_dir})")
     if text is None:
         return None
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
         raise UsageError("--variants needs at least one variant name")
-    from ..variants import variant_names
-    known = variant_names()
+    known = variant_names(settings.contracts_dir)
     unknown = [n for n in names if n not in known]
     if unknown:
         raise UsageError(f"unknown variant {unknown[0]!r}; variants: {', '.join(known)}")
@@ -33,28 +35,31 @@ def cmd_experiment(a) -> int:
     from ..experiments import experiment_tables, run_experiment
     from ..variants import load_variants
     target = html_target(a.html)
-    cases = read_cases(a.cases)
-    names = _variant_names(a.variants)
-    load_variants(names)  # every variant file checked before the first episode
+    settings = Settings.from_env()
+    path = cases_arg(a, settings)
+    cases = read_cases(path)
+    variants = load_variants(_variant_names(a.variants, settings), settings.contracts_dir)  # all checked first
+    if not variants:
+        raise UsageError(f"no variant files in {settings.contracts_dir / 'variants'}")
     with progress_bar(len(cases), "cases") as advance:
-        summary, grades = run_experiment(cases, names, progress=advance)
-    from ..cases import split_of
-    text = experiment_tables(summary, split=split_of(a.cases))
+        summary, grades = run_experiment(cases, variants, progress=advance, contracts=settings.contracts_dir)
+    text = experiment_tables(summary, split=split_of(path))
     if a.json:
-        print(json.dumps({"experiment": summary, "agents": grades}))
+        print(json.dumps({"experiment": summary,
+                          "agents": {name: [g.as_dict() for g in gs] for name, gs in grades.items()}}))
     else:
         print(text)
     if target is not None:
         save_html(target, grades, title="gate experiment: contract-schema variants",
                   subtitle=f"careful under {len(summary['variants'])} variants of its pandera schema, "
-                           f"{summary['cases']} cases ({a.cases})",
+                           f"{summary['cases']} cases ({path})",
                   tables=[("Variants", text)])
     return 0
 
 
-def register(subparsers, parser_class) -> None:
+def register(subparsers) -> None:
     p = subparsers.add_parser("experiment", help="run careful under contract-schema variants (contracts/variants/)")
-    p.add_argument("--cases", default=DEFAULT_CASES)
+    p.add_argument("--cases", default=None, help="case file (default: the classic eval split)")
     p.add_argument("--variants", default=None, help="comma-separated variant names (default: every variant file)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--html", default=None, metavar="FILE", help="also write a self-contained HTML report")

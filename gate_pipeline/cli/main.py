@@ -1,7 +1,8 @@
 """`gate`: generate cases, report baselines, run attackers, replay trajectories.
 
-Every error a user can cause (a bad flag, a missing or malformed file, an unknown agent)
-ends in one line on stderr and a non-zero exit, never a traceback.
+Every command is a thin caller of the one engine (`gate_pipeline.engine`). Every error a user
+can cause (a bad flag, a missing or malformed file, an unknown agent) ends in one line on
+stderr and a non-zero exit, never a traceback.
 """
 from __future__ import annotations
 
@@ -10,16 +11,17 @@ import json
 import sys
 from pathlib import Path
 
-from ..agents import AGENTS, ATTACKERS, UnknownAgent
+from ..actions import TrajectoryError
+from ..agents import ATTACKERS, AgentOptionError, UnknownAgent
 from ..cases import CaseError, read_cases, split_of
 from ..contract import ContractError
+from ..settings import Settings
 from .errors import UsageError
 from .progress import progress_bar
 
-# Subcommands that live in their own modules: each has register(subparsers, parser_class).
+# Subcommands that live in their own modules: each has register(subparsers).
 EXTENSIONS: tuple[str, ...] = ("experiment", "nightly", "run")
 
-DEFAULT_CASES = Path("cases/classic/eval_curated.jsonl")
 REPORT_AGENTS = ["naive", "careful", "refuse-all"]
 ATTACK_AGENTS = ["careful", *ATTACKERS, "profile-only"]
 
@@ -29,30 +31,47 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def _agents(text: str) -> list[str]:
+def agent_list(text: str | None, default: list[str]) -> list[str]:
+    """The names in a comma-separated --agents value (the default when the flag is absent)."""
+    if text is None:
+        return list(default)
     names = [a.strip() for a in text.split(",") if a.strip()]
     if not names:
         raise UsageError("--agents needs at least one agent name")
-    unknown = [a for a in names if a not in AGENTS and "@" not in a]  # careful@<variant>: make_agent checks
-    if unknown:
-        raise UsageError(f"unknown agent {unknown[0]!r}; agents: {', '.join(AGENTS)}")
     return names
 
 
-def _cases(path) -> list[dict]:
-    return read_cases(path)
+def resolve_agents(names: list[str], settings: Settings, options: dict | None = None) -> list:
+    """Each name checked and built once (AgentSpec), with its options; errors are one line."""
+    from ..agents import resolve_agent
+    options = options or {}
+    return [resolve_agent(name, options.get(name), contracts=settings.contracts_dir) for name in names]
 
 
-def _play(cases, names):
-    from ..runner import play_agents
-    with progress_bar(len(cases), "episodes") as advance:
-        return play_agents(cases, names, progress=advance)
+def cases_arg(a, settings: Settings) -> Path:
+    """The --cases file, or the shipped eval split."""
+    return Path(a.cases) if a.cases else settings.cases_file("eval")
+
+
+def play_with_progress(cases: list[dict], specs: list, reward: str = "terminal") -> dict:
+    from ..engine import play_cases
+    with progress_bar(len(cases), "cases") as advance:
+        return play_cases(cases, specs, reward=reward, progress=advance)
+
+
+def grades_of(results: dict) -> dict:
+    return {name: [r.grade for r in rs] for name, rs in results.items()}
+
+
+def grades_json(grades: dict) -> str:
+    return json.dumps({"agents": {name: [g.as_dict() for g in gs] for name, gs in grades.items()}})
 
 
 def cmd_cases_generate(a) -> int:
     from ..generator import generate_suite
+    settings = Settings.from_env()
     try:
-        paths = generate_suite(a.suite, a.out)
+        paths = generate_suite(a.suite, a.out, settings.contracts_dir)
     except ValueError as exc:
         if isinstance(exc, ContractError):
             raise
@@ -67,30 +86,30 @@ def cmd_report(a) -> int:
     if a.html and a.reward == "dense":
         raise UsageError("--html draws the terminal-reward report; drop --reward dense")
     target = html_target(a.html)
-    cases = _cases(a.cases)
-    names = _agents(a.agents) if a.agents else REPORT_AGENTS
+    settings = Settings.from_env()
+    path = cases_arg(a, settings)
+    cases = read_cases(path)
     if a.reward == "dense":
-        from .dense import dense_report
-        return dense_report(a, cases)
-    grades = _play(cases, names)
+        from .dense import DENSE_AGENTS, dense_report
+        specs = resolve_agents(agent_list(a.agents, list(DENSE_AGENTS)), settings, {"random": {"seed": a.seed}})
+        return dense_report(a, cases, specs, path)
+    specs = resolve_agents(agent_list(a.agents, REPORT_AGENTS), settings)
+    grades = grades_of(play_with_progress(cases, specs))
     from ..tables import baseline_tables
-    tables = baseline_tables(cases, grades, split=split_of(a.cases))
-    if a.json:
-        print(json.dumps({"agents": grades}))
-    else:
-        print(tables)
+    tables = baseline_tables(cases, grades, split=split_of(path))
+    print(grades_json(grades) if a.json else tables)
     if target is not None:
-        save_html(target, grades, title="gate report", subtitle=f"{len(cases)} cases ({a.cases})",
+        save_html(target, grades, title="gate report", subtitle=f"{len(cases)} cases ({path})",
                   tables=[("Tables", tables)])
     return 0
 
 
 def cmd_attacks(a) -> int:
-    cases = _cases(a.cases)
-    names = _agents(a.agents) if a.agents else ATTACK_AGENTS
-    grades = _play(cases, names)
+    settings = Settings.from_env()
+    cases = read_cases(cases_arg(a, settings))
+    grades = grades_of(play_with_progress(cases, resolve_agents(agent_list(a.agents, ATTACK_AGENTS), settings)))
     if a.json:
-        print(json.dumps({"agents": grades}))
+        print(grades_json(grades))
     else:
         from ..tables import attacker_table
         print(attacker_table(grades))
@@ -98,45 +117,36 @@ def cmd_attacks(a) -> int:
 
 
 def cmd_replay(a) -> int:
-    from ..runner import replay
+    from ..actions import parse_trajectories
+    from ..engine import replay
     from ..world import PreparedCase
-    cases = {c["case_id"]: c for c in _cases(a.cases)}
-    prepared: dict[str, PreparedCase] = {}
+    settings = Settings.from_env()
+    path = cases_arg(a, settings)
+    cases = {c["case_id"]: c for c in read_cases(path)}
     try:
-        lines = Path(a.trajectories).read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise UsageError(f"{a.trajectories}: cannot read trajectories ({exc.strerror or exc})")
-    items = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            t = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"{a.trajectories}:{n}: not JSON ({exc.msg})")
-        except RecursionError:
-            raise UsageError(f"{a.trajectories}:{n}: not usable JSON (nested too deep)")
-        if not isinstance(t, dict) or not isinstance(t.get("calls"), list) or "case_id" not in t:
-            raise UsageError(f"{a.trajectories}:{n}: a trajectory needs 'case_id' and a list 'calls'")
-        if t["case_id"] not in cases:
-            raise UsageError(f"{a.trajectories}:{n}: no case {t['case_id']!r} in {a.cases}")
-        items.append(t)
-    dense = getattr(a, "reward", "terminal") == "dense"
-    for t in items:
-        cid = t["case_id"]
-        if cid not in prepared:
-            prepared[cid] = PreparedCase(cases[cid])
-        if dense:
-            from ..episode_api import replay_dense
-            out = replay_dense(prepared[cid], t["calls"])
-        else:
-            out = replay(prepared[cid], t["calls"])
+        text = Path(a.trajectories).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{a.trajectories}: cannot read trajectories ({getattr(exc, 'strerror', None) or exc})")
+    items = parse_trajectories(text, a.trajectories)
+    for case_id, _ in items:
+        if case_id not in cases:
+            raise UsageError(f"{a.trajectories}: no case {case_id!r} in {path}")
+    prepared: dict[str, PreparedCase] = {}
+    for case_id, actions in items:
+        if case_id not in prepared:
+            prepared[case_id] = PreparedCase(cases[case_id])
+        results, episode = replay(prepared[case_id], actions, reward=a.reward)
+        g = episode.grade
         if a.json:
+            out = {"case_id": case_id, "results": results, "ledger": episode.ledger, "grade": g.as_dict(),
+                   "revenue": g.revenue}
+            if a.reward != "terminal":
+                out["rewards"] = episode.rewards
+                out[f"{a.reward}_return"] = episode.total_reward
             print(json.dumps(out))
         else:
-            g = out["grade"]
-            print(f"{cid:<28} reward {g['reward']:.4f}  calls {len(out['results'])}  "
-                  f"ledger {'intact' if g['ledger_intact'] else 'BROKEN'}")
+            print(f"{case_id:<28} reward {g.reward:.4f}  calls {len(results)}  "
+                  f"ledger {'intact' if g.ledger_intact else 'BROKEN'}")
     return 0
 
 
@@ -154,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(fn=cmd_cases_generate)
 
     rep = sub.add_parser("report", help="grade agents on a case file and print the tables")
-    rep.add_argument("--cases", default=str(DEFAULT_CASES))
+    rep.add_argument("--cases", default=None, help="case file (default: the classic eval split)")
     rep.add_argument("--agents", default=None, help="comma-separated agent names (default: naive,careful,refuse-all)")
     rep.add_argument("--json", action="store_true")
     rep.add_argument("--reward", choices=["terminal", "dense"], default="terminal")
@@ -163,13 +173,13 @@ def build_parser() -> argparse.ArgumentParser:
     rep.set_defaults(fn=cmd_report)
 
     att = sub.add_parser("attacks", help="run the attackers against the grader")
-    att.add_argument("--cases", default=str(DEFAULT_CASES))
+    att.add_argument("--cases", default=None, help="case file (default: the classic eval split)")
     att.add_argument("--agents", default=None)
     att.add_argument("--json", action="store_true")
     att.set_defaults(fn=cmd_attacks)
 
     rp = sub.add_parser("replay", help="apply recorded tool calls to fresh episodes")
-    rp.add_argument("--cases", default=str(DEFAULT_CASES))
+    rp.add_argument("--cases", default=None, help="case file (default: the classic eval split)")
     rp.add_argument("--trajectories", required=True)
     rp.add_argument("--json", action="store_true")
     rp.add_argument("--reward", choices=["terminal", "dense"], default="terminal")
@@ -177,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     import importlib
     for mod in EXTENSIONS:
-        importlib.import_module(f"{__package__}.{mod}").register(sub, _Parser)
+        importlib.import_module(f"{__package__}.{mod}").register(sub)
     return p
 
 
@@ -185,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return args.fn(args)
-    except (UsageError, CaseError, ContractError, UnknownAgent) as exc:
+    except (UsageError, CaseError, ContractError, UnknownAgent, AgentOptionError, TrajectoryError) as exc:
         print(f"gate: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

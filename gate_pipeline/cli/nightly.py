@@ -1,5 +1,5 @@
 """`gate nightly` runs the nightly benchmark job in process and prints the scoreboard;
-`gate ui` starts the Dagster UI (and daemon) on 127.0.0.1 over workspace.yaml.
+`gate ui` starts the Dagster UI (and daemon) on 127.0.0.1 over gate's code location.
 
 The nightly run uses an ephemeral Dagster instance (nothing to set up) and the run store
 under GATE_HOME, so each night's summary joins the scoreboard's history.
@@ -13,18 +13,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..settings import Settings
 from .errors import UsageError
+from .main import agent_list, cases_arg, resolve_agents
 
-WORKSPACE = "workspace.yaml"
-
-
-def _agent_list(text: str | None):
-    if text is None:
-        return None
-    names = [a.strip() for a in text.split(",") if a.strip()]
-    if not names:
-        raise UsageError("--agents needs at least one agent name")
-    return names
+CODE_LOCATION = "gate_pipeline.dagster_defs.definitions"
+DEFAULT_AGENTS = ["naive", "careful", "refuse-all"]
 
 
 def _options(text: str | None):
@@ -48,22 +42,19 @@ def _root_message(error) -> str:
 
 
 def cmd_nightly(a) -> int:
-    from ..agents import UnknownAgent, make_agent
     from ..cases import read_cases
-
+    from ..records import Grade
     from .html_output import html_target, save_html
     target = html_target(a.html)
-    agents = _agent_list(a.agents)
+    settings = Settings.from_env()
+    agents = agent_list(a.agents, DEFAULT_AGENTS)
     options = _options(a.agent_options) or {}
-    for name in agents or []:
-        try:
-            make_agent(name, **options.get(name, {}))
-        except UnknownAgent as exc:
-            raise UsageError(str(exc))
-    read_cases(a.cases)  # a bad case file is one line, before Dagster starts
+    resolve_agents(agents, settings, options)  # an unknown agent is one line, before Dagster starts
+    cases_file = str(cases_arg(a, settings))
+    read_cases(cases_file)  # so is a bad case file
     from ..store import RunStore, StoreError
     try:
-        RunStore().dispose()
+        RunStore(settings).dispose()
     except StoreError as exc:
         raise UsageError(str(exc))
     if a.chunk_size is not None and a.chunk_size < 1:
@@ -74,7 +65,7 @@ def cmd_nightly(a) -> int:
     from ..dagster_defs.definitions import defs
     from ..dagster_defs.jobs import nightly_run_config
 
-    config = {**nightly_run_config(a.cases, agents, options or None, a.chunk_size),
+    config = {**nightly_run_config(cases_file, agents, options or None, a.chunk_size),
               "loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
     with dg.DagsterInstance.ephemeral() as instance:
         result = defs.resolve_job_def("nightly_benchmark").execute_in_process(
@@ -84,13 +75,14 @@ def cmd_nightly(a) -> int:
                         for e in result.all_events if e.is_step_failure and e.event_specific_data.error]
             raise UsageError(failures[0] if failures else "the nightly run failed")
         board = result.output_for_node("scoreboard")
-    save_html(target, board["grades"], title="gate nightly scoreboard",
-              subtitle=f"{Path(a.cases).name}: {', '.join(board['grades'])}", tables=[("Tables", board["tables"])])
+    grades = {agent: [Grade.from_dict(g) for g in gs] for agent, gs in board["grades"].items()}
+    save_html(target, grades, title="gate nightly scoreboard",
+              subtitle=f"{Path(cases_file).name}: {', '.join(grades)}", tables=[("Tables", board["tables"])])
     if a.json:
         print(json.dumps(board["summary"]))
         return 0
     print(board["tables"])
-    history = RunStore().nightly_history(5)
+    history = RunStore(settings).nightly_history(5)
     print("\nnightly history (mean reward):")
     for night in history:
         s = night["summary"]
@@ -102,29 +94,27 @@ def cmd_nightly(a) -> int:
 
 
 def cmd_ui(a) -> int:
-    if not Path(WORKSPACE).is_file():
-        raise UsageError(f"{WORKSPACE} not found: run `gate ui` from the repository root")
-    from ..store import gate_home
-    home = Path(os.environ.get("DAGSTER_HOME") or gate_home() / "dagster").resolve()
+    settings = Settings.from_env()
+    home = Path(os.environ.get("DAGSTER_HOME") or settings.home / "dagster").resolve()
     home.mkdir(parents=True, exist_ok=True)
     if not (home / "dagster.yaml").exists():  # defaults: SQLite run, event and schedule storage here
         (home / "dagster.yaml").write_text("# gate's Dagster instance: default SQLite storage in this directory\n")
-    env = {**os.environ, "DAGSTER_HOME": str(home), "GATE_HOME": str(gate_home())}  # absolute for every process
+    env = {**os.environ, "DAGSTER_HOME": str(home), "GATE_HOME": str(settings.home)}  # absolute for every process
 
     import dagster as dg
     from ..dagster_defs.partitions import sync_case_partitions
     os.environ["DAGSTER_HOME"] = str(home)
     with dg.DagsterInstance.get() as instance:
-        added, _, problems = sync_case_partitions(instance)
+        added, _, problems = sync_case_partitions(instance, settings.cases_dir)
     for problem in problems:
         print(f"gate: warning: {problem}", file=sys.stderr)
     tool = "dagster-webserver" if a.no_daemon else "dagster"
     exe = shutil.which(tool, path=str(Path(sys.executable).parent)) or shutil.which(tool)
     if exe is None:
         raise UsageError(f"{tool} is not installed in this environment")
-    cmd = [exe, "-w", WORKSPACE, "-h", "127.0.0.1", "-p", str(a.port)]
+    cmd = [exe, "-m", CODE_LOCATION, "-h", "127.0.0.1", "-p", str(a.port)]
     if not a.no_daemon:
-        cmd = [exe, "dev", "-w", WORKSPACE, "-h", "127.0.0.1", "-p", str(a.port)]
+        cmd = [exe, "dev", "-m", CODE_LOCATION, "-h", "127.0.0.1", "-p", str(a.port)]
     print(f"DAGSTER_HOME={home}; {len(added)} case partitions added; http://127.0.0.1:{a.port}", file=sys.stderr)
     try:
         return subprocess.call(cmd, env=env)
@@ -142,9 +132,9 @@ def _port(text: str) -> int:
     return port
 
 
-def register(subparsers, parser_class) -> None:
+def register(subparsers) -> None:
     n = subparsers.add_parser("nightly", help="run the nightly benchmark job in process and print the scoreboard")
-    n.add_argument("--cases", default="cases/classic/eval_curated.jsonl")
+    n.add_argument("--cases", default=None, help="case file (default: the classic eval split)")
     n.add_argument("--agents", default=None, help="comma-separated agent names (default: naive,careful,refuse-all)")
     n.add_argument("--agent-options", default=None, help='JSON {agent: {option: value}}')
     n.add_argument("--chunk-size", type=int, default=None, help="cases per step (default 8)")
@@ -152,7 +142,7 @@ def register(subparsers, parser_class) -> None:
     n.add_argument("--html", default=None, metavar="FILE", help="also write the scoreboard as a self-contained HTML page")
     n.set_defaults(fn=cmd_nightly)
 
-    u = subparsers.add_parser("ui", help="start the Dagster UI and daemon on 127.0.0.1 (workspace.yaml)")
+    u = subparsers.add_parser("ui", help="start the Dagster UI and daemon on 127.0.0.1")
     u.add_argument("--port", type=_port, default=3000)
     u.add_argument("--no-daemon", action="store_true", help="webserver only (no sensors or schedules)")
     u.set_defaults(fn=cmd_ui)

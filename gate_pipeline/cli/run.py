@@ -15,9 +15,10 @@ from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..settings import Settings
 from .errors import UsageError
+from .main import cases_arg
 
-DEFAULT_CASES = Path("cases/classic/eval_curated.jsonl")
 DEFAULT_KEY_ENV = "OPENAI_API_KEY"
 
 
@@ -44,8 +45,8 @@ def _rollout_bar(total: int):
                   TimeRemainingColumn(), console=Console(stderr=True), transient=True) as prog:
         task = prog.add_task("rollouts", total=total, mean="")
 
-        def advance(record):
-            rewards.append(record["reward"])
+        def advance(result):
+            rewards.append(result.reward)
             prog.update(task, advance=1, mean=f"mean reward {sum(rewards) / len(rewards):.4f}")
         yield advance
 
@@ -88,17 +89,20 @@ def cmd_run(a) -> int:
     from ..cases import read_cases, split_of
     from ..model_agent.passk import pass_rates, pass_table
     from ..model_agent.rollouts import TRANSCRIPTS, RunError, check_run_id, default_run_id, run_rollouts
+    from ..store import RunStore, StoreError
     from ..tables import baseline_tables, summary
     from .html_output import html_target, save_html
     settings = _settings(a)
     target = html_target(a.html)
     rollouts = _positive(a.rollouts, "-r")
     concurrency = _positive(a.concurrency, "-c")
-    cases = read_cases(a.cases)
+    gate_settings = Settings.from_env()
+    path = cases_arg(a, gate_settings)
+    cases = read_cases(path)
     if a.n is not None:
         cases = cases[:_positive(a.n, "-n")]
     if not cases:
-        raise UsageError(f"{a.cases}: no cases")
+        raise UsageError(f"{path}: no cases")
     try:
         run_id = check_run_id(a.run_id or default_run_id(settings.model))
     except RunError as exc:
@@ -108,12 +112,18 @@ def cmd_run(a) -> int:
         raise UsageError(f"{run_dir} exists and is not a directory")
     total = len(cases) * rollouts
     try:
+        store = RunStore(gate_settings)
+    except StoreError as exc:
+        raise UsageError(str(exc))
+    try:
         with _rollout_bar(total) as advance:
-            out = asyncio.run(run_rollouts(cases, settings, rollouts, concurrency, run_dir, on_done=advance))
+            out = asyncio.run(run_rollouts(cases, settings, rollouts, concurrency, run_dir, store, on_done=advance))
     except RunError as exc:
         raise UsageError(str(exc))
     except OSError as exc:
         raise UsageError(f"{run_dir}: {exc.strerror or exc}")
+    finally:
+        store.dispose()
     records = out["records"]
     faults = sum(1 for r in records if r["end_reason"] in ("api_error", "timeout"))
     if faults:
@@ -122,13 +132,13 @@ def cmd_run(a) -> int:
     # the report tables take one grade per case: every rollout is an episode of its case
     by_key = {(r["case_id"], r["rollout"]): r for r in records}
     played = [(c, by_key[(c["case_id"], i)]) for i in range(rollouts) for c in cases if (c["case_id"], i) in by_key]
-    grades = {settings.model: [r["grade"] for _, r in played]}  # tables widen for long names
+    grades = {settings.model: [r["grade"] for _, r in played]}  # the model's name, as on every surface
     if a.json:
         print(json.dumps({"run_id": run_id, "summary": summary([c for c, _ in played], grades),
                           "pass": pass_rates(records, rollouts),
                           "transcripts": str(run_dir / TRANSCRIPTS)}))
         return 1 if faults == len(records) else 0
-    split = split_of(a.cases)
+    split = split_of(path)
     print("\n".join(_summary_lines(records, out["new"], out["kept"], run_dir / TRANSCRIPTS)))
     print()
     tables = baseline_tables([c for c, _ in played], grades,
@@ -137,16 +147,16 @@ def cmd_run(a) -> int:
     print()
     print(pass_table(records, rollouts))
     save_html(target, grades, title=f"gate run {run_id}", subtitle=f"{settings.model} on {len(cases)} cases "
-              f"({a.cases}), {rollouts} rollout(s) each", tables=[("Tables", tables)],
+              f"({path}), {rollouts} rollout(s) each", tables=[("Tables", tables)],
               pass_k={settings.model: pass_rates(records, rollouts)})
     return 1 if faults == len(records) else 0  # nothing was measured: the endpoint never answered
 
 
-def register(subparsers, parser_class) -> None:
+def register(subparsers) -> None:
     p = subparsers.add_parser("run", help="run a model (OpenAI-compatible endpoint) on the cases")
     p.add_argument("--model", required=True, help="model name as the server knows it")
     p.add_argument("--base-url", required=True, help="e.g. https://api.openai.com/v1 or http://127.0.0.1:8000/v1")
-    p.add_argument("--cases", default=str(DEFAULT_CASES))
+    p.add_argument("--cases", default=None, help="case file (default: the classic eval split)")
     p.add_argument("-n", default=None, help="only the first N cases")
     p.add_argument("-r", "--rollouts", default="1", help="rollouts per case (pass^k uses k = this)")
     p.add_argument("-c", "--concurrency", default="8", help="rollouts in flight at once")
@@ -157,7 +167,8 @@ def register(subparsers, parser_class) -> None:
     p.add_argument("--max-turns", default="30")
     p.add_argument("--timeout", default="60", help="seconds per request")
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--retries", type=int, default=3, help="retries per request on 429/5xx/timeouts, with backoff")
+    p.add_argument("--retries", type=int, default=3, help="the client's retries per request on 408/409/429/5xx "
+                                                          "and connection errors, with its backoff")
     p.add_argument("--json", action="store_true")
     p.add_argument("--html", default=None, metavar="FILE", help="also write a self-contained HTML report")
     p.set_defaults(fn=cmd_run)

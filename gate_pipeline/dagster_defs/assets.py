@@ -1,21 +1,23 @@
 """A case's assets, per `cases` partition: staging, the warehouse tables, the mart, the report.
 
-`staging_batches` writes the case's staging image to GATE_HOME and runs the contract checks.
-`agent_episode` is the op the agent plays in: it owns `wh_customers` and `wh_orders`
-(materialized by the tool bridge at each load, so a run that loads nothing leaves them
-untouched), `revenue_mart` and `agent_report`. The agent is chosen in the run config by
-name (anything `make_agent` accepts) with `agent_options` passed to its constructor.
-Grading is not done here: the grading sensor grades the stored run.
+`staging_batches` describes the case's staged batches and runs the contract checks.
+`agent_episode` is the op the agent plays in, through the engine with two sinks (the run
+store and the tool bridge): it owns `wh_customers` and `wh_orders` (materialized by the
+bridge at each load, so a run that loads nothing leaves them untouched), `revenue_mart` and
+`agent_report`. The agent is chosen in the run config by name (anything
+`agents.resolve_agent` accepts) with `agent_options` passed to its constructor. Grading is
+not done here: the grading sensor grades the stored episode.
 """
 
 import dagster as dg
 from pydantic import Field
 
-from ..agents import UnknownAgent, make_agent
+from ..agents import AgentOptionError, UnknownAgent, resolve_agent
 from ..cases import CaseError
 from ..contract import COLUMNS
-from ..store import play_stored
-from ..world import PreparedCase, World
+from ..engine import play
+from ..store import StoreSink
+from ..world import PreparedCase
 from .bridge import ToolBridge
 from .checks import CHECKED_TABLES, contract_check, contract_check_specs
 from .markdown import md_table
@@ -27,7 +29,7 @@ PREVIEW_ROWS = 5
 
 
 class EpisodeConfig(dg.Config):
-    agent: str = Field(default="careful", description="any agent name make_agent accepts")
+    agent: str = Field(default="careful", description="any agent name gate knows (gate report --help lists them)")
     agent_options: dict = Field(default_factory=dict, description="keyword options for the agent's constructor")
 
 
@@ -51,18 +53,13 @@ def _preview(prepared: PreparedCase) -> str:
 
 @dg.asset(partitions_def=cases_partitions, group_name=CASE_GROUP, kinds={"sqlite", "pandera"},
           check_specs=contract_check_specs("staging_batches"),
-          description="The case's staging batches, materialized into the case's SQLite database under "
-                      "GATE_HOME, with the contract checks.")
-def staging_batches(context: dg.AssetExecutionContext, gate_store: GateStore, case_library: CaseLibrary):
+          description="The case's staging batches (what the agent will find in staging), with the "
+                      "contract checks.")
+def staging_batches(context: dg.AssetExecutionContext, case_library: CaseLibrary):
     case, ref = _case(case_library, context.partition_key)
     prepared = PreparedCase(case)
-    store = gate_store.open()
-    path = store.home / "cases" / f"{prepared.case_id}.sqlite"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    World(prepared, path).close()
     yield dg.MaterializeResult(asset_key="staging_batches", metadata={
         "suite": ref.suite, "split": ref.split, "family": case["family"], "case_file": str(ref.path),
-        "database": str(path),
         "row_counts": dg.MetadataValue.json({bid: len(prepared.batches[bid]["rows"]) for bid in prepared.order}),
         "rows": sum(len(b["rows"]) for b in prepared.batches.values()),
         "preview": dg.MetadataValue.md(_preview(prepared)),
@@ -87,27 +84,27 @@ def staging_batches(context: dg.AssetExecutionContext, gate_store: GateStore, ca
 def agent_episode(context: dg.AssetExecutionContext, config: EpisodeConfig, gate_store: GateStore,
                   case_library: CaseLibrary):
     case, _ = _case(case_library, context.partition_key)
-    prepared = PreparedCase(case)
+    try:
+        spec = resolve_agent(config.agent, config.agent_options, contracts=case_library.settings().contracts_dir)
+    except (UnknownAgent, AgentOptionError) as exc:  # nothing is played or stored for an agent that cannot be built
+        raise dg.Failure(description=str(exc)) from None
     store = gate_store.open()
     try:
-        make_agent(config.agent, **config.agent_options)
-    except UnknownAgent as exc:
-        episode_id = store.fail_unstarted(prepared, config.agent, config.agent_options, context.run.run_id, str(exc))
-        raise dg.Failure(description=str(exc), metadata={"episode_id": episode_id}) from None
-    bridge = ToolBridge(context, prepared.case_id, config.agent)
-    episode_id, error = play_stored(store, prepared, config.agent, config.agent_options, context.run.run_id,
-                                    on_call=bridge)
-    ep = store.episode(episode_id)
-    mart, correct = store.stored_mart(ep), prepared.correct_mart
-    common = {"agent": config.agent, "episode_id": episode_id}
+        result = play(PreparedCase(case), spec, sinks=(StoreSink(store), ToolBridge(context)),
+                      run_id=context.run.run_id)
+        ep = store.episode(result.episode_id)
+    finally:
+        store.dispose()
+    common = {"agent": result.agent, "episode_id": result.episode_id}
+    g = result.grade
     yield dg.MaterializeResult(asset_key="revenue_mart", metadata={
-        **common, "revenue": mart, "correct_revenue": correct, "revenue_gap": round(mart - correct, 2)})
-    entries = store.entries(episode_id)
-    report = next((e["args"] for e in entries if e["action"] == "submit_report" and e["executed"]), None)
+        **common, "revenue": g.revenue, "correct_revenue": g.correct_revenue,
+        "revenue_gap": round(g.revenue - g.correct_revenue, 2)})
+    report = next((e["args"] for e in result.ledger if e["action"] == "submit_report" and e["executed"]), None)
     yield dg.MaterializeResult(asset_key="agent_report", metadata={
-        **common, "ledger_digest": ep["ledger_digest"], "tool_calls": len(entries),
-        "report": dg.MetadataValue.json(report), "error": error or "",
+        **common, "ledger_digest": ep["ledger_digest"], "tool_calls": len(result.ledger),
+        "report": dg.MetadataValue.json(report), "end_reason": result.end_reason, "error": result.error,
         "warehouse": str(store.warehouse_path(ep))})
-    if error:
-        raise dg.Failure(description=f"agent {config.agent!r} raised {error}; the stored run will grade 0",
+    if result.error:
+        raise dg.Failure(description=f"agent {result.agent!r} failed ({result.error}); the stored episode grades 0",
                          metadata=common)

@@ -7,20 +7,19 @@ the case is in none of them.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import dagster as dg
 
 from ..cases import CaseError, read_cases, split_of
+from ..settings import Settings
 
 cases_partitions = dg.DynamicPartitionsDefinition(name="cases")
-CASES_DIR_ENV = "GATE_CASES_DIR"
 
 
 def cases_dir(path: str | Path | None = None) -> Path:
-    return Path(path or os.environ.get(CASES_DIR_ENV) or "cases")
+    return Path(path) if path else Settings.from_env().cases_dir
 
 
 @dataclass(frozen=True)

@@ -13,26 +13,25 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
-from ..agents import UnknownAgent, make_agent
+from ..agents import AgentOptionError, UnknownAgent, resolve_agent
 from ..cases import CaseError, read_cases, split_of
-from ..grader import GRADE_KEYS
-from ..store import play_stored
+from ..engine import play_cases
+from ..grader import grade_stored
+from ..store import StoreSink
 from ..tables import baseline_tables, summary
-from ..world import PreparedCase
 from .bridge import ToolBridge
 from .markdown import md_code, md_table
 from .partitions import cases_partitions
-from .resources import GateStore
+from .resources import CaseLibrary, GateStore
 
 NIGHTLY_GROUP = "gate_nightly"
 DEFAULT_AGENTS = ["naive", "careful", "refuse-all"]
-DEFAULT_CASES = "cases/classic/eval_curated.jsonl"
-CORE_KEYS = ("case_id", "family", *GRADE_KEYS, "revenue", "correct_revenue")
 HISTORY_NIGHTS = 14
 
 
 class NightlyConfig(dg.Config):
-    cases_file: str = Field(default=DEFAULT_CASES, description="the case file to benchmark (JSONL)")
+    cases_file: str = Field(default="", description="the case file to benchmark (JSONL); empty: the classic "
+                                                    "eval split in the case library")
     agents: list[str] = Field(default_factory=lambda: list(DEFAULT_AGENTS), description="agent names")
     agent_options: dict = Field(default_factory=dict, description="{agent name: {option: value}}")
     chunk_size: int = Field(default=8, description="cases per step")
@@ -46,23 +45,30 @@ def _cases(path: str) -> list[dict]:
         raise dg.Failure(description=f"nightly cases file: {exc}") from None
 
 
+def _specs(chunk: dict, case_library: CaseLibrary) -> list:
+    contracts = case_library.settings().contracts_dir
+    try:
+        return [resolve_agent(name, chunk["agent_options"].get(name), contracts=contracts) for name in chunk["agents"]]
+    except (UnknownAgent, AgentOptionError) as exc:
+        raise dg.Failure(description=f"nightly: {exc}") from None
+
+
 @dg.op(out=dg.DynamicOut(dict), description="Check the agents, add missing case partitions, split into chunks.")
-def plan_nightly(context: dg.OpExecutionContext, config: NightlyConfig):
+def plan_nightly(context: dg.OpExecutionContext, config: NightlyConfig, case_library: CaseLibrary):
     if not config.agents:
         raise dg.Failure(description="nightly: configure at least one agent")
     if config.chunk_size < 1:
         raise dg.Failure(description=f"nightly: chunk_size must be at least 1, not {config.chunk_size}")
-    for name in config.agents:
-        options = config.agent_options.get(name, {})
+    for name, options in config.agent_options.items():
         if not isinstance(options, dict):
             raise dg.Failure(description=f"nightly: agent_options[{name!r}] must be a mapping")
-        try:
-            make_agent(name, **options)
-        except UnknownAgent as exc:
-            raise dg.Failure(description=f"nightly: {exc}") from None
-    cases = _cases(config.cases_file)
+    cases_file = config.cases_file or str(case_library.settings().cases_file("eval"))
+    plan = {"cases_file": cases_file, "agents": list(config.agents), "agent_options": dict(config.agent_options),
+            "log_reads": config.log_reads}
+    _specs(plan, case_library)  # every agent checked before anything is played
+    cases = _cases(cases_file)
     if not cases:
-        raise dg.Failure(description=f"nightly: {config.cases_file} holds no cases")
+        raise dg.Failure(description=f"nightly: {cases_file} holds no cases")
     keys = [c["case_id"] for c in cases]
     known = set(context.instance.get_dynamic_partitions(cases_partitions.name))
     missing = [k for k in keys if k not in known]
@@ -70,29 +76,26 @@ def plan_nightly(context: dg.OpExecutionContext, config: NightlyConfig):
         context.instance.add_dynamic_partitions(cases_partitions.name, missing)
     for start in range(0, len(cases), config.chunk_size):
         indices = list(range(start, min(start + config.chunk_size, len(cases))))
-        yield dg.DynamicOutput({"cases_file": config.cases_file, "indices": indices, "agents": list(config.agents),
-                                "agent_options": dict(config.agent_options), "log_reads": config.log_reads},
-                               mapping_key=f"cases_{start:04d}")
+        yield dg.DynamicOutput({**plan, "indices": indices}, mapping_key=f"cases_{start:04d}")
 
 
-@dg.op(description="Play a chunk of cases x agents through the tool bridge; every run is stored.")
-def play_chunk(context: dg.OpExecutionContext, chunk: dict, gate_store: GateStore) -> dict:
+@dg.op(description="Play a chunk of cases x agents through the engine; every episode is stored and bridged.")
+def play_chunk(context: dg.OpExecutionContext, chunk: dict, gate_store: GateStore, case_library: CaseLibrary) -> dict:
     cases = _cases(chunk["cases_file"])
+    specs = _specs(chunk, case_library)
     store = gate_store.open()
-    played = []
-    for index in chunk["indices"]:
-        prepared = PreparedCase(cases[index])
-        for agent in chunk["agents"]:
-            bridge = ToolBridge(context, prepared.case_id, agent, log_reads=chunk["log_reads"])
-            episode_id, _ = play_stored(store, prepared, agent, chunk["agent_options"].get(agent, {}),
-                                        context.run.run_id, on_call=bridge)
-            played.append({"index": index, "agent": agent, "episode_id": episode_id})
-    store.dispose()
+    try:
+        results = play_cases([cases[i] for i in chunk["indices"]], specs, run_id=context.run.run_id,
+                             sinks=(StoreSink(store), ToolBridge(context, log_reads=chunk["log_reads"])))
+    finally:
+        store.dispose()
+    played = [{"index": index, "agent": agent, "episode_id": rs[k].episode_id}
+              for agent, rs in results.items() for k, index in enumerate(chunk["indices"])]
     return {"cases_file": chunk["cases_file"], "played": played}
 
 
 def _history(nights: list[dict], agents: list[str]) -> str:
-    rows = [[n["night"], n["dagster_run_id"] or "", n["summary"].get("cases_file", ""),
+    rows = [[n["night"], n["run_id"] or "", n["summary"].get("cases_file", ""),
              *(f"{n['summary']['agents'][a]['reward']:.4f}" if a in n["summary"]["agents"] else "-" for a in agents)]
             for n in nights]
     return md_table(["night", "run", "cases", *agents], rows)
@@ -114,31 +117,34 @@ def _write_page(path: Path, grades: dict, tables: str, night) -> Path:
                       subtitle=f"night {night}: {', '.join(grades)}", tables=[("Tables", tables)])
 
 
-@dg.op(description="Grade the stored runs and render the report tables, with history.")
+@dg.op(description="Grade the stored episodes and render the report tables, with history.")
 def build_scoreboard(context: dg.OpExecutionContext, parts: list, gate_store: GateStore):
     played = [p for part in parts for p in part["played"]]
     if not played:
         raise dg.Failure(description="nightly: nothing was played")
     store = gate_store.open()
-    agents = list(dict.fromkeys(p["agent"] for p in played))
-    cases_file = parts[0]["cases_file"]
-    cases = _cases(cases_file)
-    grades: dict[str, list] = {a: [None] * len(cases) for a in agents}
-    for p in played:
-        grade = store.compute_grade(p["episode_id"])
-        grades[p["agent"]][p["index"]] = {k: grade[k] for k in CORE_KEYS}
-    figures = summary(cases, grades)
-    figures["cases_file"] = cases_file
-    text = baseline_tables(cases, grades, split=split_of(Path(cases_file)))
-    previous = store.nightly_history(1)
-    fell = regressions(previous[0]["summary"] if previous else None, figures)
-    night = store.add_nightly(figures, context.run.run_id)
-    history = store.nightly_history(HISTORY_NIGHTS)
-    page = _write_page(store.home / "scoreboard.html", grades, text, night)
-    store.dispose()
+    try:
+        agents = list(dict.fromkeys(p["agent"] for p in played))
+        cases_file = parts[0]["cases_file"]
+        cases = _cases(cases_file)
+        grades: dict[str, list] = {a: [None] * len(cases) for a in agents}
+        for p in played:  # from the stored warehouse and ledger, as the grading sensor grades them
+            grades[p["agent"]][p["index"]] = grade_stored(store.load(p["episode_id"]))
+        figures = summary(cases, grades)
+        figures["cases_file"] = cases_file
+        text = baseline_tables(cases, grades, split=split_of(Path(cases_file)))
+        previous = store.nightly_history(1)
+        fell = regressions(previous[0]["summary"] if previous else None, figures)
+        night = store.add_nightly(figures, context.run.run_id)
+        history = store.nightly_history(HISTORY_NIGHTS)
+        page = _write_page(store.home / "scoreboard.html", grades, text, night)
+    finally:
+        store.dispose()
     for line in fell:
         context.log.warning(f"regression since the previous night: {line}")
-    return dg.Output({"summary": figures, "tables": text, "grades": grades, "regressions": fell}, metadata={
+    return dg.Output({"summary": figures, "tables": text,
+                      "grades": {a: [g.as_dict() for g in gs] for a, gs in grades.items()}, "regressions": fell},
+                     metadata={
         "tables": dg.MetadataValue.md(md_code(text)),
         "summary": dg.MetadataValue.json(figures),
         "history": dg.MetadataValue.md(_history(history, agents)),

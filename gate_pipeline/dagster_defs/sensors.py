@@ -1,7 +1,7 @@
-"""Sensors: grade stored runs (no run launched), and keep the case partitions in sync.
+"""Sensors: grade stored episodes (no run launched), and keep the case partitions in sync.
 
 `grading_sensor` grades from the run store only (stored warehouse + stored ledger + the
-case's truth, `store.RunStore.compute_grade`), never from what the agent said. A grade is
+case's truth, through `grader.grade_stored`), never from what the agent said. A grade is
 computed once per episode (its row in the store is the marker, so a restart cannot grade
 twice); the sensor's cursor is the last grade it emitted, so each grade becomes exactly one
 observation on `agent_report` for the case's partition. An episode whose Dagster run ended
@@ -11,7 +11,7 @@ while it was still open (a crash, a cancelled run) is closed with that reason an
 
 import dagster as dg
 
-from ..grader import TERMS
+from ..grader import TERMS, grade_stored
 from ..store import RUNNING
 from .jobs import nightly_job, nightly_multiprocess_job, play_case_job
 from .markdown import md_table
@@ -26,12 +26,10 @@ METRICS = ("bad_batches_loaded", "revenue_error_usd", "ledger_intact", "finished
 def close_abandoned(store, instance: dg.DagsterInstance) -> list[str]:
     """Close episodes still open whose Dagster run has finished (they can never end otherwise)."""
     closed = []
-    for ep in store.running():
-        if not ep["dagster_run_id"]:
-            continue
-        run = instance.get_run_by_id(ep["dagster_run_id"])
-        if run is not None and run.is_finished:
-            store.end_episode(ep["episode_id"], f"the Dagster run ended ({run.status.value}) before the episode did")
+    for ep in store.episodes(status=RUNNING):
+        run = instance.get_run_by_id(ep["run_id"]) if ep["run_id"] else None
+        if run is not None and run.is_finished and store.close_abandoned(
+                ep["episode_id"], f"the Dagster run ended ({run.status.value}) before the episode did"):
             closed.append(ep["episode_id"])
     return closed
 
@@ -44,10 +42,9 @@ def by_agent_table(latest: dict[str, dict]) -> str:
 
 
 def grade_observation(grade: dict, latest: dict[str, dict]) -> dg.AssetObservation:
-    metadata = {"agent": grade["agent"], "episode_id": grade["episode_id"],
-                "dagster_run_id": grade["dagster_run_id"] or "", "reward": grade["reward"],
+    metadata = {"agent": grade["agent"], "episode_id": grade["episode_id"], "reward": grade["reward"],
                 **{t: grade[t] for t in TERMS}, **{m: grade[m] for m in METRICS},
-                "failed": grade["failed"], "reason": grade["reason"], "ledger_digest": grade["ledger_digest"],
+                "failed": grade["failed"], "reason": grade["reason"],
                 "latest_grade_by_agent": dg.MetadataValue.md(by_agent_table(latest))}
     return dg.AssetObservation(asset_key=REPORT_KEY, partition=grade["case_id"], metadata=metadata,
                                tags={"gate/agent": grade["agent"][:63]},
@@ -62,7 +59,8 @@ def grading_sensor(context: dg.SensorEvaluationContext, gate_store: GateStore):
         for episode_id in close_abandoned(store, context.instance):
             context.log.info(f"closed abandoned episode {episode_id}")
         for episode_id in store.ungraded():
-            store.record_grade(episode_id)
+            stored = store.load(episode_id)
+            store.add_grade(episode_id, stored.agent, grade_stored(stored))
         last = int(context.cursor) if (context.cursor or "").isdigit() else 0
         pending = store.grades_after(last)[:MAX_GRADES_PER_TICK]
         if not pending:
@@ -81,9 +79,8 @@ def failed_run_sensor(context: dg.RunFailureSensorContext, gate_store: GateStore
     store = gate_store.open()
     try:
         reason = f"the Dagster run failed: {context.failure_event.message or 'no message'}"
-        for ep in store.episodes_of_run(context.dagster_run.run_id):
-            if ep["status"] == RUNNING:
-                store.end_episode(ep["episode_id"], reason)
+        for ep in store.episodes(run_id=context.dagster_run.run_id, status=RUNNING):
+            if store.close_abandoned(ep["episode_id"], reason):
                 context.log.info(f"closed episode {ep['episode_id']} of failed run {context.dagster_run.run_id}")
     finally:
         store.dispose()
@@ -92,7 +89,7 @@ def failed_run_sensor(context: dg.RunFailureSensorContext, gate_store: GateStore
 @dg.sensor(minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING,
            description="Adds a `cases` partition for each case in the case files and removes vanished ones.")
 def case_partitions_sensor(context: dg.SensorEvaluationContext, case_library: CaseLibrary):
-    add, delete, problems = partition_changes(context.instance, case_library.cases_dir)
+    add, delete, problems = partition_changes(context.instance, case_library.settings().cases_dir)
     for problem in problems:
         context.log.warning(problem)
     requests = []

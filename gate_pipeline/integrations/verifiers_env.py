@@ -3,30 +3,30 @@
     pip install 'gate-pipeline[verifiers]'
     vf-eval gate_pipeline.integrations.verifiers_env -m MODEL -b BASE_URL -n 32 -r 3
 
-One dataset row per case (the case id rides in `info`); each rollout gets its own Episode (a
-private SQLite copy of the prepared case) in `setup_state`. The model sees the same system
-prompt and the same seven tool schemas as `gate run`, and every tool call goes through
-Episode.call, so malformed calls are refused and logged exactly as there; a reply with no
-tool call gets the same nudge. An accepted submit_report ends the rollout. The reward is
-gate's grade (no report, no credit); the four terms and the two metrics are logged at weight 0.
+One dataset row per case (the case id rides in `info`); each rollout gets its own engine
+`Session` (a private SQLite copy of the prepared case) in `setup_state`. The model sees the
+same system prompt and the same seven tool schemas as `gate run`, and every tool call goes to
+the session as an action, through the one action parser, so malformed calls are refused and
+logged exactly as there; a reply with no tool call gets the same nudge. An accepted
+submit_report ends the rollout. The reward is gate's grade (no report, no credit); the four
+terms and the two metrics are logged at weight 0.
 verifiers 0.4 dropped this API (it ships only `verifiers.v1`), so the extra pins 0.3.1.
 """
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import verifiers as vf
 from verifiers.types import ToolMessage, UserMessage
 
 from ..cases import read_cases
-from ..grader import TERMS, grade
+from ..engine import Session
+from ..grader import TERMS
 from ..model_agent.prompt import NUDGE, OPENING, SYSTEM_PROMPT
 from ..model_agent.tool_schemas import tool_schemas
-from ..tools import Episode
+from ..settings import Settings
 from ..world import PreparedCase
 
-DEFAULT_CASES = Path(__file__).resolve().parents[2] / "cases" / "classic" / "eval_curated.jsonl"
 METRICS = (*TERMS, "bad_batches_loaded", "revenue_error_usd", "finished")
 
 
@@ -77,57 +77,46 @@ class GateEnv(vf.MultiTurnEnv):
         case_id = info.get("case_id") if isinstance(info, dict) else None
         if case_id not in self.cases:
             raise vf.Error(f"no gate case {case_id!r} in this environment")
-        state["gate_episode"] = Episode(self._prepared_case(case_id))
+        state["gate_session"] = Session(self._prepared_case(case_id), "verifiers")
         state["gate_counts"] = {"tool_calls": 0, "tool_errors": 0, "nudges": 0}
         return state
 
     async def env_response(self, messages, state, **kwargs):
-        episode: Episode = state["gate_episode"]
+        session: Session = state["gate_session"]
         counts = state["gate_counts"]
         calls = getattr(messages[-1], "tool_calls", None) or []
         if not calls:
             counts["nudges"] += 1
             return [UserMessage(content=NUDGE)]
-        out, reported = [], False
+        out = []
         for call in calls:
             counts["tool_calls"] += 1
-            try:
-                args = json.loads(call.arguments or "{}")
-            except (TypeError, ValueError, RecursionError) as exc:
-                args, result = None, {"error": f"arguments are not valid JSON ({exc}); send one JSON object"}
-            else:
-                if not isinstance(args, dict):
-                    args, result = None, {"error": f"arguments must be a JSON object, not {type(args).__name__}"}
-            if args is not None:
-                result = episode.call(call.name, args)
-            failed = isinstance(result, dict) and "error" in result
-            counts["tool_errors"] += failed
-            reported = reported or (call.name == "submit_report" and not failed)
+            result = session.step({"tool": call.name, "args": call.arguments}).result
+            counts["tool_errors"] += isinstance(result, dict) and "error" in result
             out.append(ToolMessage(tool_call_id=call.id, content=json.dumps(result, default=str)))
-        if reported:
+        if session.reported:
             state["final_env_response"] = out
         return out
 
     @vf.cleanup
     async def grade_and_close(self, state) -> None:
         """Grade before the episode's database goes away (scoring runs after cleanup)."""
-        episode = state.get("gate_episode")
-        if episode is None:
+        session = state.get("gate_session")
+        if session is None:
             return
-        g = grade(episode)
-        g["ledger"] = episode.ledger.entries
-        g["counts"] = state.get("gate_counts", {})
-        state["gate_grade"] = g
-        episode.close()
-        state["gate_episode"] = None
+        result = session.finish()
+        state["gate_grade"] = {**result.grade.as_dict(), "ledger": result.ledger,
+                               "counts": state.get("gate_counts", {})}
+        state["gate_session"] = None
 
 
 def load_environment(cases_path: str | None = None, num_cases: int = -1, max_turns: int = 30,
                      **kwargs) -> GateEnv:
     """The gate environment over a case file (default: the 32 curated eval cases)."""
-    cases = read_cases(cases_path or DEFAULT_CASES)
+    path = cases_path or Settings.from_env().cases_file("eval")
+    cases = read_cases(path)
     if num_cases is not None and num_cases >= 0:
         cases = cases[:num_cases]
     if not cases:
-        raise ValueError(f"{cases_path or DEFAULT_CASES}: no cases")
+        raise ValueError(f"{path}: no cases")
     return GateEnv(cases, max_turns=max_turns, **kwargs)

@@ -1,36 +1,37 @@
 """ModelAgent: a model plays one gate episode through an OpenAI-compatible chat-completions API.
 
-Whatever the model sends back, the rollout goes on or ends with a reason; it never raises
-out of `converse`. Malformed tool calls (arguments that are not JSON or not an object, an
-unknown tool, missing or mistyped arguments) are answered with a tool error, a reply with no
-tool call with a short nudge, and each is counted. Running out of turns, a request timeout or
-an API error (after retries with backoff) ends the rollout unfinished: no report, no credit.
+The official `openai.AsyncOpenAI` client, through its public API only: requests go through
+`chat.completions.with_raw_response.create` (the reply is read as JSON, so a server that
+answers something other than a chat completion is an error the rollout can report), and
+retries with backoff on 408/409/429/5xx and connection errors are the client's own
+(`max_retries`; `retries_taken` is counted).
+
+Whatever the model sends back, the rollout goes on or ends with a reason. Each tool call goes
+to the episode as an action (`tools.act`), so the one action parser reads the model's
+arguments: malformed calls (arguments that are not JSON or not an object, an unknown tool,
+missing or mistyped arguments) are answered with the tool's error, logged in the ledger like
+any refused call, and counted; a reply with no tool call gets a short nudge. Running out of
+turns, a request timeout or an API error ends the episode unfinished (`AgentUnfinished`): no
+report, no credit.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import os
-import random
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
+from ..actions import parse_arguments
+from ..agents.base import AgentUnfinished
+from ..records import API_ERROR, MAX_TURNS, REPORTED, TIMEOUT
 from ..tools import SIGNATURES, check_args
 from .prompt import NUDGE, opening_messages
 from .tool_schemas import tool_schemas
 
-# end reasons of a rollout; only "reported" is finished
-REPORTED, MAX_TURNS, TIMEOUT, API_ERROR = "reported", "max_turns", "timeout", "api_error"
-RETRYABLE_STATUS = (408, 409, 429)
 COUNTERS = ("tool_calls", "tool_errors", "invalid_json", "not_an_object", "unknown_tool", "bad_arguments",
             "nudges", "retries")
-
-Call = Callable[[str, dict], object]  # (tool, args) -> the JSON value the tool returns
-
-# json.dumps(value, default=str), with one encoder instead of one built per call (~3 us each,
-# and a rollout encodes every message and tool result)
-to_json = json.JSONEncoder(default=str).encode
+TOOLS = tool_schemas()
 
 
 class SettingsError(ValueError):
@@ -46,8 +47,6 @@ class ModelSettings:
     max_turns: int = 30
     timeout: float = 60.0
     retries: int = 3
-    backoff: float = 0.5        # first retry waits about this long, doubling after each
-    backoff_max: float = 8.0
     max_tokens: int | None = None
 
     def __post_init__(self):
@@ -59,12 +58,12 @@ class ModelSettings:
             bad(f"base_url must start with http:// or https://, not {self.base_url!r}")
         if not isinstance(self.api_key_env, str) or not self.api_key_env:
             bad("api_key_env must name an environment variable")
-        for name, low in (("temperature", 0.0), ("timeout", 0.0), ("backoff", 0.0), ("backoff_max", 0.0)):
+        for name in ("temperature", "timeout"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low or value != value:
-                bad(f"{name} must be a number >= {low:g}, not {value!r}")
-        if self.timeout <= 0:
-            bad("timeout must be more than 0 seconds")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or value != value:
+                bad(f"{name} must be a number >= 0, not {value!r}")
+        if self.timeout <= 0 or self.timeout == float("inf"):
+            bad(f"timeout must be a finite number of seconds above 0, not {self.timeout!r}")
         if self.temperature > 2:
             bad(f"temperature must be between 0 and 2, not {self.temperature!r}")
         for name, low in (("max_turns", 1), ("retries", 0)):
@@ -84,6 +83,16 @@ class ModelSettings:
         return asdict(self)
 
 
+SETTING_NAMES = tuple(ModelSettings.__dataclass_fields__)
+
+
+def make_client(settings: ModelSettings):
+    """One async client (its connection pool is shared by every rollout that uses it)."""
+    from openai import AsyncOpenAI
+    return AsyncOpenAI(base_url=settings.base_url, api_key=settings.api_key(), timeout=settings.timeout,
+                       max_retries=settings.retries)
+
+
 @dataclass
 class Conversation:
     """Everything one rollout said and did, as written to the transcript."""
@@ -96,59 +105,6 @@ class Conversation:
     error: str = ""
     model_seconds: float = 0.0
     tool_seconds: float = 0.0
-    encoded: list = field(default_factory=list, repr=False)  # messages as sent, JSON-encoded once
-
-    @property
-    def finished(self) -> bool:
-        return self.end_reason == REPORTED
-
-
-def make_client(settings: ModelSettings):
-    """One async client (keep-alive connection pool) for many rollouts; retries are ours, so 0 here."""
-    from openai import DefaultAsyncHttpxClient
-
-    from .client import GateOpenAI
-    http_client = None
-    if settings.base_url.startswith("http://"):
-        from .transport import KeepAliveTransport
-        http_client = DefaultAsyncHttpxClient(transport=KeepAliveTransport(), timeout=settings.timeout)
-    return GateOpenAI(base_url=settings.base_url, api_key=settings.api_key(), timeout=settings.timeout,
-                       max_retries=0, http_client=http_client)
-
-
-def _retryable(exc) -> bool:
-    import openai
-    if isinstance(exc, openai.APIConnectionError):  # includes APITimeoutError
-        return True
-    status = getattr(exc, "status_code", None)
-    return isinstance(exc, openai.APIStatusError) and (status in RETRYABLE_STATUS or (status or 0) >= 500)
-
-
-def _retry_after(exc) -> float | None:
-    response = getattr(exc, "response", None)
-    value = response.headers.get("retry-after") if response is not None else None
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None
-
-
-def _describe(exc) -> str:
-    import openai
-    if isinstance(exc, openai.APITimeoutError):
-        return "request timed out"
-    status = getattr(exc, "status_code", None)
-    text = " ".join(str(exc).split())[:300]
-    return f"HTTP {status}: {text}" if status else f"{type(exc).__name__}: {text}"
-
-
-def _add_usage(total: dict, usage) -> None:
-    if not isinstance(usage, dict):
-        return
-    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
-        value = usage.get(key)
-        if isinstance(value, int) and not isinstance(value, bool):
-            total[key] = total.get(key, 0) + value
 
 
 class MalformedReply(ValueError):
@@ -184,94 +140,80 @@ def _assistant_message(message: dict) -> dict:
     return out
 
 
-def _parse_arguments(raw) -> tuple[dict | None, str | None, str | None]:
-    """(args, counter, error): the arguments object, or what is wrong with them."""
-    if raw is None or (isinstance(raw, str) and not raw.strip()):
-        return {}, None, None  # "no arguments" is how many servers send a zero-argument call
-    try:
-        args = json.loads(raw)
-    except (TypeError, ValueError, RecursionError) as exc:  # RecursionError: nested past Python's limit
-        return None, "invalid_json", f"arguments are not valid JSON ({exc}); send one JSON object"
-    if not isinstance(args, dict):
-        return None, "not_an_object", f"arguments must be a JSON object, not {type(args).__name__}"
-    return args, None, None
+def _describe(exc) -> str:
+    import openai
+    if isinstance(exc, openai.APITimeoutError):
+        return "request timed out"
+    status = getattr(exc, "status_code", None)
+    text = " ".join(str(exc).split())[:300]
+    return f"HTTP {status}: {text}" if status else f"{type(exc).__name__}: {text}"
+
+
+def _add_usage(total: dict, usage) -> None:
+    if not isinstance(usage, dict):
+        return
+    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        value = usage.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            total[key] = total.get(key, 0) + value
 
 
 class ModelAgent:
-    """The "model" agent: settings as keyword options (make_agent("model", model=..., base_url=...))."""
+    """The "model" agent: resolve_agent("model", {"model": ..., "base_url": ...}) or any ModelSettings field.
+
+    `client`, when given, is an `AsyncOpenAI` shared with other rollouts (gate run passes one);
+    otherwise the agent opens its own for the episode and closes it after."""
     name, oracle = "model", False
 
-    def __init__(self, **settings):
-        from ..agents import UnknownAgent  # the error make_agent's callers (CLI, Dagster) already handle
+    def __init__(self, client=None, **settings):
         missing = [k for k in ("model", "base_url") if k not in settings]
-        unknown = sorted(set(settings) - set(ModelSettings.__dataclass_fields__))
+        unknown = sorted(set(settings) - set(SETTING_NAMES))
         if missing or unknown:
-            raise UnknownAgent(f"agent 'model' needs options model and base_url"
-                               + (f" (missing {missing})" if missing else "")
-                               + (f"; it does not take {unknown}" if unknown else ""))
+            raise ValueError("needs options model and base_url" + (f" (missing {missing})" if missing else "")
+                             + (f"; it does not take {unknown}" if unknown else "")
+                             + f"; options: {', '.join(SETTING_NAMES)}")
         try:
             self.settings = ModelSettings(**settings)
         except SettingsError as exc:
-            raise UnknownAgent(f"agent 'model': {exc}") from None
-        self.last: Conversation | None = None
-        self._tools = tool_schemas()
-        s = self.settings
-        fixed = {"model": s.model, "tools": self._tools, "temperature": s.temperature}
-        if s.max_tokens:
-            fixed["max_tokens"] = s.max_tokens
-        self._head = json.dumps(fixed)[:-1] + ', "messages": ['
+            raise ValueError(str(exc)) from None
+        self.client = client
+        self.conversation: Conversation | None = None
 
-    # -- one request, with retries ---------------------------------------------------------
-    async def _complete(self, client, messages: list, convo: Conversation) -> dict:
-        """The reply as JSON. Sent as raw bytes through the client's `post` (GateOpenAI's
-        `post_bytes`: the same request path; same auth, errors and timeouts as
-        chat.completions.create) because the typed path re-walks every message of a growing
-        conversation on each turn, which was most of the client's CPU per request."""
-        import httpx2
+    @staticmethod
+    def identity(options: dict) -> str:
+        """A model agent is named by its model, on every surface."""
+        model = options.get("model")
+        return model if isinstance(model, str) and model.strip() else "model"
+
+    # -- one request -----------------------------------------------------------------------
+    async def _complete(self, client, convo: Conversation) -> dict:
         s = self.settings
-        # the conversation only grows: encode each message once, not once per turn
-        encoded = convo.encoded
-        encoded.extend(map(to_json, messages[len(encoded):]))
-        content = (self._head + ",".join(encoded) + "]}").encode()
-        options = {"headers": {"Content-Type": "application/json"}, "timeout": s.timeout}
-        post_bytes = getattr(client, "post_bytes", None)
-        for attempt in range(s.retries + 1):
-            started = time.perf_counter()
-            try:
-                if post_bytes is not None:  # GateOpenAI: the same post, options copied not rebuilt
-                    response = await post_bytes("/chat/completions", content, options)
-                else:
-                    response = await client.post("/chat/completions", cast_to=httpx2.Response, content=content,
-                                                 options=options)
-                return json.loads(response.content)
-            except Exception as exc:
-                if attempt == s.retries or not _retryable(exc):
-                    raise
-                convo.counts["retries"] += 1
-                wait = min(s.backoff_max, s.backoff * 2 ** attempt) * (0.5 + random.random() / 2)
-                hinted = _retry_after(exc)
-                await asyncio.sleep(min(s.backoff_max, hinted) if hinted is not None else wait)
-            finally:
-                convo.model_seconds += time.perf_counter() - started
+        extra = {"max_tokens": s.max_tokens} if s.max_tokens else {}
+        started = time.perf_counter()
+        try:
+            raw = await client.chat.completions.with_raw_response.create(
+                model=s.model, messages=convo.messages, tools=TOOLS, temperature=s.temperature, **extra)
+        finally:
+            convo.model_seconds += time.perf_counter() - started
+        convo.counts["retries"] += raw.retries_taken
+        try:
+            return json.loads(raw.content)
+        except ValueError as exc:
+            raise MalformedReply(f"reply is not JSON ({exc})") from None
 
     # -- one tool call -----------------------------------------------------------------------
-    def _run_tool(self, call: Call, turn: int, tc: dict, convo: Conversation) -> tuple[object, bool]:
+    def _run_tool(self, tools, turn: int, tc: dict, convo: Conversation) -> tuple[object, bool]:
         name, raw = tc["function"]["name"], tc["function"]["arguments"]
         convo.counts["tool_calls"] += 1
-        args, counter, error = _parse_arguments(raw)
+        parsed = parse_arguments(name, raw)
+        counter = parsed.kind  # "invalid_json" or "not_an_object", when the arguments do not parse
         if counter is None and name not in SIGNATURES:
             counter = "unknown_tool"
-        elif counter is None and check_args(name, args):
+        elif counter is None and check_args(name, parsed.args):
             counter = "bad_arguments"
-        if args is not None:  # the episode answers (and logs) everything that parsed, even refusals
-            started = time.perf_counter()
-            try:
-                result = call(name, args)
-            except Exception as exc:  # the tool layer should never raise; if it does, the model hears it
-                result = {"error": f"tool failed: {type(exc).__name__}: {exc}"}
-            convo.tool_seconds += time.perf_counter() - started
-        else:
-            result = {"error": error}
+        started = time.perf_counter()
+        result = tools.act({"tool": name, "args": raw if parsed.problem else parsed.args})
+        convo.tool_seconds += time.perf_counter() - started
         is_error = isinstance(result, dict) and "error" in result
         if counter:
             convo.counts[counter] += 1
@@ -285,26 +227,25 @@ class ModelAgent:
         return result, name == "submit_report" and not is_error
 
     # -- the conversation --------------------------------------------------------------------
-    async def converse(self, call: Call, client=None) -> Conversation:
-        """Play one episode through `call(tool, args)`; never raises for anything the server does."""
-        own_client = client is None
-        client = make_client(self.settings) if own_client else client
-        convo = Conversation(messages=opening_messages())
+    async def play_async(self, tools, case=None) -> None:
+        """Play one episode; raises AgentUnfinished when it ends without a report."""
+        convo = self.conversation = Conversation(messages=opening_messages())
+        client = self.client or make_client(self.settings)
         try:
-            await self._loop(call, client, convo)
+            await self._loop(tools, client, convo)
         finally:
-            if own_client:
+            if self.client is None:
                 await client.close()
-        self.last = convo
-        return convo
+        if convo.end_reason != REPORTED:
+            raise AgentUnfinished(convo.end_reason, f"{convo.end_reason}: {convo.error}")
 
-    async def _loop(self, call: Call, client, convo: Conversation) -> None:
+    async def _loop(self, tools, client, convo: Conversation) -> None:
         import openai
         messages = convo.messages
         for turn in range(1, self.settings.max_turns + 1):
             convo.turns = turn
             try:
-                reply = await self._complete(client, messages, convo)
+                reply = await self._complete(client, convo)
                 message = _message_of(reply)
             except openai.APITimeoutError as exc:
                 convo.end_reason, convo.error = TIMEOUT, _describe(exc)
@@ -321,36 +262,31 @@ class ModelAgent:
                 continue
             reported = False
             for tc in assistant["tool_calls"]:
-                result, ok_report = self._run_tool(call, turn, tc, convo)
+                result, ok_report = self._run_tool(tools, turn, tc, convo)
                 reported = reported or ok_report
                 messages.append({"role": "tool", "tool_call_id": tc["id"],
-                                 "content": to_json(result)})
+                                 "content": json.dumps(result, default=str)})
             if reported:
                 convo.end_reason = REPORTED
                 return
         convo.end_reason = MAX_TURNS
         convo.error = f"no report after {self.settings.max_turns} turns"
 
-    # -- the Agent protocol ------------------------------------------------------------------
     def play(self, tools, case=None) -> None:
-        """Sync entry point (runner.play, the Dagster pipeline). An unfinished rollout raises
-        RolloutUnfinished after the episode is left as it stands, so the grade records why."""
-        def call(name, args):
-            try:
-                return tools(name, **args)
-            except TypeError as exc:  # an argument name that collides with tools()'s own parameters
-                return {"error": f"{name}: bad arguments ({exc})"}
+        """The synchronous entry point (the Dagster jobs): the same conversation on an event loop."""
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            convo = asyncio.run(self.converse(call))
-        else:  # called from inside an event loop: play on a loop of its own
-            from concurrent.futures import ThreadPoolExecutor
-            with ThreadPoolExecutor(1) as pool:
-                convo = pool.submit(asyncio.run, self.converse(call)).result()
-        if not convo.finished:
-            raise RolloutUnfinished(f"{convo.end_reason}: {convo.error}")
+            return asyncio.run(self.play_async(tools, case))
+        from concurrent.futures import ThreadPoolExecutor  # called from inside a loop: play on a loop of its own
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(asyncio.run, self.play_async(tools, case)).result()
 
-
-class RolloutUnfinished(RuntimeError):
-    """The rollout ended without a report (max_turns, timeout, API error); the message says why."""
+    def episode_log(self) -> dict | None:
+        """The conversation, for the transcript (`EpisodeResult.agent_log`)."""
+        c = self.conversation
+        if c is None:
+            return None
+        return {"settings": self.settings.public(), "turns": c.turns, "end_reason": c.end_reason,
+                "counts": c.counts, "usage": c.usage, "model_seconds": round(c.model_seconds, 6),
+                "tool_seconds": round(c.tool_seconds, 6), "tool_calls": c.tool_calls, "messages": c.messages}

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from fractions import Fraction
 
-from ..generator import family_order
+from ..tables import family_order
 
 PASS = 1.0
 

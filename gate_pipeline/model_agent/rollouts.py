@@ -1,11 +1,14 @@
-"""Many rollouts of a model on many cases, concurrently (asyncio), each written as one JSONL line.
+"""Many rollouts of a model on many cases, concurrently (asyncio), through the one engine.
 
-A run lives in runs/<run-id>/: `run.json` (what was asked: model, settings, cases, rollouts)
-and `transcripts.jsonl` (one line per finished rollout: messages, tool calls, ledger, grade,
-timings, token usage). Lines are appended as rollouts end, so an interrupted run keeps what
-it did; re-running with the same run id redoes only the rollouts with no line yet, and the
-ones that ended on an API error or timeout (a server fault, not the model's; the newer line
-supersedes the older). A rollout that ran out of turns is the model's result and is kept.
+Every rollout is an episode like any other: the engine plays it (`engine.play_async`), the run
+store keeps it (`store.StoreSink`, the same store and records as the Dagster jobs), and a
+transcript line is written beside it as an export (`TranscriptSink`: messages, tool calls,
+ledger, grade, timings, token usage). A run also lives in runs/<run-id>/: `run.json` (what
+was asked) and `transcripts.jsonl`. Re-running with the same run id plays only the rollouts
+the store has no ended episode for, and the ones that ended on an API error or timeout (a
+server fault, not the model's), or that were cut off. A rollout that ran out of turns is the
+model's result and is kept. Grades for the tables come from the store, graded again from the
+stored ledger and warehouse, never from transcript lines.
 """
 from __future__ import annotations
 
@@ -13,19 +16,22 @@ import asyncio
 import gc
 import json
 import re
-import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
-from ..grader import grade
-from ..tools import Episode
+from ..agents import AgentSpec
+from ..engine import Sink, play_async
+from ..grader import grade_stored
+from ..records import ABANDONED, API_ERROR, TIMEOUT, EpisodeResult
+from ..store import ENDED, RunStore, StoreSink
 from ..world import PreparedCase
-from .agent import API_ERROR, TIMEOUT, ModelAgent, ModelSettings, make_client, to_json
+from .agent import ModelAgent, ModelSettings, make_client
 
 TRANSCRIPTS, META = "transcripts.jsonl", "run.json"
-REDONE_ON_RESUME = (API_ERROR, TIMEOUT)
+REDONE_ON_RESUME = (API_ERROR, TIMEOUT, ABANDONED)
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 # settings that change what a rollout means: a resumed run must not mix them
 BINDING = ("model", "base_url", "temperature", "max_turns", "max_tokens")
@@ -69,7 +75,7 @@ def check_run_id(run_id: str) -> str:
 
 
 def read_transcripts(path: Path) -> list[dict]:
-    """Every rollout line; a torn last line (the process died mid-write) is dropped and redone."""
+    """Every transcript line (the export); a torn last line (the process died mid-write) is skipped."""
     if not path.exists():
         return []
     try:
@@ -93,10 +99,7 @@ def read_transcripts(path: Path) -> list[dict]:
 
 
 def drop_torn_tail(path: Path) -> None:
-    """Cut a half-written last line (a process killed mid-write) so the next line starts clean.
-
-    read_transcripts skips such a line; appending after it would glue the next record onto it
-    and make the file unreadable on the following resume."""
+    """Cut a half-written last line (a process killed mid-write) so the next line starts clean."""
     if not path.exists():
         return
     with path.open("rb+") as fh:
@@ -105,17 +108,18 @@ def drop_torn_tail(path: Path) -> None:
             fh.truncate(data.rfind(b"\n") + 1)
 
 
-def latest(records: list[dict]) -> dict[str, dict]:
-    """The last record per rollout key (a redone rollout supersedes its earlier line)."""
-    return {r["key"]: r for r in records}
+def stored_rollouts(store: RunStore, run_id: str) -> dict[str, dict]:
+    """The latest stored episode row per rollout key of a run."""
+    return {rollout_key(row["case_id"], row["rollout"]): row for row in store.episodes(run_id=run_id)}
 
 
 def pending(cases: list[dict], rollouts: int, done: dict[str, dict]) -> list[tuple[dict, int]]:
+    """The rollouts to play: never played, or ended by a server fault or cut off."""
     out = []
     for case in cases:
         for i in range(rollouts):
-            record = done.get(rollout_key(case["case_id"], i))
-            if record is None or record.get("end_reason") in REDONE_ON_RESUME:
+            row = done.get(rollout_key(case["case_id"], i))
+            if row is None or row["status"] != ENDED or row["end_reason"] in REDONE_ON_RESUME:
                 out.append((case, i))
     return out
 
@@ -140,70 +144,77 @@ def _check_meta(run_dir: Path, settings: ModelSettings, rollouts: int) -> None:
     meta_path.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
 
 
-def _record(run_id, case, index, settings, convo, episode, g, started, wall, grade_seconds) -> dict:
+def transcript_record(result: EpisodeResult) -> dict:
+    """One transcript line: the episode and the model's side of it."""
+    log = result.agent_log or {}
+    g = result.grade
     return {
-        "run_id": run_id, "key": rollout_key(case["case_id"], index), "case_id": case["case_id"],
-        "family": case["family"], "rollout": index, "model": settings.model,
-        "finished": convo.finished, "end_reason": convo.end_reason, "error": convo.error,
-        "reward": g["reward"], "turns": convo.turns, "counts": convo.counts, "usage": convo.usage,
-        "timings": {"started": started, "wall_seconds": round(wall, 6),
-                    "model_seconds": round(convo.model_seconds, 6), "tool_seconds": round(convo.tool_seconds, 6),
-                    "grade_seconds": round(grade_seconds, 6)},
-        "grade": g, "tool_calls": convo.tool_calls, "messages": convo.messages,
-        "ledger": episode.ledger.entries, "settings": settings.public(),
+        "run_id": result.run_id, "key": rollout_key(result.case_id, result.rollout), "episode_id": result.episode_id,
+        "case_id": result.case_id, "family": result.family, "rollout": result.rollout, "model": result.agent,
+        "finished": g.finished, "end_reason": result.end_reason, "error": result.error, "reward": g.reward,
+        "turns": log.get("turns", 0), "counts": log.get("counts", {}), "usage": log.get("usage", {}),
+        "timings": {"started": datetime.fromtimestamp(result.started_at, timezone.utc).isoformat(
+                        timespec="milliseconds"),
+                    "wall_seconds": round(result.seconds, 6), "model_seconds": log.get("model_seconds", 0.0),
+                    "tool_seconds": log.get("tool_seconds", 0.0)},
+        "grade": g.as_dict(), "tool_calls": log.get("tool_calls", []), "messages": log.get("messages", []),
+        "ledger": result.ledger, "settings": log.get("settings", {}),
     }
 
 
-def transcript_line(record: dict, encoded: list[str]) -> str:
-    """`json.dumps(record, default=str)`, reusing the JSON of the messages the agent already encoded
-    for its requests (`encoded[i]` is `json.dumps(record["messages"][i], default=str)`): the
-    conversation is most of a record's bytes, so it is not encoded a second time."""
-    keys = list(record)
-    messages = record["messages"]
-    if "messages" not in keys[1:-1] or len(encoded) > len(messages):
-        return to_json(record)
-    at = keys.index("messages")
-    before = to_json({k: record[k] for k in keys[:at]})
-    after = to_json({k: record[k] for k in keys[at + 1:]})
-    parts = encoded + [to_json(m) for m in messages[len(encoded):]]
-    return f'{before[:-1]}, "messages": [{", ".join(parts)}], {after[1:]}'
+class TranscriptSink(Sink):
+    """Writes each finished episode as one JSON line (the run's transcript export)."""
+
+    def __init__(self, out):
+        self.out = out
+
+    def end(self, result: EpisodeResult) -> None:
+        self.out.write(json.dumps(transcript_record(result), default=str) + "\n")
+        self.out.flush()
 
 
-async def one_rollout(agent: ModelAgent, client, prepared: PreparedCase, index: int,
-                      run_id: str) -> tuple[dict, str]:
-    """Play one episode; its transcript record and that record's JSON line (the episode is closed)."""
-    started = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-    t0 = time.perf_counter()
-    episode = Episode(prepared)
-    try:
-        convo = await agent.converse(episode.call, client)
-        t1 = time.perf_counter()
-        g = grade(episode)
-        t2 = time.perf_counter()
-        record = _record(run_id, prepared.case, index, agent.settings, convo, episode, g,
-                         started, t2 - t0, t2 - t1)
-        return record, transcript_line(record, convo.encoded)
-    finally:
-        episode.close()
+def run_records(store: RunStore, cases: list[dict], rollouts: int, run_id: str,
+                counts: dict[str, dict] | None = None) -> list[dict]:
+    """One record per stored rollout, in case order: graded again from the store (stored ledger and
+    warehouse); `counts` adds each rollout's model-side counters from the transcripts."""
+    done = stored_rollouts(store, run_id)
+    out = []
+    for case in cases:
+        for i in range(rollouts):
+            row = done.get(rollout_key(case["case_id"], i))
+            if row is None or row["status"] != ENDED:
+                continue
+            g = grade_stored(store.load(row["episode_id"]))
+            line = (counts or {}).get(row["episode_id"], {})
+            out.append({"key": rollout_key(case["case_id"], i), "case_id": case["case_id"], "family": case["family"],
+                        "rollout": i, "episode_id": row["episode_id"], "end_reason": row["end_reason"],
+                        "error": row["error"] or "", "reward": g.reward, "grade": g,
+                        "counts": line.get("counts", {}), "usage": line.get("usage", {})})
+    return out
+
+
+def model_spec(settings: ModelSettings, client) -> AgentSpec:
+    """The model agent with a shared client: identity is the model's name, as on every surface."""
+    return AgentSpec("model", settings.public(), partial(ModelAgent, client=client), settings.model)
 
 
 async def run_rollouts(cases: list[dict], settings: ModelSettings, rollouts: int, concurrency: int,
-                       run_dir: Path, on_done: Callable[[dict], None] | None = None) -> dict:
-    """Run (or resume) a run; returns {"records": latest record per key in case order, "new": n, "kept": n}."""
-    check_run_id(run_dir.name)
+                       run_dir: Path, store: RunStore,
+                       on_done: Callable[[EpisodeResult], None] | None = None) -> dict:
+    """Run (or resume) a run; returns {"records": run_records(...), "new": n, "kept": n}."""
+    run_id = check_run_id(run_dir.name)
     _check_meta(run_dir, settings, rollouts)
     path = run_dir / TRANSCRIPTS
-    done = latest(read_transcripts(path))
-    todo = pending(cases, rollouts, done)
+    todo = pending(cases, rollouts, stored_rollouts(store, run_id))
     kept = len(cases) * rollouts - len(todo)
     queue: asyncio.Queue = asyncio.Queue()
     for item in todo:
         queue.put_nowait(item)
     prepared: dict[str, PreparedCase] = {}
-    agent = ModelAgent(**settings.public())
     client = make_client(settings)
+    spec = model_spec(settings, client)
 
-    async def worker(out):
+    async def worker(sinks):
         while True:
             try:
                 case, index = queue.get_nowait()
@@ -212,19 +223,16 @@ async def run_rollouts(cases: list[dict], settings: ModelSettings, rollouts: int
             cid = case["case_id"]
             if cid not in prepared:
                 prepared[cid] = PreparedCase(case)
-            record, line = await one_rollout(agent, client, prepared[cid], index, run_dir.name)
-            out.write(line + "\n")
-            out.flush()
-            done[record["key"]] = record
+            result = await play_async(prepared[cid], spec, sinks=sinks, run_id=run_id, rollout=index)
             if on_done:
-                on_done(record)
+                on_done(result)
 
     drop_torn_tail(path)
     try:
         with path.open("a", encoding="utf-8") as out, fewer_collections():
-            await asyncio.gather(*(worker(out) for _ in range(max(1, min(concurrency, len(todo) or 1)))))
+            sinks = (StoreSink(store), TranscriptSink(out))
+            await asyncio.gather(*(worker(sinks) for _ in range(max(1, min(concurrency, len(todo) or 1)))))
     finally:
         await client.close()
-    records = [done[k] for case in cases for i in range(rollouts)
-               if (k := rollout_key(case["case_id"], i)) in done]
-    return {"records": records, "new": len(todo), "kept": kept}
+    lines = {r.get("episode_id"): r for r in read_transcripts(path)}
+    return {"records": run_records(store, cases, rollouts, run_id, lines), "new": len(todo), "kept": kept}

@@ -1,0 +1,147 @@
+"""gate as a gymnasium environment: one episode per reset, one tool call per step.
+
+    import gymnasium
+    env = gymnasium.make("gate_pipeline:gate/Gate-v0")          # reward="dense" for the step reward
+    obs, info = env.reset(seed=7)                                 # or options={"case_id": "train-007"}
+    obs, reward, terminated, truncated, info = env.step('{"tool": "list_batches"}')
+
+A thin adapter over the engine's `Session` (step-driven, ending at the first accepted report
+or after `max_turns` steps). Observations are text, as a language-model policy reads them:
+`{"prompt": the case's prompt, "result": the tool's result as JSON, "turn": n}`. Actions are
+JSON text (`{"tool": name, "args": {...}}`); a dict or a `[name, args]` list is accepted too,
+and a malformed action is an error result, never an exception. `reset(seed=...)` seeds the
+env's random generator, which picks the case; `options={"case_id": ...}` picks it by id.
+
+`info` carries the case id, the turn, the step reward's layers in dense mode and the grade at
+the end: it is for the trainer. Step rewards and `info` carry label information (the dense
+reward's Layer 2 is computed from the truth labels); never show them to the policy.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gymnasium
+from gymnasium import spaces
+
+from ..cases import read_cases, validate_case
+from ..engine import OVER, Session
+from ..rewards import REWARD_MODES
+from ..settings import Settings
+from ..tools import SIGNATURES
+from ..world import PreparedCase
+
+ENV_ID = "gate/Gate-v0"
+DEFAULT_MAX_TURNS = 64
+PRINTABLE = "".join(chr(c) for c in range(32, 127))  # JSON text with ensure_ascii stays inside these
+MAX_ACTION_CHARS = 20_000
+MAX_TEXT_CHARS = 1 << 24
+TOOLS = {tool: [name for name, _ in sig] for tool, sig in SIGNATURES.items()}
+
+
+def _load_cases(cases) -> list[dict]:
+    if cases is None:
+        return read_cases(Settings.from_env().cases_file("train"))
+    if isinstance(cases, (str, Path)):
+        return read_cases(cases)
+    if not isinstance(cases, (list, tuple)) or not cases:
+        raise ValueError("cases must be a case file path or a non-empty list of cases")
+    out = [validate_case(c, f"cases[{i}]") for i, c in enumerate(cases)]
+    ids = [c["case_id"] for c in out]
+    if len(set(ids)) != len(ids):
+        raise ValueError("cases: case ids repeat")
+    return out
+
+
+def _text(value) -> str:
+    return json.dumps(value, ensure_ascii=True, default=str)
+
+
+class GateEnv(gymnasium.Env):
+    """One gate episode at a time over a list of cases (default: the classic train split)."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, cases=None, reward: str = "terminal", max_turns: int = DEFAULT_MAX_TURNS):
+        if reward not in REWARD_MODES:
+            raise ValueError(f"reward must be one of {list(REWARD_MODES)}, not {reward!r}")
+        if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
+            raise ValueError(f"max_turns must be a positive integer, not {max_turns!r}")
+        self.reward_mode = reward
+        self.max_turns = max_turns
+        self.cases = _load_cases(cases)
+        self._index = {c["case_id"]: i for i, c in enumerate(self.cases)}
+        self._prepared: dict[str, PreparedCase] = {}
+        self.session: Session | None = None
+        self.case_id: str | None = None
+        self.observation_space = spaces.Dict({
+            "prompt": spaces.Text(MAX_TEXT_CHARS, min_length=0, charset=PRINTABLE),
+            "result": spaces.Text(MAX_TEXT_CHARS, min_length=0, charset=PRINTABLE),
+            "turn": spaces.Discrete(max_turns + 1),
+        })
+        self.action_space = spaces.Text(MAX_ACTION_CHARS, min_length=1, charset=PRINTABLE)
+
+    def prepared(self, case_id: str) -> PreparedCase:
+        """The case's prepared image, built on its first reset and kept."""
+        if case_id not in self._prepared:
+            self._prepared[case_id] = PreparedCase(self.cases[self._index[case_id]])
+        return self._prepared[case_id]
+
+    def _pick(self, options) -> int:
+        if options is not None and not isinstance(options, dict):
+            raise ValueError(f"options must be a dict or None, not {type(options).__name__}")
+        options = options or {}
+        unknown = [k for k in options if k != "case_id"]
+        if unknown:
+            raise ValueError(f"unknown reset option {unknown[0]!r}; options: ['case_id']")
+        if "case_id" in options:
+            if options["case_id"] not in self._index:
+                raise ValueError(f"no case {options['case_id']!r} among the env's {len(self.cases)} cases")
+            return self._index[options["case_id"]]
+        return int(self.np_random.integers(len(self.cases)))
+
+    def _obs(self, result_text: str) -> dict:
+        return {"prompt": self.cases[self._index[self.case_id]]["prompt"] if self.case_id else "",
+                "result": result_text, "turn": self.session.turn if self.session else 0}
+
+    def reset(self, *, seed=None, options=None):
+        """Start an episode on the case `options["case_id"]`, else on one drawn by the seeded generator."""
+        super().reset(seed=seed)
+        index = self._pick(options)
+        self.close()
+        self.case_id = self.cases[index]["case_id"]
+        self.session = Session(self.prepared(self.case_id), "gymnasium", reward=self.reward_mode,
+                               stop_at_report=True, max_steps=self.max_turns)
+        info = {"case_id": self.case_id, "reward_mode": self.reward_mode, "max_turns": self.max_turns,
+                "tools": {tool: list(names) for tool, names in TOOLS.items()}}
+        return self._obs(""), info
+
+    def step(self, action):
+        """One tool call: (observation, reward, terminated, truncated, info). Never raises."""
+        if self.session is None or self.session.done:
+            why = "call reset() first" if self.session is None else OVER
+            info = {"case_id": self.case_id, "reward_mode": self.reward_mode, "error": why}
+            return self._obs(_text({"error": why})), 0.0, self.session is not None, False, info
+        step = self.session.step(action)
+        info = {"case_id": self.case_id, "turn": self.session.turn, "reward_mode": self.reward_mode,
+                "result": step.result}
+        if step.parts is not None:
+            info.update(layer1=step.parts["layer1"], layer2=step.parts["layer2"], step_reward=step.parts["step"])
+        if step.grade is not None:
+            info["grade"] = step.grade.as_dict()
+        return self._obs(_text(step.result)), float(step.reward), step.terminated, step.truncated, info
+
+    def close(self) -> None:
+        if self.session is not None and not self.session.done:
+            self.session.abandon("the environment was reset or closed before the episode ended")
+        self.session = None
+
+
+def register() -> None:
+    """Register `gate/Gate-v0` (done on import; `gymnasium.make("gate_pipeline:gate/Gate-v0")`
+    imports gate first, so nothing needs importing by hand)."""
+    if ENV_ID not in gymnasium.registry:
+        gymnasium.register(id=ENV_ID, entry_point=f"{__name__}:GateEnv")
+
+
+register()

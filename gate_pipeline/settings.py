@@ -1,0 +1,60 @@
+"""The one settings object: where gate keeps runs and where it reads cases and contracts.
+
+| variable         | what                                          | default                                   |
+|------------------|-----------------------------------------------|-------------------------------------------|
+| `GATE_HOME`      | run store, episode warehouses, Dagster home   | `.gate/` in the working directory         |
+| `GATE_DB_URL`    | the run store's database (SQLAlchemy URL)     | `sqlite:///$GATE_HOME/runs.db`            |
+| `GATE_CASES_DIR` | case files (`<suite>/<split>.jsonl`)          | the cases shipped with gate               |
+| `GATE_CONTRACTS` | contract documents and `variants/`            | the contracts shipped with gate           |
+
+Environment variables are read here only, by `Settings.from_env()`, which the command line,
+the Dagster definitions and the gymnasium factory call; the core takes explicit paths. The
+shipped cases and contracts are package data (`gate_pipeline/data/`); in a clone of the
+repository those are links to its `cases/` and `contracts/`, the files you edit.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .contract import SHIPPED_CONTRACTS
+
+SHIPPED_CASES = Path(__file__).resolve().parent / "data" / "cases"
+DEFAULT_SUITE = "classic"
+SPLIT_FILES = {"eval": "eval_curated.jsonl", "train": "train_procedural.jsonl"}
+VARIABLES = ("GATE_HOME", "GATE_DB_URL", "GATE_CASES_DIR", "GATE_CONTRACTS")
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path
+    db_url: str | None = None
+    cases_dir: Path = SHIPPED_CASES
+    contracts_dir: Path = SHIPPED_CONTRACTS
+
+    @classmethod
+    def from_env(cls, environ=None) -> "Settings":
+        env = os.environ if environ is None else environ
+
+        def path(name: str, default: Path) -> Path:
+            value = (env.get(name) or "").strip()
+            return Path(value).expanduser().resolve() if value else default
+
+        return cls(home=path("GATE_HOME", Path(".gate").resolve()),
+                   db_url=(env.get("GATE_DB_URL") or "").strip() or None,
+                   cases_dir=path("GATE_CASES_DIR", SHIPPED_CASES),
+                   contracts_dir=path("GATE_CONTRACTS", SHIPPED_CONTRACTS))
+
+    @property
+    def store_url(self) -> str:
+        return self.db_url or f"sqlite:///{self.home / 'runs.db'}"
+
+    def cases_file(self, split: str = "eval", suite: str = DEFAULT_SUITE) -> Path:
+        """A suite's case file under the cases directory (`classic/eval_curated.jsonl`...)."""
+        return self.cases_dir / suite / SPLIT_FILES.get(split, f"{split}.jsonl")
+
+    def describe(self) -> dict[str, str]:
+        """Each setting as resolved, for messages that say where gate looked."""
+        return {"GATE_HOME": str(self.home), "GATE_DB_URL": self.store_url,
+                "GATE_CASES_DIR": str(self.cases_dir), "GATE_CONTRACTS": str(self.contracts_dir)}
