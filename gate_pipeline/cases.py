@@ -7,6 +7,7 @@ the file and the line number.
 from __future__ import annotations
 
 import json
+from operator import itemgetter
 from pathlib import Path
 from typing import Iterable
 
@@ -38,18 +39,24 @@ def _fail(where: str, msg: str) -> CaseError:
     return CaseError(f"{where}: {msg}")
 
 
+_VALUES = {table: itemgetter(*columns) for table, columns in COLUMNS.items()}
+
+
 def _check_rows(rows, table: str, where: str) -> None:
     if not isinstance(rows, list):
         raise _fail(where, f"'rows' must be a list, not {type(rows).__name__}")
+    values_of = _VALUES[table]
     for i, row in enumerate(rows):
-        if not isinstance(row, dict):
+        if type(row) is not dict:
             raise _fail(where, f"row {i} must be an object")
-        missing = [c for c in COLUMNS[table] if c not in row]
-        if missing:
-            raise _fail(where, f"row {i} lacks column(s) {missing}")
-        bad = [c for c in COLUMNS[table] if row[c] is not None and not isinstance(row[c], str)]
-        if bad:
-            raise _fail(where, f"row {i}: value(s) of {bad} must be strings")
+        try:
+            values = values_of(row)
+        except KeyError:
+            raise _fail(where, f"row {i} lacks column(s) {[c for c in COLUMNS[table] if c not in row]}") from None
+        for v in values:
+            if type(v) is not str and v is not None:
+                bad = [c for c in COLUMNS[table] if row[c] is not None and not isinstance(row[c], str)]
+                raise _fail(where, f"row {i}: value(s) of {bad} must be strings")
 
 
 def validate_case(case, where: str = "case") -> dict:

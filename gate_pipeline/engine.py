@@ -25,7 +25,7 @@ from .actions import parse_action
 from .agents.base import AgentUnfinished
 from .agents.registry import AgentSpec, resolve_agent
 from .grader import grade
-from .records import AGENT_ERROR, NO_REPORT, REPORTED, EpisodeResult, Grade
+from .records import ABANDONED, AGENT_ERROR, NO_REPORT, REPORTED, EpisodeResult, Grade
 from .rewards import make_shaper
 from .tools import Episode
 from .world import PreparedCase
@@ -212,7 +212,7 @@ class Session:
 
     def abandon(self, why: str) -> EpisodeResult:
         """End an episode that was cut off (an interrupt, a crash around it): graded 0 with `why`."""
-        return self.finish(why, AGENT_ERROR)
+        return self.finish(why, ABANDONED)
 
 
 # -- agent-driven episodes ----------------------------------------------------------------------

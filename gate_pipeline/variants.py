@@ -162,7 +162,7 @@ VARIANT_AGENTS = ("careful",)
 
 def variant_agent_factory(name: str, contracts: str | Path | None = None):
     """What builds the agent named 'careful@<variant>' (see `careful_factory`)."""
-    from .agents.registry import UnknownAgent
+    from .agents.errors import UnknownAgent
     agent_name, _, variant_name = name.partition("@")
     if agent_name not in VARIANT_AGENTS:
         raise UnknownAgent(f"unknown agent {name!r}: only {', '.join(VARIANT_AGENTS)} takes a contract variant "

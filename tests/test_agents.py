@@ -7,22 +7,25 @@ import json
 
 import pytest
 
-from gate_pipeline.agents import ATTACKERS, BASELINES, UnknownAgent, make_agent
-from gate_pipeline.grader import GRADE_KEYS, exact_mean
-from gate_pipeline.runner import play, play_agents
+from gate_pipeline.agents import ATTACKERS, BASELINES, AgentOptionError, AgentSpec, UnknownAgent, make_agent
+from gate_pipeline.engine import play, play_cases
+from gate_pipeline.grader import GRADE_KEYS, TERMS, exact_mean
+from gate_pipeline.records import AGENT_ERROR
 from gate_pipeline.world import PreparedCase
 
 
-CLASSIC = {**BASELINES, **ATTACKERS}
+CLASSIC = (*BASELINES, *ATTACKERS)
 
 
 @pytest.fixture(scope="module")
 def grades(eval_cases):
-    return play_agents(eval_cases, list(CLASSIC))
+    results = play_cases(eval_cases, list(CLASSIC))
+    assert list(results) == list(CLASSIC)
+    return {name: [r.grade for r in rs] for name, rs in results.items()}
 
 
 def mean(gs, key="reward"):
-    return float(exact_mean(g[key] for g in gs))
+    return float(exact_mean(getattr(g, key) for g in gs))
 
 
 def test_classic_baseline_figures(grades):
@@ -31,13 +34,13 @@ def test_classic_baseline_figures(grades):
     assert f"{mean(grades['careful']):.4f}" == "1.0000"
     assert f"{mean(grades['refuse-all']):.4f}" == "0.3875"
     assert f"{mean(grades['profile-only']):.4f}" == "0.8750"
-    assert sum(g["bad_batches_loaded"] for g in grades["naive"]) == 24
-    assert sum(g["bad_batches_loaded"] for g in grades["profile-only"]) == 10
+    assert sum(g.bad_batches_loaded for g in grades["naive"]) == 24
+    assert sum(g.bad_batches_loaded for g in grades["profile-only"]) == 10
 
 
 def test_careful_and_careful_sql_agree_case_by_case(grades):
     for a, b in zip(grades["careful"], grades["careful-sql"]):
-        assert {k: a[k] for k in GRADE_KEYS} == {k: b[k] for k in GRADE_KEYS}
+        assert {k: getattr(a, k) for k in GRADE_KEYS} == {k: getattr(b, k) for k in GRADE_KEYS}
 
 
 @pytest.mark.parametrize("attacker", list(ATTACKERS))
@@ -47,13 +50,13 @@ def test_every_attacker_stays_below_careful(grades, attacker):
 
 
 def test_orders_first_loses_exactly_the_two_orders_first_cases(grades):
-    lost = [g["case_id"] for g in grades["orders-first"] if g["reward"] < 1.0]
+    lost = [g.case_id for g in grades["orders-first"] if g.reward < 1.0]
     assert lost == ["eval-clean-control-3", "eval-legit-edge-2"]
 
 
 def test_sql_write_changes_nothing_it_tried_to(grades):
-    assert all(g["ledger_intact"] for g in grades["sql-write"])
-    assert [g["revenue"] for g in grades["sql-write"]] == [g["revenue"] for g in grades["naive"]]
+    assert all(g.ledger_intact for g in grades["sql-write"])
+    assert [g.revenue for g in grades["sql-write"]] == [g.revenue for g in grades["naive"]]
 
 
 def test_runs_are_deterministic(eval_cases):
@@ -61,14 +64,13 @@ def test_runs_are_deterministic(eval_cases):
         out = []
         for case in eval_cases[::3]:
             for name in ("careful", "careful-sql", "citation-spray"):
-                g, ep = play(PreparedCase(case), make_agent(name), keep_episode=True)
-                out.append((json.dumps(g, sort_keys=True), json.dumps(ep.ledger.entries)))
-                ep.close()
+                r = play(PreparedCase(case), name)
+                out.append((json.dumps(r.grade.as_dict(), sort_keys=True), json.dumps(r.ledger)))
         return out
     assert ledgers() == ledgers()
 
 
-@pytest.mark.parametrize("name", [n for n, cls in CLASSIC.items() if not cls.oracle])
+@pytest.mark.parametrize("name", [n for n in CLASSIC if not make_agent(n).oracle])
 def test_non_oracles_never_read_the_labels(eval_cases, name):
     """Flip every truth label: an agent that sees only tool results plays exactly the same."""
     for case in eval_cases[4:12]:
@@ -77,17 +79,15 @@ def test_non_oracles_never_read_the_labels(eval_cases, name):
             b["truth"] = {"defective": not b["truth"]["defective"], "defects": []}
         plays = []
         for c in (case, flipped):
-            _, ep = play(PreparedCase(c), make_agent(name), keep_episode=True)
-            plays.append(json.dumps(ep.ledger.entries))
-            ep.close()
+            plays.append(json.dumps(play(PreparedCase(c), name).ledger))
         assert plays[0] == plays[1]
 
 
 def test_careful_reaches_one_on_the_train_split_sample(train_sample):
     for case in train_sample:
         p = PreparedCase(case)
-        assert play(p, make_agent("careful"))["reward"] == 1.0, case["case_id"]
-        assert play(p, make_agent("careful-sql"))["reward"] == 1.0, case["case_id"]
+        assert play(p, "careful").grade.reward == 1.0, case["case_id"]
+        assert play(p, "careful-sql").grade.reward == 1.0, case["case_id"]
 
 
 @pytest.fixture(scope="module")
@@ -97,15 +97,42 @@ def train_sample():
     return read_cases(TRAIN)[::8]
 
 
-def test_an_agent_that_raises_is_graded_as_it_stands(prepared):
+def _spec(cls):
+    """An agent class the registry does not know, as the engine plays it (a fresh one per episode)."""
+    return AgentSpec(cls.name, {}, cls, cls.name)
+
+
+def test_an_agent_that_raises_fails_its_episode(prepared):
     class Crashes:
         name, oracle = "crashes", False
 
         def play(self, tools, case=None):
             tools("list_batches")
             raise RuntimeError("model went away")
-    g = play(prepared["eval-resent-rows-0"], Crashes())
-    assert g["reward"] == 0.0 and not g["finished"] and "model went away" in g["error"]
+    r = play(prepared["eval-resent-rows-0"], _spec(Crashes))
+    g = r.grade
+    assert g.failed and g.reward == 0.0 and not g.finished and "model went away" in g.reason
+    assert r.end_reason == AGENT_ERROR and "model went away" in r.error
+    assert [e["action"] for e in r.ledger] == ["list_batches"]
+
+
+def test_an_agent_that_raises_after_a_perfect_report_still_fails(prepared):
+    """One rule everywhere: a raising agent is a failed episode, whatever it had done before."""
+    from gate_pipeline.agents.careful import CarefulSQL
+
+    class CrashesAfterReport(CarefulSQL):
+        name = "crashes-after-report"
+
+        def play(self, tools, case=None):
+            super().play(tools, case)
+            raise RuntimeError("crashed on the way out")
+    p = prepared["eval-resent-rows-0"]
+    assert play(p, "careful-sql").grade.reward == 1.0  # the same calls, not raising, score 1
+    r = play(p, _spec(CrashesAfterReport))
+    g = r.grade
+    assert g.failed and g.reward == 0.0 and all(getattr(g, t) == 0.0 for t in TERMS)
+    assert g.finished and g.ledger_intact and "crashed on the way out" in g.reason
+    assert r.end_reason == AGENT_ERROR and r.ledger[-1]["action"] == "submit_report"
 
 
 def test_unknown_agent_name():
@@ -117,6 +144,28 @@ def test_unknown_agent_name():
 @pytest.mark.parametrize("without, text", [(5, "must be a list of rule keys"), ("orders.amount.out_of_range", "must be a list"),
                                            (["orders.nope"], "unknown rule 'orders.nope'")])
 def test_a_bad_without_option_is_a_clear_agent_error(name, without, text):
-    with pytest.raises(UnknownAgent, match=text):
+    with pytest.raises(AgentOptionError, match=text):
         make_agent(name, without=without)
     assert make_agent(name, without=["orders.amount.out_of_range"]).without[0] == "orders.amount.out_of_range"
+
+
+@pytest.mark.parametrize("name, options, text", [
+    ("naive", {"bogus": 1}, "does not take option 'bogus'; it takes no options"),
+    ("random", {"speed": 1}, "does not take option 'speed'; it takes seed, max_calls"),
+    ("random", {"seed": "x"}, "option 'seed' must be a whole number"),
+    ("random", {"seed": True}, "option 'seed' must be a whole number"),
+    ("random", {"max_calls": -1}, "option 'max_calls' must be a whole number >= 0"),
+])
+def test_bad_options_are_an_option_error_not_an_unknown_agent(name, options, text):
+    with pytest.raises(AgentOptionError, match=text) as exc:
+        make_agent(name, **options)
+    assert not isinstance(exc.value, UnknownAgent)
+
+
+def test_the_random_agent_draws_from_the_case_not_the_play_order(eval_cases):
+    a, b = PreparedCase(eval_cases[5]), PreparedCase(eval_cases[9])
+    first = play(a, "random").ledger
+    play(b, "random")
+    play(b, "random")
+    assert play(a, "random").ledger == first
+    assert play(b, "random").ledger != first

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,8 @@ GATE = str(Path(sys.executable).parent / "gate")
 
 
 def gate(*args, cwd=ROOT):
-    return subprocess.run([GATE, *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+    env = {k: v for k, v in os.environ.items() if k not in ("GATE_CASES_DIR", "GATE_CONTRACTS")}
+    return subprocess.run([GATE, *args], capture_output=True, text=True, cwd=cwd, timeout=300, env=env)
 
 
 def one_line_error(p, text):
@@ -23,8 +25,8 @@ def one_line_error(p, text):
     assert "Traceback" not in p.stderr
 
 
-def test_report_json_has_one_grade_per_case():
-    p = gate("report", "--json", "--agents", "naive,careful-sql")
+def test_report_json_has_one_grade_per_case(tmp_path):
+    p = gate("report", "--json", "--agents", "naive,careful-sql", cwd=tmp_path)  # the shipped split, from anywhere
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert list(out["agents"]) == ["naive", "careful-sql"]
@@ -33,8 +35,8 @@ def test_report_json_has_one_grade_per_case():
             "revenue_error_usd", "ledger_intact", "finished"} <= set(out["agents"]["naive"][0])
 
 
-def test_report_tables_default_to_the_classic_eval_split():
-    p = gate("report")
+def test_report_tables_default_to_the_classic_eval_split(tmp_path):
+    p = gate("report", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("eval split: 32 cases, 64 batches, 24 defective")
     assert "reward (mean)                 0.5344        1.0000        0.3875" in p.stdout
@@ -42,8 +44,8 @@ def test_report_tables_default_to_the_classic_eval_split():
     assert "eval-amount-bounds-2       naive $  346,264.39   correct $   41,281.06" in p.stdout
 
 
-def test_attacks_table():
-    p = gate("attacks")
+def test_attacks_table(tmp_path):
+    p = gate("attacks", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     assert lines[0].split() == ["agent", "reward", "disp", "report", "evid", "insp", "bad", "loaded", "revenue", "err", "$"]
@@ -57,11 +59,13 @@ def test_replay_json(tmp_path):
     t.write_text(json.dumps({"case_id": case_id, "calls": [
         {"tool": "list_batches", "args": {}}, {"tool": "load_batch", "args": {"batch_id": 7}},
         {"tool": "nope"}, {"tool": "submit_report", "args": {"loaded": [], "quarantined": []}}]}) + "\n")
-    p = gate("replay", "--trajectories", str(t), "--json")
+    p = gate("replay", "--trajectories", str(t), "--json", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert len(out["results"]) == len(out["ledger"]) == 4 and "error" in out["results"][1]
-    assert out["grade"]["finished"] and out["grade"]["ledger_intact"]
+    assert "error" in out["results"][2] and [e["executed"] for e in out["ledger"]] == [True, False, False, True]
+    assert out["grade"]["finished"] and out["grade"]["ledger_intact"] and out["case_id"] == case_id
+    assert "rewards" not in out  # terminal mode prints no step rewards
 
 
 def test_cases_generate(tmp_path):
@@ -86,11 +90,13 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(args, text):
 def test_bad_trajectory_lines(tmp_path):
     t = tmp_path / "t.jsonl"
     t.write_text("{oops\n")
-    one_line_error(gate("replay", "--trajectories", str(t)), "t.jsonl:1: not JSON")
+    one_line_error(gate("replay", "--trajectories", str(t)), "t.jsonl:1: not valid JSON")
     t.write_text(json.dumps({"case_id": "nope", "calls": []}) + "\n")
     one_line_error(gate("replay", "--trajectories", str(t)), "no case 'nope'")
     t.write_text(json.dumps({"case_id": "eval-clean-control-0", "calls": "x"}) + "\n")
-    one_line_error(gate("replay", "--trajectories", str(t)), "needs 'case_id' and a list 'calls'")
+    one_line_error(gate("replay", "--trajectories", str(t)), "with 'case_id' and a list 'calls'")
+    t.write_text(json.dumps({"case_id": 5, "calls": []}) + "\n")
+    one_line_error(gate("replay", "--trajectories", str(t)), "t.jsonl:1: 'case_id' must be a non-empty string")
 
 
 def test_malformed_case_line_names_file_and_line(tmp_path):

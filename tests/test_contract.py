@@ -110,3 +110,13 @@ def test_schemas_follow_the_document_not_a_second_copy():
 def test_committed_contract_file_loads():
     assert load_contract_file(ROOT / "contracts" / "classic.yaml")["reporting_window"] == {
         "start": "2026-09-01", "end": "2026-09-30"}
+
+
+def test_load_contract_reads_the_directory_it_is_given(tmp_path):
+    doc = load_contract()
+    doc["limits"]["max_amount"] = 777
+    (tmp_path / "classic.yaml").write_text(yaml.safe_dump(doc))
+    assert load_contract("classic", tmp_path)["limits"]["max_amount"] == 777
+    assert load_contract("classic")["limits"]["max_amount"] == 50000  # the shipped one, unchanged
+    with pytest.raises(ContractError, match=r"nope\.yaml: cannot read contract"):
+        load_contract("nope", tmp_path)

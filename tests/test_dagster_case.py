@@ -1,19 +1,20 @@
 """A case partition played in Dagster, graded by the sensor from the stored run."""
-import json
+import time
+import uuid
 from pathlib import Path
 
 import dagster as dg
 import pytest
 
-from gate_pipeline.agents import AGENTS, make_agent
+from gate_pipeline.agents.registry import BUILTIN
 from gate_pipeline.cases import read_cases, write_cases
 from gate_pipeline.dagster_defs.checks import CHECKED_TABLES, contract_failures
 from gate_pipeline.dagster_defs.definitions import defs
 from gate_pipeline.dagster_defs.jobs import play_case_run_config
 from gate_pipeline.dagster_defs.partitions import cases_partitions, sync_case_partitions
 from gate_pipeline.dagster_defs.resources import CaseLibrary, GateStore
-from gate_pipeline.grader import GRADE_KEYS
-from gate_pipeline.runner import play
+from gate_pipeline.engine import EpisodeStart, play
+from gate_pipeline.grader import GRADE_KEYS, grade_stored
 from gate_pipeline.store import RunStore
 from gate_pipeline.world import PreparedCase
 
@@ -48,6 +49,14 @@ def run_case(instance, case_id, agent, **options):
         raise_on_error=False)
 
 
+def open_episode(store, case_id, agent, run_id):
+    """A stored episode that was started and never ended (its process died): its id."""
+    episode_id = uuid.uuid4().hex
+    store.start_episode(EpisodeStart(episode_id, case(case_id), agent, {}, run_id, 0, time.time()))
+    assert store.episode(episode_id)["status"] == "running"
+    return episode_id
+
+
 def tick(instance, cursor=None):
     context = dg.build_sensor_context(instance=instance, cursor=cursor,
                                       resources={"gate_store": GateStore(), "case_library": CaseLibrary()})
@@ -62,8 +71,10 @@ def test_careful_partition_grades_as_the_core(home, instance, case_id):
     [obs] = data.asset_events
     assert obs.asset_key == dg.AssetKey("agent_report") and obs.partition == case_id
     stored = RunStore().latest_grades(case_id)["careful"]
-    core = play(PreparedCase(case(case_id)), make_agent("careful"))
-    assert {k: stored[k] for k in CORE_KEYS} == core
+    core = play(PreparedCase(case(case_id)), "careful").grade.as_dict()
+    assert set(CORE_KEYS) <= set(core)
+    assert stored.pop("agent") == "careful" and stored.pop("episode_id") == obs.metadata["episode_id"].value
+    assert stored == core
     assert obs.metadata["reward"].value == core["reward"] == 1.0
     assert obs.metadata["ledger_intact"].value is True
 
@@ -73,11 +84,18 @@ def test_bridge_materializes_each_load_on_the_partition(home, instance):
     result = run_case(instance, case_id, "naive")
     mats = [e.event_specific_data.materialization for e in result.get_asset_materialization_events()]
     loads = [m for m in mats if m.asset_key.path[0] in ("wh_customers", "wh_orders")]
-    [episode] = RunStore().episodes_of_run(result.run_id)
+    [episode] = RunStore().episodes(run_id=result.run_id)
     ledger_loads = [e for e in RunStore().entries(episode["episode_id"]) if e["action"] == "load_batch"]
     assert len(loads) == len(ledger_loads) == len(case(case_id)["batches"])
     assert all(m.partition == case_id and m.metadata["agent"].value == "naive" for m in loads)
     assert [m.metadata["ledger_hash"].value for m in loads] == [e["hash"] for e in ledger_loads]
+    # each load's table size: the seed warehouse's rows plus every row loaded into that table so far
+    sizes = {t: len(rows) for t, rows in case(case_id)["warehouse"].items()}
+    for m, e in zip(loads, ledger_loads):
+        table = m.asset_key.path[0].removeprefix("wh_")
+        sizes[table] += e["args"]["rows"]
+        assert m.metadata["rows_loaded"].value == e["args"]["rows"]
+        assert m.metadata["table_rows"].value == sizes[table], m.metadata["batch_id"].value
     checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
     assert set(checks) == {"customers_contract", "orders_contract"}
     mart = next(m for m in mats if m.asset_key.path == ["revenue_mart"])
@@ -89,6 +107,9 @@ def test_contract_check_reports_failure_cases(home, instance):
     check = next(e for e in result.get_asset_check_evaluations() if e.check_name == "orders_contract")
     assert not check.passed and check.metadata["batches_failing"].value == 1
     assert "out_of_range" in check.metadata["failure_cases"].value
+    # staging is described from the case, never written under GATE_HOME: only the run store is there
+    assert not (home / "cases").exists()
+    assert {p.name for p in home.iterdir()} <= {"runs.db", "runs.db-wal", "runs.db-shm", "warehouses"}
 
 
 def test_contract_checks_flag_exactly_the_defective_batches():
@@ -110,8 +131,13 @@ def test_sensor_grades_a_finished_run_exactly_once(home, instance):
     store = RunStore()
     assert store.ungraded() == []
     assert tick(instance, cursor=first.cursor).asset_events == []
-    for ep in store.episodes_of_run(first.asset_events[0].metadata["dagster_run_id"].value):
-        assert store.grade_count(ep["episode_id"]) == 1 and not store.record_grade(ep["episode_id"])
+    graded = {e.metadata["episode_id"].value for e in first.asset_events}
+    assert graded == {ep["episode_id"] for ep in store.episodes()}
+    for episode_id in graded:
+        ep = store.episode(episode_id)
+        assert store.grade_count(episode_id) == 1
+        assert not store.add_grade(episode_id, ep["agent"], grade_stored(store.load(episode_id)))
+        assert store.grade_count(episode_id) == 1
     latest = first.asset_events[1].metadata["latest_grade_by_agent"].value
     assert "| careful |" in latest and "| naive |" in latest
 
@@ -130,7 +156,7 @@ class Raiser:
 
 
 def test_agent_that_raises_is_graded_zero_with_the_reason(home, instance, monkeypatch):
-    monkeypatch.setitem(AGENTS, "raiser", Raiser)
+    monkeypatch.setitem(BUILTIN, "raiser", f"{__name__}:Raiser")
     result = run_case(instance, "eval-clean-control-1", "raiser")
     assert not result.success
     [obs] = tick(instance).asset_events
@@ -138,15 +164,22 @@ def test_agent_that_raises_is_graded_zero_with_the_reason(home, instance, monkey
     assert "RuntimeError: the agent fell over" in obs.metadata["reason"].value
     grade = RunStore().latest_grades("eval-clean-control-1")["raiser"]
     assert grade["reward"] == 0.0 and grade["ledger_intact"] and grade["finished"]
+    assert grade["failed"] is True and all(grade[t] == 0.0 for t in ("disposition", "report", "evidence", "inspected"))
+    [episode] = RunStore().episodes(run_id=result.run_id)
+    assert episode["status"] == "ended" and episode["end_reason"] == "agent_error"
 
 
-def test_unknown_agent_fails_the_run_clearly_and_is_recorded(home, instance):
+def test_unknown_agent_fails_the_run_clearly_and_stores_nothing(home, instance):
     result = run_case(instance, "eval-clean-control-1", "no-such-agent")
     assert not result.success
     failure = next(e for e in result.all_events if e.is_step_failure)
     assert "unknown agent 'no-such-agent'" in failure.event_specific_data.error.message
-    [obs] = tick(instance).asset_events
-    assert obs.metadata["reward"].value == 0.0 and "unknown agent" in obs.metadata["reason"].value
+    mats = {e.event_specific_data.materialization.asset_key.to_user_string()
+            for e in result.get_asset_materialization_events()}
+    assert not mats & {"wh_customers", "wh_orders", "revenue_mart", "agent_report"}
+    assert RunStore().episodes() == []  # no phantom episode, so no phantom leaderboard row
+    data = tick(instance)
+    assert data.asset_events == [] and data.skip_message
 
 
 def test_agent_options_reach_the_agent(home, instance):
@@ -158,13 +191,17 @@ def test_agent_options_reach_the_agent(home, instance):
 
 def test_abandoned_episode_is_closed_and_graded_zero(home, instance):
     result = run_case(instance, "eval-clean-control-2", "careful")
+    assert result.success
     store = RunStore()
-    prepared = PreparedCase(case("eval-clean-control-2"))
-    episode_id, path = store.start_episode(prepared, "careful", {}, result.run_id)  # never ended: a crash
+    episode_id = open_episode(store, "eval-clean-control-2", "careful", result.run_id)  # never ended: a crash
     data = tick(instance)
     grades = {e.metadata["episode_id"].value: e for e in data.asset_events}
+    assert len(grades) == 2  # the run's own episode, and the abandoned one
     assert grades[episode_id].metadata["reward"].value == 0.0
+    assert grades[episode_id].metadata["failed"].value is True
     assert "ended (SUCCESS) before the episode did" in grades[episode_id].metadata["reason"].value
+    episode = store.episode(episode_id)
+    assert episode["status"] == "ended" and episode["end_reason"] == "abandoned"
 
 
 def test_partitions_follow_the_case_files(tmp_path):
@@ -189,7 +226,7 @@ def test_failed_run_sensor_closes_the_runs_open_episodes(home, instance):
     result = run_case(instance, "eval-clean-control-3", "no-such-agent")
     assert not result.success
     store = RunStore()
-    episode_id, _ = store.start_episode(PreparedCase(case("eval-clean-control-3")), "careful", {}, result.run_id)
+    episode_id = open_episode(store, "eval-clean-control-3", "careful", result.run_id)
     failure = next(e for e in result.all_events if e.event_type_value == "PIPELINE_FAILURE")
     context = dg.build_run_status_sensor_context(
         sensor_name="failed_run_sensor", dagster_event=failure, dagster_instance=instance,

@@ -14,7 +14,7 @@ from gate_pipeline.dagster_defs.definitions import defs
 dg.Definitions.validate_loadable(defs)
 for name in ("play_case", "nightly_benchmark", "nightly_benchmark_multiprocess"):
     defs.resolve_job_def(name)
-for name in ("grading_sensor", "case_partitions_sensor"):
+for name in ("grading_sensor", "failed_run_sensor", "case_partitions_sensor"):
     defs.resolve_sensor_def(name)
 defs.resolve_schedule_def("nightly_benchmark_schedule")
 print("loaded")
@@ -40,6 +40,11 @@ def test_assets_groups_kinds_and_checks():
     assert checks == {"customers_contract", "orders_contract"}
     upstream = {k.to_user_string() for k in graph.get(dg.AssetKey("revenue_mart")).parent_keys}
     assert upstream == {"wh_customers", "wh_orders"}
+    # staging reads the case library only; playing needs the run store too
+    def resources(key):  # Dagster adds its io_manager to every asset
+        return defs.resolve_assets_def(key).required_resource_keys - {"io_manager"}
+    assert resources("staging_batches") == {"case_library"}
+    assert resources("revenue_mart") == {"case_library", "gate_store"}  # agent_episode's multi-asset
 
 
 def test_schedule_is_0200_utc():

@@ -13,6 +13,7 @@ from gate_pipeline.cli.main import main
 from gate_pipeline.dagster_defs.definitions import defs
 from gate_pipeline.dagster_defs.jobs import nightly_run_config
 from gate_pipeline.dagster_defs.scoreboard import regressions
+from gate_pipeline.records import Grade
 from gate_pipeline.store import RunStore
 from gate_pipeline.tables import baseline_tables, summary
 
@@ -46,13 +47,17 @@ def test_nightly_scoreboard_equals_gate_report(home, capsys):
         meta = scoreboard_metadata(result)
         assert set(instance.get_dynamic_partitions("cases")) == {c["case_id"] for c in cases}
     assert board["grades"] == reported
-    assert meta["summary"].value == {**summary(cases, reported), "cases_file": str(EVAL)}
-    assert board["tables"] == baseline_tables(cases, reported, split="eval")
+    typed = {agent: [Grade.from_dict(g) for g in gs] for agent, gs in reported.items()}
+    assert meta["summary"].value == {**summary(cases, typed), "cases_file": str(EVAL)}
+    assert board["tables"] == baseline_tables(cases, typed, split="eval")
     assert board["tables"] in meta["tables"].value
     assert meta["episodes"].value == len(cases) * len(AGENTS)
     store = RunStore()
     assert len(store.ungraded()) == len(cases) * len(AGENTS)  # left for the grading sensor to record
-    assert [n["summary"]["agents"]["careful"]["reward"] for n in store.nightly_history()] == [1.0]
+    [night] = store.nightly_history()
+    assert night["summary"]["agents"]["careful"]["reward"] == 1.0
+    assert night["run_id"] == result.run_id
+    assert {ep["run_id"] for ep in store.episodes()} == {result.run_id}
 
 
 def test_history_and_regressions(home, tmp_path):
@@ -106,3 +111,15 @@ def test_gate_nightly_prints_the_scoreboard_and_history(home, tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith("eval split: 2 cases")
     assert "nightly history (mean reward):" in out and "eval_small.jsonl" in out
+
+
+def test_nightly_default_cases_file_is_the_librarys_classic_eval_split(home, tmp_path, monkeypatch):
+    library = tmp_path / "cases"
+    write_cases(library / "classic" / "eval_curated.jsonl", read_cases(EVAL)[:2])
+    monkeypatch.setenv("GATE_CASES_DIR", str(library))
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = defs.resolve_job_def("nightly_benchmark").execute_in_process(
+            instance=instance, run_config=nightly_run_config(agents=["careful"]))
+    board = result.output_for_node("scoreboard")
+    assert board["summary"]["cases_file"] == str(library.resolve() / "classic" / "eval_curated.jsonl")
+    assert board["summary"]["cases"] == 2 and len(board["grades"]["careful"]) == 2

@@ -29,6 +29,22 @@ def test_generator_regenerates_the_committed_bytes(tmp_path):
         assert p.read_bytes() == committed.read_bytes(), p.name
 
 
+def test_generator_takes_the_contract_from_the_directory_it_is_given(tmp_path):
+    import yaml
+    contracts = tmp_path / "contracts"
+    contracts.mkdir()
+    doc = load_contract()
+    doc["limits"]["max_amount"] = 12345
+    (contracts / "classic.yaml").write_text(yaml.safe_dump(doc))
+    paths = generate_suite("classic", tmp_path / "out", contracts)
+    for p in paths:
+        cases = read_cases(p)
+        assert all(c["contract"] == doc for c in cases)
+        committed = read_cases(EVAL if p.name == EVAL.name else TRAIN)
+        # only the contract changed: every draw is the same
+        assert [{**c, "contract": None} for c in cases] == [{**c, "contract": None} for c in committed]
+
+
 def test_generation_is_deterministic():
     contract = load_contract()
     a = [json.dumps(c, sort_keys=True) for c in train_cases(contract)[:16]]

@@ -7,6 +7,7 @@ import pytest
 from gate_pipeline.cases import read_cases
 from gate_pipeline.cli.main import main
 from gate_pipeline.experiments import experiment_tables, run_experiment
+from gate_pipeline.variants import load_variants
 
 CASES = Path(__file__).resolve().parent.parent / "cases" / "classic" / "eval_curated.jsonl"
 VARIANTS = ["full", "no-orders.customer_id.orphan_reference", "no-orders.amount.out_of_range",
@@ -15,7 +16,7 @@ VARIANTS = ["full", "no-orders.customer_id.orphan_reference", "no-orders.amount.
 
 @pytest.fixture(scope="module")
 def experiment():
-    return run_experiment(read_cases(CASES), VARIANTS)
+    return run_experiment(read_cases(CASES), load_variants(VARIANTS))
 
 
 def test_full_contract_stops_every_bad_batch_and_refuses_nothing_clean(experiment):
@@ -52,7 +53,7 @@ def test_over_strict_refuses_clean_batches_and_loses_revenue(experiment):
     assert strict["bad_batches_loaded"] == 0
     assert strict["clean_batches_refused"] > 0 and strict["revenue_error_usd"] > 0
     assert strict["reward"] < 1.0
-    assert strict["clean_batches_refused"] == sum(g["clean_batches_refused"] for g in grades["careful@over-strict"])
+    assert strict["clean_batches_refused"] == sum(g.clean_batches_refused for g in grades["careful@over-strict"])
     assert strict["refused_clean_in"]  # names where the good data was refused
     assert "legit-edge" in strict["refused_clean_in"]  # an amount at the 50,000 cap, a date on the 30th
 
@@ -89,6 +90,23 @@ def test_cli_errors_are_one_line(argv, needle, capsys):
     assert needle in err and err.startswith("gate: error: ") and err.count("\n") == 1
 
 
+def test_by_default_every_variant_file_of_the_contracts_directory_is_played(tmp_path):
+    contracts = tmp_path / "contracts"
+    (contracts / "variants").mkdir(parents=True)
+    root = Path(__file__).resolve().parent.parent
+    (contracts / "classic.yaml").write_text((root / "contracts" / "classic.yaml").read_text(encoding="utf-8"),
+                                            encoding="utf-8")
+    (contracts / "variants" / "cap-20k.yaml").write_text(
+        "variant:\n  base: classic\n  description: cap 20k\n  overrides: {limits: {max_amount: 20000}}\n",
+        encoding="utf-8")
+    cases = read_cases(CASES)[:4]
+    ticks = []
+    summary, grades = run_experiment(cases, progress=lambda: ticks.append(1), contracts=contracts)
+    assert list(summary["variants"]) == ["cap-20k"] and list(grades) == ["careful@cap-20k"]
+    assert [g.case_id for g in grades["careful@cap-20k"]] == [c["case_id"] for c in cases]
+    assert summary["variants"]["cap-20k"]["description"] == "cap 20k" and len(ticks) == len(cases)
+
+
 NIGHTLY_VARIANTS = ["full", "no-orders.customer_id.orphan_reference", "over-strict"]
 
 
@@ -116,13 +134,13 @@ def test_variants_run_as_a_config_of_the_nightly_benchmark_job(gate_home):
         result = defs.resolve_job_def("nightly_benchmark").execute_in_process(
             instance=instance, run_config=nightly_run_config(str(small), agents, chunk_size=4))
         board = result.output_for_node("scoreboard")
-    _, expected = run_experiment(cases, NIGHTLY_VARIANTS)
+    _, expected = run_experiment(cases, load_variants(NIGHTLY_VARIANTS))
     keys = ["case_id", "family", "reward", "disposition", "evidence", "bad_batches_loaded",
             "revenue_error_usd", "ledger_intact"]
     assert list(board["grades"]) == agents
     for agent in agents:
         assert [{k: g[k] for k in keys} for g in board["grades"][agent]] == \
-               [{k: g[k] for k in keys} for g in expected[agent]]
+               [{k: getattr(g, k) for k in keys} for g in expected[agent]]
     A = board["summary"]["agents"]
     assert A["careful@full"]["reward"] == 1.0
     assert A["careful@no-orders.customer_id.orphan_reference"]["bad_batches_loaded"] > 0

@@ -8,8 +8,8 @@ import pytest
 
 from gate_pipeline.cases import read_cases
 from gate_pipeline.cli.main import main
+from gate_pipeline.engine import play_cases
 from gate_pipeline.html_report import render_html, write_html
-from gate_pipeline.runner import play_agents
 
 CASES = Path(__file__).resolve().parent.parent / "cases" / "classic" / "eval_curated.jsonl"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -17,7 +17,8 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 @pytest.fixture(scope="module")
 def grades():
-    return play_agents(read_cases(CASES), ["naive", "careful"])
+    played = play_cases(read_cases(CASES), ["naive", "careful"])
+    return {agent: [r.grade for r in results] for agent, results in played.items()}
 
 
 def test_page_is_self_contained(grades):

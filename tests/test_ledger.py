@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 
-from gate_pipeline.agents import make_agent
+from gate_pipeline.engine import play
 from gate_pipeline.grader import grade, grade_record
-from gate_pipeline.ledger import Ledger, canonical_json, chain_intact, entry_hash
-from gate_pipeline.runner import play
+from gate_pipeline.ledger import GENESIS, Ledger, canonical_json, chain_intact, entry_hash, last_hash
+from gate_pipeline.tools import Episode
 
 
 def test_spec_test_vector():
@@ -25,97 +26,116 @@ def test_canonical_json_is_json_dumps_sorted():
 
 
 def _played(prepared, case_id="eval-resent-rows-0", agent="careful-sql"):
-    g, ep = play(prepared[case_id], make_agent(agent), keep_episode=True)
-    return g, ep
+    """One finished episode (engine.play): its grade, ledger entries and prepared case."""
+    return play(prepared[case_id], agent)
 
 
 def test_an_honest_ledger_is_intact(prepared):
-    g, ep = _played(prepared)
-    assert g["ledger_intact"] and chain_intact(ep.ledger.entries) and len(ep.ledger.entries) > 5
-    ep.close()
+    r = _played(prepared)
+    assert r.grade.ledger_intact and chain_intact(r.ledger) and len(r.ledger) > 5
 
 
 def test_edited_argument_breaks_the_chain(prepared):
-    _, ep = _played(prepared)
-    entries = copy.deepcopy(ep.ledger.entries)
+    r = _played(prepared)
+    entries = copy.deepcopy(r.ledger)
     loads = [e for e in entries if e["action"] == "load_batch"]
     loads[0]["args"]["batch_id"] = "B-other"
     assert not chain_intact(entries)
-    ep.close()
 
 
 def test_deleted_entry_breaks_the_chain(prepared):
-    _, ep = _played(prepared)
-    entries = copy.deepcopy(ep.ledger.entries)
+    r = _played(prepared)
+    entries = copy.deepcopy(r.ledger)
     del entries[3]
     assert not chain_intact(entries)
-    ep.close()
 
 
 def test_swapped_entries_break_the_chain(prepared):
-    _, ep = _played(prepared)
-    entries = copy.deepcopy(ep.ledger.entries)
+    r = _played(prepared)
+    entries = copy.deepcopy(r.ledger)
     entries[2], entries[3] = entries[3], entries[2]
     assert not chain_intact(entries)
-    ep.close()
 
 
 def test_rehashed_forgery_still_breaks_the_links(prepared):
     """Editing an entry and recomputing its own hash leaves the next entry's prev_hash dangling."""
-    _, ep = _played(prepared)
-    entries = copy.deepcopy(ep.ledger.entries)
+    r = _played(prepared)
+    entries = copy.deepcopy(r.ledger)
     e = entries[2]
     e["executed"] = not e["executed"]
     e["hash"] = entry_hash({k: e[k] for k in ("seq", "action", "args", "executed", "note", "prev_hash")})
     assert not chain_intact(entries)
-    ep.close()
 
 
 def test_grade_of_a_tampered_ledger_says_so(prepared):
-    g, ep = _played(prepared)
-    p = ep.prepared
-    entries = copy.deepcopy(ep.ledger.entries)
+    r = _played(prepared)
+    p = prepared[r.case_id]
+    entries = copy.deepcopy(r.ledger)
     entries[-1]["args"]["quarantined"] = []
-    forged = grade_record(p.case, entries, ep.world.revenue(), p.correct_mart)
-    assert g["ledger_intact"] and not forged["ledger_intact"]
-    assert grade(ep)["ledger_intact"]
+    forged = grade_record(p.case, entries, r.grade.revenue, p.correct_mart)
+    assert r.grade.ledger_intact and not forged.ledger_intact
+    # the episode's own entries are untouched: graded again, they give the episode's grade
+    again = grade_record(p.case, r.ledger, r.grade.revenue, p.correct_mart)
+    assert again == r.grade and again.ledger_intact
+
+
+def test_grade_of_a_live_episode_reads_its_own_ledger(prepared):
+    p = prepared["eval-resent-rows-0"]
+    ep = Episode(p)
+    for b in p.order:
+        ep.call("profile_batch", {"batch_id": b})
+    ep.call("submit_report", {"loaded": [], "quarantined": []})
+    assert grade(ep).ledger_intact
+    ep.ledger.entries[0]["args"]["batch_id"] = "B-other"
+    assert not grade(ep).ledger_intact
     ep.close()
 
 
 def test_a_mangled_stored_ledger_is_graded_not_crashed(prepared):
-    _, ep = _played(prepared)
-    p = ep.prepared
-    entries = copy.deepcopy(ep.ledger.entries)
+    r = _played(prepared)
+    p = prepared[r.case_id]
+    entries = copy.deepcopy(r.ledger)
     entries[1] = "not an entry"
     entries[2]["args"] = None
     entries[-1]["args"]["loaded"] = 5
-    g = grade_record(p.case, entries, ep.world.revenue(), p.correct_mart)
-    assert not g["ledger_intact"] and not g["finished"] and g["reward"] == 0.0
-    ep.close()
+    g = grade_record(p.case, entries, r.grade.revenue, p.correct_mart)
+    assert not g.ledger_intact and not g.finished and g.reward == 0.0
+
+
+def _dumps_hash(body: dict) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def test_the_fast_body_encoding_is_json_dumps_on_every_real_entry(prepared):
-    """Ledger hashes spell the body out for speed; on every entry the agents write, the bytes
-    must be exactly json.dumps(body, sort_keys=True)."""
+    """Ledger hashes spell the body out for speed (`_fields_hash`); on every entry the agents
+    write, the hashed bytes must be exactly json.dumps(body, sort_keys=True)."""
     from gate_pipeline.agents import ATTACKERS, BASELINES
-    from gate_pipeline.ledger import _body_json
+    from gate_pipeline.ledger import _fields_hash
     n = 0
     for case_id in list(prepared)[::4]:
         for name in [*BASELINES, *ATTACKERS]:
-            _, ep = play(prepared[case_id], make_agent(name), keep_episode=True)
-            for e in ep.ledger.entries:
+            for e in play(prepared[case_id], name).ledger:
                 body = {k: e[k] for k in ("seq", "action", "args", "executed", "note", "prev_hash")}
-                assert _body_json(**body) == json.dumps(body, sort_keys=True)
+                assert canonical_json(body) == json.dumps(body, sort_keys=True)
+                assert _fields_hash(**body) == _dumps_hash(body) == e["hash"]
                 n += 1
-            ep.close()
     odd = {"seq": 0, "action": "run_sql", "args": {"query": "SELECT '\u00e9\\\\\"'", "tables_read": []},
            "executed": False, "note": "caf\u00e9", "prev_hash": "genesis"}
-    assert _body_json(**odd) == json.dumps(odd, sort_keys=True)
+    assert _fields_hash(**odd) == _dumps_hash(odd)
     assert n > 1000
 
 
 def test_unusual_field_types_still_hash_like_json_dumps():
     from gate_pipeline.ledger import _fields_hash
     body = {"seq": 0, "action": "x", "args": [], "executed": 1, "note": None, "prev_hash": "genesis"}
-    expect = __import__("hashlib").sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-    assert _fields_hash(**body) == expect
+    assert _fields_hash(**body) == _dumps_hash(body)
+
+
+def test_the_listener_sees_each_entry_as_it_is_appended():
+    seen = []
+    ledger = Ledger(listener=lambda entry: seen.append((entry, len(ledger.entries))))
+    assert last_hash(ledger.entries) == GENESIS
+    ledger.append("list_batches", {}, True)
+    ledger.append("load_batch", {"batch_id": "B-1"}, False, "unknown batch")
+    assert [e for e, _ in seen] == ledger.entries and [n for _, n in seen] == [1, 2]
+    assert last_hash(ledger.entries) == ledger.entries[-1]["hash"] and chain_intact(ledger.entries)

@@ -1,4 +1,8 @@
-"""The model agent against a real chat-completions server on 127.0.0.1 playing scripted policies."""
+"""The model agent against a real chat-completions server on 127.0.0.1 playing scripted policies.
+
+Every episode is played by the one engine (`engine.play`), as `gate run` and the Dagster jobs
+play it: the model's conversation is the result's `agent_log` (`ModelAgent.episode_log()`).
+"""
 from __future__ import annotations
 
 import json
@@ -6,11 +10,13 @@ import time
 
 import pytest
 
-from gate_pipeline.agents import UnknownAgent, make_agent
+from gate_pipeline import engine
+from gate_pipeline.actions import parse_arguments
+from gate_pipeline.agents import AgentOptionError, UnknownAgent, make_agent, resolve_agent
+from gate_pipeline.agents.base import AgentUnfinished
 from gate_pipeline.ledger import chain_intact
 from gate_pipeline.model_agent.agent import ModelAgent
 from gate_pipeline.model_agent.tool_schemas import tool_schemas
-from gate_pipeline.runner import play
 from gate_pipeline.tools import SIGNATURES
 from scripted_server import MALFORMED, ScriptedServer
 
@@ -31,16 +37,14 @@ def _clean(server):
     server.faults.clear()
 
 
-def agent(server, model="careful", **kw):
-    return make_agent("model", model=model, base_url=server.url, backoff=0.01, **kw)
+def spec(server, model="careful", **kw):
+    return resolve_agent("model", {"model": model, "base_url": server.url, **kw})
 
 
 def play_one(prepared, server, case_id=ANY, model="careful", **kw):
-    a = agent(server, model, **kw)
-    g, episode = play(prepared[case_id], a, keep_episode=True)
-    entries = episode.ledger.entries
-    episode.close()
-    return g, a.last, entries
+    """(EpisodeResult, the model's conversation as logged) of one engine-played episode."""
+    result = engine.play(prepared[case_id], spec(server, model, **kw))
+    return result, result.agent_log
 
 
 def test_schemas_cover_the_seven_tools_with_their_signatures():
@@ -56,9 +60,12 @@ def test_careful_policy_scores_one_on_every_eval_case_through_the_http_loop(serv
     before = server.requests["careful"]
     rewards = []
     for case in eval_cases:
-        g, convo, entries = play_one(prepared, server, case["case_id"])
-        rewards.append(g["reward"])
-        assert convo.end_reason == "reported" and g["ledger_intact"] and chain_intact(entries)
+        result, convo = play_one(prepared, server, case["case_id"])
+        g = result.grade
+        rewards.append(g.reward)
+        assert convo["end_reason"] == result.end_reason == "reported" and not result.error and not g.failed
+        assert g.ledger_intact and chain_intact(result.ledger)
+        assert result.agent == "careful"  # a model agent is named by its model
     assert rewards == [1.0] * len(eval_cases)
     assert server.requests["careful"] - before == 4 * len(eval_cases)  # parallel tool calls: 4 turns per case
     sent = server.last_body
@@ -70,75 +77,113 @@ def test_careful_policy_scores_one_on_every_eval_case_through_the_http_loop(serv
                                           ("unknown-tool", "unknown_tool"), ("missing-arg", "bad_arguments"),
                                           ("mistyped-arg", "bad_arguments")])
 def test_each_malformed_tool_call_is_answered_counted_and_the_run_goes_on(server, prepared, kind, counter):
-    g, convo, entries = play_one(prepared, server, model=kind)
-    assert convo.counts[counter] == 1 and convo.counts["tool_errors"] == 1
-    first = convo.tool_calls[0]
+    result, convo = play_one(prepared, server, model=kind)
+    assert convo["counts"][counter] == 1 and convo["counts"]["tool_errors"] == 1
+    first = convo["tool_calls"][0]
     assert first["outcome"] == counter and first["name"] == MALFORMED[kind][0] and first["error"]
-    reply = json.loads(convo.messages[3]["content"])  # system, user, assistant, tool
-    assert convo.messages[3]["role"] == "tool" and "error" in reply
-    assert g["reward"] == 1.0 and convo.end_reason == "reported"
-    refused = [e for e in entries if not e["executed"]]
-    if counter in ("invalid_json", "not_an_object"):
-        assert refused == []  # never reached the episode: nothing to log
-    else:  # reached the episode, which refused and logged it
-        assert len(refused) == 1 and refused[0]["action"] == MALFORMED[kind][0]
+    assert first["arguments"] == MALFORMED[kind][1]  # the model's text, as it sent it
+    reply = json.loads(convo["messages"][3]["content"])  # system, user, assistant, tool
+    assert convo["messages"][3]["role"] == "tool" and "error" in reply
+    assert result.grade.reward == 1.0 and convo["end_reason"] == "reported"
+    refused = [e for e in result.ledger if not e["executed"]]
+    # every malformed call reaches the episode, which refuses it and logs it like any refused call
+    assert len(refused) == 1 and refused[0]["seq"] == 0 and refused[0]["action"] == MALFORMED[kind][0]
+    if counter in ("invalid_json", "not_an_object"):  # the arguments never parsed: a malformed action
+        assert refused[0]["note"] == "malformed action"
+        raw = MALFORMED[kind][1]  # what was sent: the text that is not JSON, or the value that is not an object
+        assert refused[0]["args"] == {"sent": json.dumps(raw if counter == "invalid_json" else json.loads(raw))}
+    else:
+        assert refused[0]["note"] == ("unknown tool" if counter == "unknown_tool" else "bad arguments")
+    assert chain_intact(result.ledger)
 
 
 def test_a_reply_with_no_tool_call_gets_a_nudge(server, prepared):
-    g, convo, _ = play_one(prepared, server, model="no-tool-call")
-    assert convo.counts["nudges"] == 1 and g["reward"] == 1.0
-    assert convo.messages[3] == {"role": "user", "content": convo.messages[3]["content"]}
-    assert "submit_report" in convo.messages[3]["content"]
+    result, convo = play_one(prepared, server, model="no-tool-call")
+    assert convo["counts"]["nudges"] == 1 and result.grade.reward == 1.0
+    assert convo["messages"][3] == {"role": "user", "content": convo["messages"][3]["content"]}
+    assert "submit_report" in convo["messages"][3]["content"]
 
 
 def test_max_turns_ends_the_rollout_unfinished_with_no_credit(server, prepared):
-    g, convo, _ = play_one(prepared, server, model="silent", max_turns=3)
-    assert convo.end_reason == "max_turns" and convo.turns == 3 and convo.counts["nudges"] == 3
-    assert g["reward"] == 0.0 and not g["finished"] and g["error"] == "RolloutUnfinished: max_turns: no report after 3 turns"
+    result, convo = play_one(prepared, server, model="silent", max_turns=3)
+    assert convo["end_reason"] == result.end_reason == "max_turns"
+    assert convo["turns"] == 3 and convo["counts"]["nudges"] == 3
+    g = result.grade
+    assert g.reward == 0.0 and not g.finished and g.failed
+    assert result.error == g.reason == "max_turns: no report after 3 turns"
+
+
+def test_played_outside_the_engine_the_agent_raises_unfinished_and_keeps_its_conversation(server, prepared):
+    agent = make_agent("model", model="silent", base_url=server.url, max_turns=2)
+    session = engine.Session(prepared[ANY], "silent")
+    with pytest.raises(AgentUnfinished) as err:
+        agent.play(session.tools)
+    assert err.value.end_reason == "max_turns" and str(err.value) == "max_turns: no report after 2 turns"
+    convo = agent.conversation
+    assert convo.end_reason == "max_turns" and convo.turns == 2 and convo.counts["nudges"] == 2
+    log = agent.episode_log()
+    assert log["messages"] == convo.messages and log["counts"] == convo.counts and log["turns"] == 2
+    assert log["settings"]["model"] == "silent" and "api_key" not in log["settings"]
+    result = session.finish()
+    assert result.end_reason == "no_report" and result.grade.reward == 0.0 and result.ledger == []
 
 
 @pytest.mark.parametrize("status", [429, 500])
 def test_http_429_and_500_are_retried_then_the_run_succeeds(server, prepared, status):
     server.faults[:] = [status, status]
-    g, convo, _ = play_one(prepared, server, retries=3)
-    assert convo.counts["retries"] == 2 and g["reward"] == 1.0 and not server.faults
+    result, convo = play_one(prepared, server, retries=3)
+    assert convo["counts"]["retries"] == 2 and result.grade.reward == 1.0 and not server.faults
 
 
 def test_errors_past_the_retries_end_the_rollout_with_the_reason(server, prepared):
     server.faults[:] = [500, 500, 500]
-    g, convo, entries = play_one(prepared, server, retries=1)
-    assert convo.end_reason == "api_error" and "HTTP 500" in convo.error and convo.counts["retries"] == 1
-    assert g["reward"] == 0.0 and entries == []
+    before = server.requests["careful"]
+    result, convo = play_one(prepared, server, retries=1)
+    assert server.requests["careful"] - before == 2 and server.faults == [500]  # one try, one retry
+    assert convo["end_reason"] == result.end_reason == "api_error" and "HTTP 500" in result.error
+    assert convo["counts"]["retries"] == 1  # the retry the client took before giving up is counted
+    assert result.grade.reward == 0.0 and result.grade.failed and "HTTP 500" in result.grade.reason
+    assert result.ledger == []
 
 
 def test_a_non_retryable_status_is_not_retried(server, prepared):
-    a = make_agent("model", model="careful", base_url=server.url + "/nowhere", backoff=0.01)
-    g = play(prepared[ANY], a)
-    assert a.last.end_reason == "api_error" and "404" in a.last.error and a.last.counts["retries"] == 0
-    assert g["reward"] == 0.0
+    started = time.monotonic()
+    result = engine.play(prepared[ANY], resolve_agent("model", {"model": "careful",
+                                                                "base_url": server.url + "/nowhere"}))
+    convo = result.agent_log
+    assert convo["end_reason"] == result.end_reason == "api_error" and "404" in result.error
+    assert convo["counts"]["retries"] == 0 and result.grade.reward == 0.0
+    # three retries with the client's backoff would take well over a second (0.375 s at least for the first)
+    assert time.monotonic() - started < 0.35
 
 
 def test_a_server_that_hangs_past_the_timeout_ends_the_rollout(server, prepared):
-    started = time.monotonic()
-    g, convo, _ = play_one(prepared, server, model="hang", timeout=0.3, retries=1)
-    assert convo.end_reason == "timeout" and convo.error == "request timed out" and convo.counts["retries"] == 1
-    assert g["reward"] == 0.0 and time.monotonic() - started < 2.5
+    started, before = time.monotonic(), server.requests["hang"]
+    result, convo = play_one(prepared, server, model="hang", timeout=0.3, retries=1)
+    assert server.requests["hang"] - before == 2
+    assert convo["end_reason"] == result.end_reason == "timeout"
+    assert convo["counts"]["retries"] == 1  # the client retried the timed-out request once
+    assert result.grade.reward == 0.0 and result.grade.failed and result.error == "timeout: request timed out"
+    assert time.monotonic() - started < 2.5
 
 
 def test_a_reply_that_is_not_a_chat_completion_is_an_api_error(server, prepared):
-    g, convo, _ = play_one(prepared, server, model="garbage")
-    assert convo.end_reason == "api_error" and "not a chat completion" in convo.error and g["reward"] == 0.0
+    result, convo = play_one(prepared, server, model="garbage")
+    assert convo["end_reason"] == result.end_reason == "api_error"
+    assert "not a chat completion" in result.error and result.grade.reward == 0.0
 
 
 def test_nothing_listens_is_an_api_error_not_a_crash(prepared):
-    a = make_agent("model", model="careful", base_url="http://127.0.0.1:9/v1", retries=0)
-    g = play(prepared[ANY], a)
-    assert a.last.end_reason == "api_error" and g["reward"] == 0.0
+    result = engine.play(prepared[ANY], resolve_agent("model", {"model": "careful",
+                                                                "base_url": "http://127.0.0.1:9/v1", "retries": 0}))
+    assert result.agent_log["end_reason"] == result.end_reason == "api_error"
+    assert result.grade.reward == 0.0 and result.grade.failed
 
 
 def test_usage_is_summed_when_the_server_gives_it(server, prepared):
-    _, convo, _ = play_one(prepared, server)
-    assert convo.usage["total_tokens"] == convo.usage["prompt_tokens"] + convo.usage["completion_tokens"] > 0
+    _, convo = play_one(prepared, server)
+    usage = convo["usage"]
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"] > 0
 
 
 @pytest.mark.parametrize("options,needle", [
@@ -148,11 +193,16 @@ def test_usage_is_summed_when_the_server_gives_it(server, prepared):
     ({"model": "m", "base_url": "http://x/v1", "timeout": -1}, "timeout"),
     ({"model": "m", "base_url": "http://x/v1", "temperature": "hot"}, "temperature"),
     ({"model": "m", "base_url": "http://x/v1", "colour": "red"}, "does not take ['colour']"),
+    ({"model": "m", "base_url": "http://x/v1", "backoff": 0.01}, "does not take ['backoff']"),
+    ({"model": "m", "base_url": "http://x/v1", "retries": -1}, "retries"),
 ])
 def test_bad_settings_are_one_clear_error(options, needle):
-    with pytest.raises(UnknownAgent, match=None) as err:
+    with pytest.raises(AgentOptionError) as err:
         make_agent("model", **options)
-    assert needle in str(err.value)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+    assert not isinstance(err.value, UnknownAgent)  # the agent exists; its options are wrong
+    with pytest.raises(AgentOptionError):
+        resolve_agent("model", options)
 
 
 def test_the_api_key_comes_from_the_named_variable_and_is_never_recorded(monkeypatch):
@@ -162,6 +212,19 @@ def test_the_api_key_comes_from_the_named_variable_and_is_never_recorded(monkeyp
 
 
 def test_arguments_nested_past_the_recursion_limit_are_a_tool_error():
-    from gate_pipeline.model_agent.agent import _parse_arguments
-    args, counter, error = _parse_arguments("[" * 100_000)
-    assert args is None and counter == "invalid_json" and "not valid JSON" in error
+    raw = "[" * 100_000
+    action = parse_arguments("profile_batch", raw)
+    assert action.tool == "profile_batch" and action.args == raw and action.kind == "invalid_json"
+    assert action.problem and "JSON" in action.problem
+
+
+@pytest.mark.parametrize("raw,kind", [('{"batch_id": ', "invalid_json"), ("[1, 2]", "not_an_object"),
+                                      ('"x"', "not_an_object")])
+def test_arguments_that_do_not_parse_say_which_kind(raw, kind):
+    action = parse_arguments("profile_batch", raw)
+    assert action.kind == kind and action.problem and action.args is not None
+
+
+@pytest.mark.parametrize("raw", [None, "", "  "])
+def test_no_arguments_is_an_empty_object(raw):
+    assert parse_arguments("list_batches", raw) == ("list_batches", {}, None, None)

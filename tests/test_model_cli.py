@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from gate_pipeline import engine
 from gate_pipeline.cli.main import main
+from gate_pipeline.grader import grade_stored
+from gate_pipeline.model_agent.rollouts import read_transcripts
+from gate_pipeline.settings import Settings
+from gate_pipeline.store import ENDED, RunStore
+from gate_pipeline.world import PreparedCase
 from scripted_server import ScriptedServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,6 +27,16 @@ ROOT = Path(__file__).resolve().parent.parent
 def server():
     with ScriptedServer() as s:
         yield s
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path_factory, monkeypatch):
+    """gate run keeps its episodes in the run store under GATE_HOME: a fresh one per test, apart from
+    the runs directory (tmp_path), never the working directory's .gate/."""
+    path = tmp_path_factory.mktemp("gate_home")
+    monkeypatch.setenv("GATE_HOME", str(path))
+    monkeypatch.delenv("GATE_DB_URL", raising=False)
+    return path
 
 
 def gate_run(server, tmp_path, *extra, model="careful"):
@@ -45,13 +61,13 @@ def test_gate_run_json(server, tmp_path, capsys):
     assert doc["summary"]["agents"]["silent"]["finished"] == 0
 
 
-def test_an_interrupted_gate_run_resumes_with_the_same_run_id(server, tmp_path, capsys):
+def test_an_interrupted_gate_run_resumes_with_the_same_run_id(server, tmp_path, capsys, home):
     server.delay = 0.03
     try:
         proc = subprocess.Popen([sys.executable, "-m", "gate_pipeline.cli.main", "run", "--model", "careful",
                                  "--base-url", server.url, "-n", "8", "-c", "1", "--run-id", "ir",
                                  "--runs-dir", str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+                                stderr=subprocess.PIPE, text=True, env={**os.environ, "GATE_HOME": str(home)})
         path = tmp_path / "ir" / "transcripts.jsonl"
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not (path.exists() and len(path.read_text().splitlines()) >= 2):
@@ -61,12 +77,46 @@ def test_an_interrupted_gate_run_resumes_with_the_same_run_id(server, tmp_path, 
     finally:
         server.delay = 0.0
     assert proc.returncode == 130 and err.strip().endswith("gate: interrupted")
-    done = len(path.read_text().splitlines())
+    first = [json.loads(line) for line in path.read_text().splitlines()]
+    done = sum(1 for t in first if t["end_reason"] == "reported")
     assert 2 <= done < 8
+    store = RunStore(Settings.from_env())
+    rows = store.episodes(run_id="ir")
+    store.dispose()
+    # the rollout in flight was cut off: ended as abandoned (played again on resume), never left running
+    assert all(row["status"] == ENDED for row in rows)
+    assert sorted(row["end_reason"] for row in rows) == ["abandoned"] * (len(rows) - done) + ["reported"] * done
     assert gate_run(server, tmp_path, "-n", "8", "--run-id", "ir") == 0
     out = capsys.readouterr().out
     assert f"run ir: 8 rollouts ({8 - done} played now, {done} kept from before)" in out
-    assert len(path.read_text().splitlines()) == 8
+    assert "ended: reported 8, max_turns 0, timeout 0, api_error 0" in out
+    assert len(path.read_text().splitlines()) == len(first) + 8 - done
+
+
+def test_gate_run_episodes_are_in_the_run_store_and_grade_as_their_replay(server, tmp_path, eval_cases):
+    assert gate_run(server, tmp_path, "-n", "4", "-r", "2", "-c", "3", "--run-id", "st") == 0
+    store = RunStore(Settings.from_env())  # the same store, through the same API, as the nightly job's
+    try:
+        rows = store.episodes(run_id="st")
+        assert len(rows) == 8 and all(r["status"] == ENDED and r["agent"] == "careful" for r in rows)
+        assert sorted((r["case_id"], r["rollout"]) for r in rows) == sorted(
+            (c["case_id"], i) for c in eval_cases[:4] for i in range(2))
+        lines = {t["episode_id"]: t for t in read_transcripts(tmp_path / "st" / "transcripts.jsonl")}
+        assert set(lines) == {r["episode_id"] for r in rows}
+        by_id = {c["case_id"]: c for c in eval_cases}
+        for row in rows:
+            stored = store.load(row["episode_id"])
+            assert stored.run_id == "st" and stored.rollout == row["rollout"] and not stored.problems
+            g = grade_stored(stored)
+            line = lines[row["episode_id"]]
+            actions = [{"tool": tc["name"], "args": tc["arguments"]} for tc in line["tool_calls"]]
+            _, replayed = engine.replay(PreparedCase(by_id[row["case_id"]]), actions)
+            assert g == replayed.grade and g.as_dict() == line["grade"] and g.reward == 1.0
+            strip = [(e["action"], e["args"], e["executed"], e["note"]) for e in stored.entries]
+            assert strip == [(e["action"], e["args"], e["executed"], e["note"]) for e in replayed.ledger]
+            assert stored.entries == line["ledger"]
+    finally:
+        store.dispose()
 
 
 @pytest.mark.parametrize("flags,needle", [
@@ -80,11 +130,11 @@ def test_an_interrupted_gate_run_resumes_with_the_same_run_id(server, tmp_path, 
     (["--cases", "/nonexistent/cases.jsonl"], "cases.jsonl"),
     (["--temperature", "warm"], "temperature"),
 ])
-def test_bad_input_is_one_line_and_exit_2(server, tmp_path, capsys, flags, needle):
+def test_bad_input_is_one_line_and_exit_2(server, tmp_path, capsys, flags, needle, home):
     assert gate_run(server, tmp_path, *flags) == 2
     err = capsys.readouterr().err
     assert err.startswith("gate: error:") and needle in err and len(err.strip().splitlines()) == 1
-    assert not any(tmp_path.iterdir())
+    assert not any(tmp_path.iterdir()) and not any(home.iterdir())  # no run directory, no store
 
 
 def test_a_bad_base_url_is_one_line(tmp_path, capsys):

@@ -35,28 +35,45 @@ def instance(tmp_path, monkeypatch):
         yield inst
 
 
-def play_and_grade(instance, options):
-    result = defs.resolve_job_def("play_case").execute_in_process(
+def play(instance, options):
+    return defs.resolve_job_def("play_case").execute_in_process(
         instance=instance, partition_key=CASE, run_config=play_case_run_config("model", options),
         raise_on_error=False)
+
+
+def grade_events(instance) -> list:
     context = dg.build_sensor_context(instance=instance,
                                       resources={"gate_store": GateStore(), "case_library": CaseLibrary()})
-    [obs] = defs.resolve_sensor_def("grading_sensor").evaluate_tick(context).asset_events
+    return defs.resolve_sensor_def("grading_sensor").evaluate_tick(context).asset_events
+
+
+def play_and_grade(instance, options):
+    result = play(instance, options)
+    [obs] = grade_events(instance)
     return result, obs
 
 
 def test_the_model_agent_is_selectable_in_the_run_config(server, instance):
     result, obs = play_and_grade(instance, {"model": "careful", "base_url": server.url})
     assert result.success and obs.metadata["reward"].value == 1.0
-    assert RunStore().latest_grades(CASE)["model"]["reward"] == 1.0
+    assert obs.metadata["agent"].value == "careful"  # a model agent is named by its model
+    latest = RunStore().latest_grades(CASE)
+    assert list(latest) == ["careful"] and latest["careful"]["reward"] == 1.0
 
 
 def test_an_unfinished_model_rollout_fails_the_step_with_the_reason(server, instance):
     result, obs = play_and_grade(instance, {"model": "silent", "base_url": server.url, "max_turns": 2})
-    assert obs.metadata["reward"].value == 0.0
+    assert not result.success
+    failure = next(e for e in result.all_events if e.is_step_failure)
+    assert "max_turns: no report after 2 turns" in failure.event_specific_data.error.message
+    assert obs.metadata["reward"].value == 0.0 and obs.metadata["failed"].value is True
     assert "max_turns: no report after 2 turns" in obs.metadata["reason"].value
 
 
 def test_bad_model_options_fail_the_run_clearly(server, instance):
-    result, obs = play_and_grade(instance, {"model": "careful"})
-    assert not result.success and "needs options model and base_url" in obs.metadata["reason"].value
+    result = play(instance, {"model": "careful"})
+    assert not result.success
+    failure = next(e for e in result.all_events if e.is_step_failure)
+    assert "needs options model and base_url" in failure.event_specific_data.error.message
+    assert RunStore().episodes() == []  # nothing played, nothing stored
+    assert grade_events(instance) == []

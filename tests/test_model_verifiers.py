@@ -83,3 +83,39 @@ def test_vf_eval_runs_gate(server, tmp_path):
 
 def test_pass_counts_only_reward_one_as_gate_does():
     assert load_environment(num_cases=1).pass_threshold == 1.0
+
+
+def test_the_rollout_state_holds_an_engine_session_then_the_grade_ledger_and_counts(server):
+    from dataclasses import fields
+
+    from gate_pipeline.ledger import chain_intact
+    from gate_pipeline.records import Grade
+    env = load_environment(num_cases=1)
+    client = OpenAIChatCompletionsClient(AsyncOpenAI(base_url=server.url, api_key="x"))
+    out = asyncio.run(env.evaluate(client=client, model="invalid-json", num_examples=1, rollouts_per_example=1,
+                                   max_concurrent=1, on_progress=[], state_columns=["gate_grade", "gate_session"]))
+    o = out["outputs"][0]
+    grade = o["gate_grade"]
+    assert set(grade) == {f.name for f in fields(Grade)} | {"ledger", "counts"}
+    assert grade["reward"] == o["reward"] == 1.0 and grade["finished"] and not grade["failed"]
+    assert chain_intact(grade["ledger"]) and grade["ledger"][-1]["action"] == "submit_report"
+    first = grade["ledger"][0]  # the malformed call reached the session, which refused and logged it
+    assert first["action"] == "profile_batch" and not first["executed"] and first["note"] == "malformed action"
+    assert grade["counts"] == {"tool_calls": len(grade["ledger"]), "tool_errors": 1, "nudges": 0}
+    assert o["gate_session"] is None  # the session is closed once graded
+
+
+def test_setup_state_opens_an_engine_session_and_cleanup_grades_it():
+    from gate_pipeline.engine import Session
+    env = load_environment(num_cases=1)
+    case_id = next(iter(env.cases))
+    state = asyncio.run(env.setup_state({"info": {"case_id": case_id}}))
+    session = state["gate_session"]
+    assert isinstance(session, Session) and session.prepared.case_id == case_id and not session.done
+    session.step({"tool": "list_batches"})
+    asyncio.run(env.grade_and_close(state))
+    assert session.done and state["gate_session"] is None
+    assert state["gate_grade"]["reward"] == 0.0 and not state["gate_grade"]["finished"]  # no report, no credit
+    assert [e["action"] for e in state["gate_grade"]["ledger"]] == ["list_batches"]
+    with pytest.raises(vf.Error):
+        asyncio.run(env.setup_state({"info": {"case_id": "nope"}}))

@@ -228,3 +228,58 @@ def test_gold_rows_of_an_orphan_are_the_orders_whose_customer_is_unknown():
         known = {r["customer_id"] for r in case["warehouse"]["customers"]}
         rows = gold_rows(case)
         assert rows and all(r[1] not in known for r in rows)
+
+
+# -- the reward modes the engine plays under (gate_pipeline.rewards) --------------------------
+def test_reward_modes_and_their_shapers():
+    from gate_pipeline.rewards import REWARD_MODES, DenseShaper, make_shaper
+    from gate_pipeline.world import PreparedCase
+    prepared = PreparedCase(read_cases(EVAL)[8])
+    assert REWARD_MODES == ("terminal", "dense")
+    assert make_shaper("terminal", prepared) is None
+    shaper = make_shaper("dense", prepared)
+    assert isinstance(shaper, DenseShaper) and shaper.ctx.gold_rows == prepared.gold_rows
+    assert make_shaper("dense", prepared).ctx is not shaper.ctx  # per-episode state, never shared
+    with pytest.raises(ValueError, match="reward must be one of"):
+        make_shaper("shaped", prepared)
+
+
+def test_prepared_gold_rows_are_the_gold_rows_computed_once():
+    from gate_pipeline.world import PreparedCase
+    for case in read_cases(EVAL)[::5]:
+        prepared = PreparedCase(case)
+        assert prepared.gold_rows == gold_rows(case)
+        assert prepared.gold_rows is prepared.gold_rows  # cached on the prepared case
+
+
+def test_call_key_is_the_tool_with_canonical_arguments():
+    from gate_pipeline.rewards import call_key
+    assert call_key("list_batches", {}) == "list_batches{}"
+    assert call_key("quarantine_batch", {"column": "amount", "batch_id": "B"}) == \
+        'quarantine_batch{"batch_id":"B","column":"amount"}'
+    assert call_key("t", {"b": 1, "a": 2}) == call_key("t", {"a": 2, "b": 1})
+    assert call_key("t", {1: 2, "a": 3}) == call_key("t", {1: 2, "a": 3})  # unsortable keys: no error
+    assert call_key(None, "x") != call_key("None", {})
+
+
+def test_shaped_parts_map_tools_to_action_types_and_leave_decisions_alone():
+    from gate_pipeline.rewards import SHAPED, UNSHAPED, shaped_parts
+    assert SHAPED == {"read_contract": "DESCRIBE", "list_batches": "DESCRIBE", "profile_batch": "SAMPLE",
+                      "run_sql": "QUERY"}
+    ctx = EpisodeContext(gold_rows=[("O1", "C1", "10.00")])
+    for tool in sorted(UNSHAPED):
+        assert shaped_parts(ctx, tool, {"batch_id": "B"}, {"status": "loaded"}) is None
+    assert ctx.query_hashes == set() and ctx.cumulative_step_reward == 0.0  # nothing recorded for them
+    assert shaped_parts(ctx, "list_batches", {}, [])["step"] == 0.025
+    assert shaped_parts(ctx, "list_batches", {}, [])["step"] == pytest.approx(-0.015, abs=TINY)  # a repeat
+    assert shaped_parts(ctx, "profile_batch", {"batch_id": "B"}, {"error": "no batch 'B'"})["step"] == \
+        pytest.approx(-0.005, abs=TINY)
+    # a query is keyed by its text, as F003 keys it: white space and a trailing ';' do not make it new
+    first = shaped_parts(ctx, "run_sql", {"query": "SELECT * FROM t"}, {"rows": [["O1", "C1", "10.00"]]})
+    assert first == {"layer1": 0.025, "layer2": 0.15, "step": pytest.approx(0.175, abs=TINY)}
+    again = shaped_parts(ctx, "run_sql", {"query": " SELECT *  FROM t;"}, {"rows": [["O1", "C1", "10.00"]]})
+    assert again["layer2"] == 0.0 and again["step"] == pytest.approx(-0.015, abs=TINY)
+    # a tool gate does not have, or a malformed action: a refused DESCRIBE, repeats penalised
+    assert shaped_parts(ctx, "drop_table", {}, {"error": "unknown tool"})["step"] == pytest.approx(-0.005, abs=TINY)
+    assert shaped_parts(ctx, None, "junk", {"error": "malformed"})["step"] == pytest.approx(-0.005, abs=TINY)
+    assert shaped_parts(ctx, None, "junk", {"error": "malformed"})["step"] == pytest.approx(-0.015, abs=TINY)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from gate_pipeline.actions import parse_action
 from gate_pipeline.contract import COLUMNS, DEFECT_TYPES
+from gate_pipeline.ledger import chain_intact
 from gate_pipeline.tools import Episode
 
 CASE = "eval-legit-edge-2"  # an orders batch listed before its customers batch
@@ -135,7 +137,7 @@ def test_malformed_arguments_are_refused_not_coerced(ep, tool, args, text):
     r = ep.call(tool, args)
     assert set(r) == {"error"} and text in r["error"] and r["error"].startswith(tool)
     assert last(ep)["action"] == tool and last(ep)["executed"] is False and last(ep)["note"] == "bad arguments"
-    assert _snapshot(ep) == before and ep.ledger.intact()
+    assert _snapshot(ep) == before and chain_intact(ep.ledger.entries)
 
 
 def test_unknown_tool_is_logged_and_refused(ep):
@@ -149,3 +151,24 @@ def test_a_refused_report_can_be_resubmitted(ep):
     ep.call("submit_report", {"loaded": "x", "quarantined": []})
     assert ep.world.report is None
     assert ep.call("submit_report", {"loaded": [], "quarantined": []}) == {"status": "received"}
+
+
+@pytest.mark.parametrize("action, text, sent", [
+    ("{not json", "action is not valid JSON", '"{not json"'),
+    ({"tool": "load_batch", "args": {"batch_id": "B-1"}, "why": "x"}, "unexpected key 'why'", None),
+    ({"args": {}}, "an action needs a 'tool'", '{"args": {}}'),
+    (["load_batch", "[1]"], "arguments must be a JSON object, not list", "[1]"),
+    (42, "an action is", "42"),
+])
+def test_a_malformed_action_is_refused_and_logged(ep, action, text, sent):
+    before = _snapshot(ep)
+    parsed = parse_action(action)
+    assert parsed.problem
+    r = ep.refuse(parsed)
+    assert r == {"error": parsed.problem} and text in r["error"]
+    e = last(ep)
+    assert e["executed"] is False and e["note"] == "malformed action" and set(e["args"]) == {"sent"}
+    assert e["action"] == (parsed.tool if isinstance(parsed.tool, str) else "?")
+    if sent is not None:
+        assert e["args"]["sent"] == sent
+    assert _snapshot(ep) == before and chain_intact(ep.ledger.entries)

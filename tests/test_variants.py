@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from gate_pipeline.agents import UnknownAgent, make_agent
+from gate_pipeline.agents import UnknownAgent, make_agent, resolve_agent
 from gate_pipeline.agents.careful import CarefulPandera
 from gate_pipeline.contract import ContractError, load_contract
 from gate_pipeline.rules import CATALOGUE
@@ -65,13 +65,22 @@ def _write(tmp_path: Path, name: str, text: str) -> Path:
 
 
 @pytest.fixture
-def user_contracts(tmp_path, monkeypatch):
-    """A contracts/ dir of the user's own: the classic contract plus variant files written by a test."""
+def user_contracts(tmp_path):
+    """A contracts/ dir of the user's own: the classic contract plus variant files written by a test.
+    Library functions are given it explicitly (`contracts=`); only the CLI reads GATE_CONTRACTS."""
     (tmp_path / "contracts").mkdir()
     classic = Path(__file__).resolve().parent.parent / "contracts" / "classic.yaml"
     (tmp_path / "contracts" / "classic.yaml").write_text(classic.read_text(encoding="utf-8"), encoding="utf-8")
-    monkeypatch.setenv("GATE_CONTRACTS", str(tmp_path / "contracts"))
     return tmp_path
+
+
+def _contracts(user_contracts: Path) -> Path:
+    return user_contracts / "contracts"
+
+
+def _agent(name: str, user_contracts: Path):
+    """The agent `name` as the engine builds it with the user's contracts directory."""
+    return resolve_agent(name, contracts=_contracts(user_contracts)).build()
 
 
 GOOD = "variant:\n  base: classic\n  description: cap 20k\n  overrides: {limits: {max_amount: 20000}}\n"
@@ -79,9 +88,22 @@ GOOD = "variant:\n  base: classic\n  description: cap 20k\n  overrides: {limits:
 
 def test_a_user_adds_a_variant_by_writing_a_file(user_contracts):
     _write(user_contracts, "cap-20k", GOOD)
-    assert variant_names() == ["cap-20k"]
-    agent = make_agent("careful@cap-20k")
+    assert variant_names(_contracts(user_contracts)) == ["cap-20k"]
+    agent = _agent("careful@cap-20k", user_contracts)
+    assert agent.name == "careful@cap-20k"
     assert agent.contract_view(load_contract())["limits"]["max_amount"] == 20000
+
+
+def test_library_functions_read_no_environment_variable(user_contracts, monkeypatch):
+    """The core takes explicit paths: GATE_CONTRACTS reaches it only through the CLI's settings."""
+    _write(user_contracts, "cap-20k", GOOD)
+    shipped = variant_names()
+    monkeypatch.setenv("GATE_CONTRACTS", str(_contracts(user_contracts)))
+    assert variant_names() == shipped and "cap-20k" not in shipped and "full" in shipped
+    with pytest.raises(UnknownAgent, match="unknown variant 'cap-20k'"):
+        make_agent("careful@cap-20k")
+    from gate_pipeline.settings import Settings
+    assert variant_names(Settings.from_env().contracts_dir) == ["cap-20k"]
 
 
 @pytest.mark.parametrize("text, key", [
@@ -110,19 +132,20 @@ def test_a_user_adds_a_variant_by_writing_a_file(user_contracts):
 def test_a_broken_variant_file_names_the_file_and_the_key(user_contracts, text, key):
     path = _write(user_contracts, "mine", text)
     with pytest.raises(ContractError) as exc:
-        load_variant_file(path)
+        load_variant_file(path, _contracts(user_contracts))
     message = str(exc.value)
     assert str(path) in message and key in message
     assert "\n" not in message
     # the same error reaches whoever loads every variant, and the variant agent
     with pytest.raises(ContractError, match="mine.yaml"):
-        load_variants()
+        load_variants(None, _contracts(user_contracts))
     with pytest.raises(UnknownAgent, match="mine.yaml"):
-        make_agent("careful@mine")
+        _agent("careful@mine", user_contracts)
 
 
-def test_gate_experiment_reports_a_broken_variant_file_in_one_line(user_contracts, capsys):
+def test_gate_experiment_reports_a_broken_variant_file_in_one_line(user_contracts, capsys, monkeypatch):
     from gate_pipeline.cli.main import main
+    monkeypatch.setenv("GATE_CONTRACTS", str(_contracts(user_contracts)))
     _write(user_contracts, "mine", "variant:\n  base: classic\n  description: x\n  overides: {}\n")
     cases = Path(__file__).resolve().parent.parent / "cases" / "classic" / "eval_curated.jsonl"
     assert main(["experiment", "--cases", str(cases)]) == 2
@@ -134,7 +157,7 @@ def test_gate_experiment_reports_a_broken_variant_file_in_one_line(user_contract
 def test_a_badly_named_variant_file_is_named_in_the_error(user_contracts):
     _write(user_contracts, "Cap 20k", GOOD)
     with pytest.raises(ContractError) as exc:
-        load_variants()
+        load_variants(None, _contracts(user_contracts))
     assert "Cap 20k.yaml" in str(exc.value) and "must be lower-case" in str(exc.value)
 
 
@@ -144,4 +167,4 @@ def test_a_badly_named_variant_file_is_named_in_the_error(user_contracts):
 def test_impossible_override_values_are_refused(user_contracts, override, key):
     path = _write(user_contracts, "odd", f"variant:\n  base: classic\n  description: x\n  overrides: {override}\n")
     with pytest.raises(ContractError, match=key.replace(".", r"\.")):
-        load_variant_file(path)
+        load_variant_file(path, _contracts(user_contracts))

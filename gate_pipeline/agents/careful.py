@@ -118,8 +118,8 @@ class CarefulPandera(_Careful):
     """The pandera schemas built from the contract, validated lazily on each fetched batch."""
     name = "careful"
 
-    def __init__(self, without=(), contract_view=None, **kw):
-        super().__init__(**kw)
+    def __init__(self, without=(), contract_view=None, order=customers_first, loads_per_clean: int = 1):
+        super().__init__(order=order, loads_per_clean=loads_per_clean)
         self.without = rule_keys(without)
         self.contract_view = contract_view  # contract read -> contract the schema is built from (variants)
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Callable
 
+from .errors import AgentOptionError, UnknownAgent
+
 ENTRY_POINT_GROUP = "gate.agents"
 
 # name -> "module:attribute", imported only when the agent is used (the model agent pulls in openai)
@@ -43,14 +45,6 @@ BUILTIN: dict[str, str] = {
 BASELINES = ("naive", "careful", "careful-sql", "refuse-all", "profile-only")
 ATTACKERS = ("report-liar", "report-only", "load-then-quarantine", "citation-spray", "sql-write",
              "inspect-theatre", "double-load", "orders-first")
-
-
-class UnknownAgent(ValueError):
-    """No agent by that name."""
-
-
-class AgentOptionError(ValueError):
-    """The agent exists but does not take these options, or refuses their values."""
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import statistics
 from pathlib import Path
 
 from ..records import EpisodeResult
-from .main import play_with_progress
+from .common import play_with_progress
 
 DENSE_AGENTS = ("random", "naive", "careful-sql", "careful")
 PARTS = ("step", "terminal", "return")

@@ -10,7 +10,7 @@ from ..cases import read_cases, split_of
 from ..settings import Settings
 from .errors import UsageError
 from .html_output import html_target, save_html
-from .main import cases_arg
+from .common import cases_arg
 from .progress import progress_bar
 
 

@@ -16,55 +16,14 @@ from ..agents import ATTACKERS, AgentOptionError, UnknownAgent
 from ..cases import CaseError, read_cases, split_of
 from ..contract import ContractError
 from ..settings import Settings
+from .common import Parser, agent_list, cases_arg, grades_json, grades_of, play_with_progress, resolve_agents
 from .errors import UsageError
-from .progress import progress_bar
 
 # Subcommands that live in their own modules: each has register(subparsers).
 EXTENSIONS: tuple[str, ...] = ("experiment", "nightly", "run")
 
 REPORT_AGENTS = ["naive", "careful", "refuse-all"]
 ATTACK_AGENTS = ["careful", *ATTACKERS, "profile-only"]
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2
-        raise UsageError(message)
-
-
-def agent_list(text: str | None, default: list[str]) -> list[str]:
-    """The names in a comma-separated --agents value (the default when the flag is absent)."""
-    if text is None:
-        return list(default)
-    names = [a.strip() for a in text.split(",") if a.strip()]
-    if not names:
-        raise UsageError("--agents needs at least one agent name")
-    return names
-
-
-def resolve_agents(names: list[str], settings: Settings, options: dict | None = None) -> list:
-    """Each name checked and built once (AgentSpec), with its options; errors are one line."""
-    from ..agents import resolve_agent
-    options = options or {}
-    return [resolve_agent(name, options.get(name), contracts=settings.contracts_dir) for name in names]
-
-
-def cases_arg(a, settings: Settings) -> Path:
-    """The --cases file, or the shipped eval split."""
-    return Path(a.cases) if a.cases else settings.cases_file("eval")
-
-
-def play_with_progress(cases: list[dict], specs: list, reward: str = "terminal") -> dict:
-    from ..engine import play_cases
-    with progress_bar(len(cases), "cases") as advance:
-        return play_cases(cases, specs, reward=reward, progress=advance)
-
-
-def grades_of(results: dict) -> dict:
-    return {name: [r.grade for r in rs] for name, rs in results.items()}
-
-
-def grades_json(grades: dict) -> str:
-    return json.dumps({"agents": {name: [g.as_dict() for g in gs] for name, gs in grades.items()}})
 
 
 def cmd_cases_generate(a) -> int:
@@ -151,12 +110,12 @@ def cmd_replay(a) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="gate", description="gate: does a tool-using agent stop a bad batch before it becomes a wrong number?")
-    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+    p = Parser(prog="gate", description="gate: does a tool-using agent stop a bad batch before it becomes a wrong number?")
+    sub = p.add_subparsers(dest="command", parser_class=Parser)
     sub.required = True
 
     cases = sub.add_parser("cases", help="case files")
-    csub = cases.add_subparsers(dest="cases_command", parser_class=_Parser)
+    csub = cases.add_subparsers(dest="cases_command", parser_class=Parser)
     csub.required = True
     gen = csub.add_parser("generate", help="write a suite's case files")
     gen.add_argument("--suite", default="classic")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..settings import Settings
 from .errors import UsageError
-from .main import agent_list, cases_arg, resolve_agents
+from .common import agent_list, cases_arg, resolve_agents
 
 CODE_LOCATION = "gate_pipeline.dagster_defs.definitions"
 DEFAULT_AGENTS = ["naive", "careful", "refuse-all"]

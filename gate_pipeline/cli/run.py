@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..settings import Settings
 from .errors import UsageError
-from .main import cases_arg
+from .common import cases_arg
 
 DEFAULT_KEY_ENV = "OPENAI_API_KEY"
 

@@ -140,6 +140,15 @@ def _assistant_message(message: dict) -> dict:
     return out
 
 
+def _retried(exc) -> bool:
+    """Whether the openai client retries this error (connection errors and timeouts, 408, 409, 429, 5xx)."""
+    import openai
+    if isinstance(exc, openai.APIConnectionError):  # includes APITimeoutError
+        return True
+    status = getattr(exc, "status_code", None)
+    return isinstance(exc, openai.APIStatusError) and (status in (408, 409, 429) or (status or 0) >= 500)
+
+
 def _describe(exc) -> str:
     import openai
     if isinstance(exc, openai.APITimeoutError):
@@ -193,6 +202,10 @@ class ModelAgent:
         try:
             raw = await client.chat.completions.with_raw_response.create(
                 model=s.model, messages=convo.messages, tools=TOOLS, temperature=s.temperature, **extra)
+        except Exception as exc:
+            if _retried(exc):  # the client only gives up on these after all its retries
+                convo.counts["retries"] += s.retries
+            raise
         finally:
             convo.model_seconds += time.perf_counter() - started
         convo.counts["retries"] += raw.retries_taken

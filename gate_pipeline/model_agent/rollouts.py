@@ -231,7 +231,14 @@ async def run_rollouts(cases: list[dict], settings: ModelSettings, rollouts: int
     try:
         with path.open("a", encoding="utf-8") as out, fewer_collections():
             sinks = (StoreSink(store), TranscriptSink(out))
-            await asyncio.gather(*(worker(sinks) for _ in range(max(1, min(concurrency, len(todo) or 1)))))
+            tasks = [asyncio.ensure_future(worker(sinks)) for _ in range(max(1, min(concurrency, len(todo) or 1)))]
+            try:
+                await asyncio.gather(*tasks)
+            except BaseException:  # interrupted: let every rollout in flight record itself before the file closes
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise
     finally:
         await client.close()
     lines = {r.get("episode_id"): r for r in read_transcripts(path)}

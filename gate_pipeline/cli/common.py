@@ -1,0 +1,51 @@
+"""What every `gate` subcommand shares: one-line errors, agent and case-file arguments, playing cases."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..settings import Settings
+from .errors import UsageError
+from .progress import progress_bar
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2
+        raise UsageError(message)
+
+
+def agent_list(text: str | None, default: list[str]) -> list[str]:
+    """The names in a comma-separated --agents value (the default when the flag is absent)."""
+    if text is None:
+        return list(default)
+    names = [a.strip() for a in text.split(",") if a.strip()]
+    if not names:
+        raise UsageError("--agents needs at least one agent name")
+    return names
+
+
+def resolve_agents(names: list[str], settings: Settings, options: dict | None = None) -> list:
+    """Each name checked and built once (AgentSpec), with its options; errors are one line."""
+    from ..agents import resolve_agent
+    options = options or {}
+    return [resolve_agent(name, options.get(name), contracts=settings.contracts_dir) for name in names]
+
+
+def cases_arg(a, settings: Settings) -> Path:
+    """The --cases file, or the shipped eval split."""
+    return Path(a.cases) if a.cases else settings.cases_file("eval")
+
+
+def play_with_progress(cases: list[dict], specs: list, reward: str = "terminal") -> dict:
+    from ..engine import play_cases
+    with progress_bar(len(cases), "cases") as advance:
+        return play_cases(cases, specs, reward=reward, progress=advance)
+
+
+def grades_of(results: dict) -> dict:
+    return {name: [r.grade for r in rs] for name, rs in results.items()}
+
+
+def grades_json(grades: dict) -> str:
+    return json.dumps({"agents": {name: [g.as_dict() for g in gs] for name, gs in grades.items()}})

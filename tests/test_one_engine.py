@@ -1,0 +1,157 @@
+"""One engine under every surface: every non-model agent gets the same per-case grade from
+`gate report`, the nightly job, a Dagster case run, the gymnasium env and `gate replay` of the
+calls it made, and a replay line is accepted or refused identically by `gate replay` and the env."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from gate_pipeline.agents import agent_names, make_agent
+from gate_pipeline.cases import read_cases
+from gate_pipeline.cli.main import main
+from gate_pipeline.dagster_defs.definitions import defs
+from gate_pipeline.dagster_defs.jobs import nightly_run_config, play_case_run_config
+from gate_pipeline.dagster_defs.partitions import cases_partitions
+from gate_pipeline.grader import grade_stored
+from gate_pipeline.integrations.gymnasium_env import GateEnv
+from gate_pipeline.store import RunStore
+from gate_pipeline.variants import variant_names
+
+ROOT = Path(__file__).resolve().parents[1]
+EVAL = ROOT / "cases" / "classic" / "eval_curated.jsonl"
+AGENTS = [a for a in agent_names() if a != "model"] + [f"careful@{v}" for v in variant_names()]
+CASES = read_cases(EVAL)
+
+
+def json_out(capsys, argv) -> dict:
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.fixture(scope="module")
+def reported(tmp_path_factory):
+    """gate report --json: {agent: [grade dict per eval case]}."""
+    import contextlib
+    import io
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["report", "--cases", str(EVAL), "--agents", ",".join(AGENTS), "--json"]) == 0
+    return json.loads(buf.getvalue())["agents"]
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("GATE_HOME", str(tmp_path / "gate"))
+    monkeypatch.setenv("GATE_CASES_DIR", str(ROOT / "cases"))
+    monkeypatch.delenv("GATE_DB_URL", raising=False)
+    return tmp_path / "gate"
+
+
+def test_every_registered_agent_is_covered(reported):
+    assert "random" in AGENTS and "careful@full" in AGENTS and "citation-spray" in AGENTS
+    assert sorted(reported) == sorted(AGENTS) and all(len(gs) == len(CASES) for gs in reported.values())
+
+
+def test_the_nightly_job_grades_every_agent_as_gate_report_does(reported, home):
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = defs.resolve_job_def("nightly_benchmark").execute_in_process(
+            instance=instance, run_config=nightly_run_config(str(EVAL), AGENTS))
+    assert result.success
+    board = result.output_for_node("scoreboard")["grades"]
+    assert board == reported
+
+
+def test_a_dagster_case_run_grades_as_gate_report_does(reported, home):
+    """Each agent on two cases (all 32 cases covered across agents): one Dagster run each, graded
+    from the run store as the grading sensor grades it."""
+    store = RunStore()
+    with dg.DagsterInstance.ephemeral() as instance:
+        instance.add_dynamic_partitions(cases_partitions.name, [c["case_id"] for c in CASES])
+        for i, agent in enumerate(AGENTS):
+            for k in (i % len(CASES), (i + len(CASES) // 2) % len(CASES)):
+                run = defs.resolve_job_def("play_case").execute_in_process(
+                    instance=instance, partition_key=CASES[k]["case_id"],
+                    run_config=play_case_run_config(agent), raise_on_error=False)
+                episodes = store.episodes(run_id=run.run_id)
+                assert len(episodes) == 1, (agent, CASES[k]["case_id"])
+                g = grade_stored(store.load(episodes[0]["episode_id"]))
+                assert g.as_dict() == reported[agent][k], (agent, CASES[k]["case_id"])
+
+
+def play_in_env(env: GateEnv, agent_name: str, case: dict) -> tuple[dict, list]:
+    """Play an agent through GateEnv.step: its final grade and the actions it sent, as JSON text."""
+    agent = make_agent(agent_name)
+    env.reset(options={"case_id": case["case_id"]})
+    sent, last = [], {}
+
+    class Tools:
+        episode_seed = env.session.episode_seed
+
+        def __call__(self, name, **args):
+            return self.act({"tool": name, "args": args})
+
+        def act(self, action):
+            text = json.dumps(action)
+            sent.append(text)
+            obs, reward, terminated, truncated, info = env.step(text)
+            last.update(info)
+            assert json.loads(obs["result"]) == info["result"]
+            return info["result"]
+
+    agent.play(Tools(), case if agent.oracle else None)
+    return last["grade"], sent
+
+
+def test_the_gym_env_and_a_replay_of_its_calls_grade_as_gate_report_does(reported, tmp_path, capsys):
+    env = GateEnv(CASES, max_turns=10_000)
+    lines = []
+    for agent in AGENTS:
+        for k, case in enumerate(CASES):
+            grade, sent = play_in_env(env, agent, case)
+            assert grade == reported[agent][k], (agent, case["case_id"])
+            lines.append({"case_id": case["case_id"], "calls": sent})
+    trajectories = tmp_path / "calls.jsonl"
+    trajectories.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert main(["replay", "--cases", str(EVAL), "--trajectories", str(trajectories), "--json"]) == 0
+    replayed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    expected = [reported[agent][k] for agent in AGENTS for k in range(len(CASES))]
+    assert [r["grade"] for r in replayed] == expected
+
+
+LINES = [
+    ["list_batches", {}],
+    ["list_batches"],
+    {"tool": "list_batches"},
+    {"tool": "profile_batch", "args": "{\"batch_id\": \"B-0930-60-1\"}"},
+    "{\"tool\": \"read_contract\", \"args\": {}}",
+    {"tool": "run_sql", "args": {"query": "SELECT 1"}, "extra": 1},
+    {"args": {}},
+    ["run_sql", "{\"query\": "],
+    ["run_sql", "[1, 2]"],
+    ["load_batch", {"batch_id": 7}],
+    ["no_such_tool", {}],
+    [],
+    ["a", {}, "b"],
+    42,
+    None,
+    "not json",
+    {"tool": ["list_batches"], "args": {}},
+]
+
+
+def test_a_replay_line_is_accepted_or_refused_as_the_env_does(tmp_path, capsys):
+    case = CASES[0]
+    path = tmp_path / "lines.jsonl"
+    path.write_text(json.dumps({"case_id": case["case_id"], "calls": LINES}) + "\n")
+    assert main(["replay", "--cases", str(EVAL), "--trajectories", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    env = GateEnv([case])
+    env.reset(options={"case_id": case["case_id"]})
+    from_env = [env.step(action)[4]["result"] for action in LINES]
+    assert out["results"] == from_env
+    accepted = ["error" not in r for r in from_env]
+    assert accepted[:5] == [True] * 5 and not any(accepted[5:])
+    assert [e["executed"] for e in out["ledger"]] == accepted
