@@ -40,6 +40,7 @@ def _fail(where: str, msg: str) -> CaseError:
 
 
 _VALUES = {table: itemgetter(*columns) for table, columns in COLUMNS.items()}
+_VALUE_TYPES = frozenset({str, type(None)})
 
 
 def _check_rows(rows, table: str, where: str) -> None:
@@ -53,14 +54,16 @@ def _check_rows(rows, table: str, where: str) -> None:
             values = values_of(row)
         except KeyError:
             raise _fail(where, f"row {i} lacks column(s) {[c for c in COLUMNS[table] if c not in row]}") from None
-        for v in values:
-            if type(v) is not str and v is not None:
-                bad = [c for c in COLUMNS[table] if row[c] is not None and not isinstance(row[c], str)]
-                raise _fail(where, f"row {i}: value(s) of {bad} must be strings")
+        if not _VALUE_TYPES.issuperset(map(type, values)):
+            bad = [c for c in COLUMNS[table] if row[c] is not None and not isinstance(row[c], str)]
+            raise _fail(where, f"row {i}: value(s) of {bad} must be strings")
 
 
-def validate_case(case, where: str = "case") -> dict:
-    """Check one case object; return it unchanged or raise CaseError naming `where`."""
+def validate_case(case, where: str = "case", checked_contract: dict | None = None) -> dict:
+    """Check one case object; return it unchanged or raise CaseError naming `where`.
+
+    `checked_contract` is a contract already validated: a case whose contract equals it (every
+    case of a suite carries the same one) is not checked again."""
     if not isinstance(case, dict):
         raise _fail(where, f"a case must be a JSON object, not {type(case).__name__}")
     missing = [k for k in CASE_KEYS if k not in case]
@@ -69,10 +72,11 @@ def validate_case(case, where: str = "case") -> dict:
     if not isinstance(case["case_id"], str) or not case["case_id"]:
         raise _fail(where, "'case_id' must be a non-empty string")
     where = f"{where} ({case['case_id']})"
-    try:
-        validate_contract(case["contract"], f"{where} contract")
-    except ContractError as exc:
-        raise CaseError(str(exc)) from None
+    if checked_contract is None or case["contract"] != checked_contract:
+        try:
+            validate_contract(case["contract"], f"{where} contract")
+        except ContractError as exc:
+            raise CaseError(str(exc)) from None
     wh = case["warehouse"]
     if not isinstance(wh, dict) or set(wh) != {"customers", "orders"}:
         raise _fail(where, "'warehouse' must be an object with 'customers' and 'orders'")
@@ -118,7 +122,7 @@ def parse_cases(text: str, where: str) -> list[dict]:
             raise CaseError(f"{where}:{lineno}: not JSON ({exc.msg} at column {exc.colno})") from None
         except RecursionError:
             raise CaseError(f"{where}:{lineno}: not a case (JSON nested too deep)") from None
-        validate_case(obj, f"{where}:{lineno}")
+        validate_case(obj, f"{where}:{lineno}", cases[-1]["contract"] if cases else None)
         if obj["case_id"] in ids:
             raise CaseError(f"{where}:{lineno}: case id {obj['case_id']!r} repeats")
         ids.add(obj["case_id"])

@@ -16,6 +16,7 @@ reach into the episode's database.
 from __future__ import annotations
 
 import hashlib
+import multiprocessing
 import time
 import uuid
 from dataclasses import dataclass
@@ -114,11 +115,11 @@ class Session:
         self.episode_id = uuid.uuid4().hex
         self.started_at = time.time()
         self._t0 = time.perf_counter()
-        self.episode = Episode(prepared, self._to_sinks if self.sinks else None)
+        # with nobody watching entries as they are written, the chain is hashed once, at the end
+        self.episode = Episode(prepared, self._to_sinks if self.sinks else None, deferred_ledger=not self.sinks)
         self.rewards: list[float] = []
         self.report_index: int | None = None
         self.result: EpisodeResult | None = None
-        self.tools = _Tools(self)
         if self.sinks:
             start = EpisodeStart(self.episode_id, prepared.case, agent, dict(options or {}), run_id, rollout,
                                  self.started_at)
@@ -128,6 +129,11 @@ class Session:
     def _to_sinks(self, entry: dict) -> None:
         for sink in self.sinks:
             sink.entry(self.episode_id, entry)
+
+    @property
+    def tools(self) -> _Tools:
+        """What an agent plays through (made on demand: the session keeps no reference to it)."""
+        return _Tools(self)
 
     @property
     def turn(self) -> int:
@@ -287,18 +293,54 @@ def replay(prepared: PreparedCase, actions: list, *, reward: str = "terminal",
 
 
 def play_cases(cases: Iterable[dict], agents: list, *, sinks: Iterable[Sink] = (), reward: str = "terminal",
-               run_id: str = "", progress: Callable[[], None] | None = None) -> dict[str, list[EpisodeResult]]:
+               run_id: str = "", progress: Callable[[], None] | None = None,
+               workers: int = 1) -> dict[str, list[EpisodeResult]]:
     """Every agent on every case, in case order: {agent identity: [result per case]}.
 
     Each case is prepared once (its database image, profiles, correct mart) and every agent's
-    episode opens a private copy of it."""
+    episode opens a private copy of it. With `workers` > 1 and no sinks, the cases are played
+    in that many forked processes (where the platform forks); the results are the same, in the
+    same order, because every episode depends on its case alone."""
+    cases = list(cases)
     specs = [spec_of(a) for a in agents]
-    out: dict[str, list[EpisodeResult]] = {spec.identity: [] for spec in specs}
     sinks = tuple(sinks)
+    if workers > 1 and not sinks and len(cases) > 1 and "fork" in multiprocessing.get_all_start_methods():
+        return _play_forked(cases, specs, reward, run_id, progress, min(workers, len(cases)))
+    out: dict[str, list[EpisodeResult]] = {spec.identity: [] for spec in specs}
     for case in cases:
         prepared = PreparedCase(case)
         for spec in specs:
             out[spec.identity].append(play(prepared, spec, sinks=sinks, reward=reward, run_id=run_id))
         if progress is not None:
             progress()
+    return out
+
+
+# what a forked worker plays: set before the workers fork, so nothing but chunk bounds and results is pickled
+_JOBS: dict[int, tuple] = {}
+
+
+def _play_chunk(job: int, start: int, stop: int) -> dict[str, list[EpisodeResult]]:
+    cases, specs, reward, run_id = _JOBS[job]
+    return play_cases(cases[start:stop], specs, reward=reward, run_id=run_id)
+
+
+def _play_forked(cases, specs, reward, run_id, progress, workers) -> dict[str, list[EpisodeResult]]:
+    from concurrent.futures import ProcessPoolExecutor
+    job = id(cases)
+    _JOBS[job] = (cases, specs, reward, run_id)
+    size = -(-len(cases) // (workers * 4))  # a few chunks per worker, so a slow one does not hold the rest
+    bounds = [(start, min(start + size, len(cases))) for start in range(0, len(cases), size)]
+    out: dict[str, list[EpisodeResult]] = {spec.identity: [] for spec in specs}
+    try:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+            futures = [pool.submit(_play_chunk, job, start, stop) for start, stop in bounds]
+            for (start, stop), future in zip(bounds, futures):
+                part = future.result()
+                for identity, results in part.items():
+                    out[identity].extend(results)
+                for _ in range(stop - start) if progress is not None else ():
+                    progress()
+    finally:
+        del _JOBS[job]
     return out

@@ -24,10 +24,11 @@ def agent_name(variant: Variant) -> str:
     return f"careful@{variant.name}"
 
 
-def play_variants(cases: list[dict], variants: list[Variant], progress: Callable | None = None) -> dict:
+def play_variants(cases: list[dict], variants: list[Variant], progress: Callable | None = None,
+                  workers: int = 1) -> dict:
     """{agent name: [Grade per case]} of careful under each variant."""
     specs = [AgentSpec(agent_name(v), {}, careful_factory(v), agent_name(v)) for v in variants]
-    results = play_cases(cases, specs, progress=progress)
+    results = play_cases(cases, specs, progress=progress, workers=workers)
     return {name: [r.grade for r in rs] for name, rs in results.items()}
 
 
@@ -63,11 +64,12 @@ def summarise(cases: list[dict], variants: list[Variant], grades: dict) -> dict:
 
 
 def run_experiment(cases: list[dict], variants: list[Variant] | None = None,
-                   progress: Callable | None = None, contracts: str | Path | None = None) -> tuple[dict, dict]:
+                   progress: Callable | None = None, contracts: str | Path | None = None,
+                   workers: int = 1) -> tuple[dict, dict]:
     """(summary, grades) of careful under each variant (default: every variant file in `contracts`)."""
     if variants is None:
         variants = load_variants(None, contracts)
-    grades = play_variants(cases, variants, progress)
+    grades = play_variants(cases, variants, progress, workers)
     return summarise(cases, variants, grades), grades
 
 

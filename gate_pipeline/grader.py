@@ -150,10 +150,14 @@ def grade_record(case: dict, entries: list[dict], mart: float, correct_mart: flo
 
 
 def grade(episode, failure: str = "") -> Grade:
-    """The grade of a live episode (a `tools.Episode`), from its ledger and its warehouse."""
-    prepared = episode.prepared
-    return grade_record(prepared.case, episode.ledger.entries, episode.world.revenue(), prepared.correct_mart,
-                        failure)
+    """The grade of a live episode (a `tools.Episode`), from its ledger and its warehouse.
+
+    A deferred ledger is sealed here: its chain is computed from the entries as they stand, so it
+    is intact by construction and not computed a second time to check it."""
+    prepared, ledger = episode.prepared, episode.ledger
+    intact = True if ledger.deferred else None
+    return grade_record(prepared.case, ledger.seal(), episode.world.revenue(), prepared.correct_mart, failure,
+                        intact)
 
 
 _correct: dict[str, float] = {}

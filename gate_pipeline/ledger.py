@@ -28,14 +28,20 @@ def entry_hash(body: dict) -> str:
     return hashlib.sha256(canonical_json(body).encode("ascii")).hexdigest()
 
 
+def _string(text: str) -> str:
+    """A string as canonical JSON; ASCII letters and digits (tool names, hashes) need no escaping."""
+    return f'"{text}"' if text.isascii() and text.isalnum() else _encode(text)
+
+
 def _fields_hash(seq, action, args, executed, note, prev_hash) -> str:
     if (type(seq) is int and type(action) is str and type(args) is dict and type(executed) is bool
             and type(note) is str and type(prev_hash) is str):
         # canonical_json of the body, its six keys spelled out in sorted order so that only the
         # arguments go through the encoder (the same bytes; a test checks)
-        text = "".join(('{"action": ', _encode(action), ', "args": ', _encode(args),
-                        ', "executed": ', "true" if executed else "false", ', "note": ', _encode(note),
-                        ', "prev_hash": ', _encode(prev_hash), ', "seq": ', str(seq), "}"))
+        text = "".join(('{"action": ', _encode(action), ', "args": ', _encode(args) if args else "{}",
+                        ', "executed": ', "true" if executed else "false", ', "note": ',
+                        _encode(note) if note else '""', ', "prev_hash": ', _string(prev_hash),
+                        ', "seq": ', str(seq), "}"))
     else:  # anything unusual (a hand-edited stored ledger) takes the general path
         text = canonical_json({"seq": seq, "action": action, "args": args, "executed": executed,
                                "note": note, "prev_hash": prev_hash})
@@ -46,24 +52,39 @@ class Ledger:
     """Append-only list of entries; `entries` is the JSON the grader and the replay read.
 
     `listener`, when given, is called with each entry as soon as it is appended (before the
-    call's effect, and before the agent sees the result)."""
+    call's effect, and before the agent sees the result), hashed. Without a listener the chain
+    may be `deferred`: entries are hashed together when the ledger is sealed (the engine seals it
+    when the episode ends, before anyone reads it), so each entry is hashed once, not once when
+    written and again when the grader checks a chain nobody else could have touched."""
 
-    __slots__ = ("entries", "listener")
+    __slots__ = ("entries", "listener", "deferred", "_sealed")
 
-    def __init__(self, listener: Callable[[dict], None] | None = None):
+    def __init__(self, listener: Callable[[dict], None] | None = None, deferred: bool = False):
         self.entries: list[dict] = []
         self.listener = listener
+        self.deferred = deferred and listener is None
+        self._sealed = 0
 
     def append(self, action: str, args: dict, executed: bool, note: str = "") -> dict:
-        entries = self.entries
-        prev = entries[-1]["hash"] if entries else GENESIS
-        seq = len(entries)
-        entry = {"seq": seq, "action": action, "args": args, "executed": executed, "note": note,
-                 "prev_hash": prev, "hash": _fields_hash(seq, action, args, executed, note, prev)}
-        entries.append(entry)
+        entry = {"seq": len(self.entries), "action": action, "args": args, "executed": executed, "note": note,
+                 "prev_hash": None, "hash": None}
+        self.entries.append(entry)
+        if not self.deferred:
+            self.seal()
         if self.listener is not None:
             self.listener(entry)
         return entry
+
+    def seal(self) -> list[dict]:
+        """Hash every entry not hashed yet, in order; the entries."""
+        entries = self.entries
+        prev = entries[self._sealed - 1]["hash"] if self._sealed else GENESIS
+        for entry in entries[self._sealed:]:
+            entry["prev_hash"] = prev
+            prev = entry["hash"] = _fields_hash(entry["seq"], entry["action"], entry["args"], entry["executed"],
+                                                entry["note"], prev)
+        self._sealed = len(entries)
+        return entries
 
 
 def last_hash(entries: list[dict]) -> str:

@@ -66,10 +66,10 @@ def check_args(tool: str, args) -> str | None:
 class Episode:
     """One play of one case: the world, its ledger, and the seven tools over them."""
 
-    def __init__(self, case_or_prepared, listener=None):
+    def __init__(self, case_or_prepared, listener=None, deferred_ledger: bool = False):
         prepared = case_or_prepared if isinstance(case_or_prepared, PreparedCase) else PreparedCase(case_or_prepared)
         self.prepared = prepared
-        self.world = World(prepared, listener)
+        self.world = World(prepared, listener, deferred_ledger)
         self.ledger = self.world.ledger
 
     # -- the one entry point --------------------------------------------------------------

@@ -187,12 +187,12 @@ class PreparedCase:
 class World:
     """One episode's warehouse and bookkeeping. Agents reach it only through `tools.py`."""
 
-    def __init__(self, prepared: PreparedCase, listener=None):
+    def __init__(self, prepared: PreparedCase, listener=None, deferred_ledger: bool = False):
         self.prepared = prepared
         self.conn = _connect()
         self.conn.deserialize(prepared.image)
         self.sandbox = Sandbox(self.conn)
-        self.ledger = Ledger(listener)
+        self.ledger = Ledger(listener, deferred_ledger)
         self.loads: dict[str, int] = {}
         self.quarantined: dict[str, dict] = {}
         self.orphans_at_load: dict[str, int] = {}

@@ -187,7 +187,7 @@ def test_malformed_actions_give_error_observations_and_never_raise(mode):
         assert "error" in json.loads(obs["result"]) and "error" in info["result"], action
         assert not term and not trunc
         assert reward <= 0.0
-    assert episode.world.revenue() == mart and chain_intact(episode.ledger.entries)
+    assert episode.world.revenue() == mart and chain_intact(episode.ledger.seal())
     entries = episode.ledger.entries
     assert len(entries) == len(MALFORMED) and not any(e["executed"] for e in entries)  # every one is logged
     malformed = [e for e in entries if e["note"] == "malformed action"]

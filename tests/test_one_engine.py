@@ -155,3 +155,14 @@ def test_a_replay_line_is_accepted_or_refused_as_the_env_does(tmp_path, capsys):
     accepted = ["error" not in r for r in from_env]
     assert accepted[:5] == [True] * 5 and not any(accepted[5:])
     assert [e["executed"] for e in out["ledger"]] == accepted
+
+
+def test_forked_workers_play_exactly_what_one_process_plays():
+    cases = read_cases(ROOT / "cases" / "classic" / "train_procedural.jsonl")[:24]
+    from gate_pipeline.engine import play_cases
+    agents = ["random", "careful@full", "careful-sql", "report-liar"]
+    one, many = play_cases(cases, agents), play_cases(cases, agents, workers=3)
+    assert list(one) == list(many)
+    for name in agents:
+        assert [(r.case_id, r.grade, r.ledger, r.rewards) for r in one[name]] == \
+               [(r.case_id, r.grade, r.ledger, r.rewards) for r in many[name]]

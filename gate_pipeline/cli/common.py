@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from ..settings import Settings
@@ -37,10 +38,33 @@ def cases_arg(a, settings: Settings) -> Path:
     return Path(a.cases) if a.cases else settings.cases_file("eval")
 
 
-def play_with_progress(cases: list[dict], specs: list, reward: str = "terminal") -> dict:
+def workers_for(requested: int | None, episodes: int) -> int:
+    """Worker processes for a batch: as asked, else one per available CPU once there are 64 episodes."""
+    if requested is not None:
+        return requested
+    if episodes < 64:
+        return 1
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # platforms without CPU affinity
+        return os.cpu_count() or 1
+
+
+def play_with_progress(cases: list[dict], specs: list, reward: str = "terminal", workers: int | None = None) -> dict:
     from ..engine import play_cases
     with progress_bar(len(cases), "cases") as advance:
-        return play_cases(cases, specs, reward=reward, progress=advance)
+        return play_cases(cases, specs, reward=reward, progress=advance,
+                          workers=workers_for(workers, len(cases) * len(specs)))
+
+
+def workers_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"--workers must be a whole number, not {text!r}") from None
+    if value < 1:
+        raise UsageError(f"--workers must be at least 1, not {value}")
+    return value
 
 
 def grades_of(results: dict) -> dict:

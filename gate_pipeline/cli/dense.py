@@ -47,7 +47,7 @@ def _table(summary: dict, where: str, n: int, seed: int) -> str:
 
 
 def dense_report(args, cases: list[dict], specs: list, path: Path) -> int:
-    results = play_with_progress(cases, specs, reward="dense")
+    results = play_with_progress(cases, specs, reward="dense", workers=args.workers)
     summary = {}
     for name, rs in results.items():
         split = [parts(r) for r in rs]

@@ -10,7 +10,7 @@ from ..cases import read_cases, split_of
 from ..settings import Settings
 from .errors import UsageError
 from .html_output import html_target, save_html
-from .common import cases_arg
+from .common import cases_arg, workers_arg, workers_for
 from .progress import progress_bar
 
 
@@ -42,7 +42,8 @@ def cmd_experiment(a) -> int:
     if not variants:
         raise UsageError(f"no variant files in {settings.contracts_dir / 'variants'}")
     with progress_bar(len(cases), "cases") as advance:
-        summary, grades = run_experiment(cases, variants, progress=advance, contracts=settings.contracts_dir)
+        summary, grades = run_experiment(cases, variants, progress=advance, contracts=settings.contracts_dir,
+                                         workers=workers_for(a.workers, len(cases) * len(variants)))
     text = experiment_tables(summary, split=split_of(path))
     if a.json:
         print(json.dumps({"experiment": summary,
@@ -63,4 +64,6 @@ def register(subparsers) -> None:
     p.add_argument("--variants", default=None, help="comma-separated variant names (default: every variant file)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--html", default=None, metavar="FILE", help="also write a self-contained HTML report")
+    p.add_argument("--workers", type=workers_arg, default=None,
+                   help="processes to play in (default: one per CPU from 64 episodes on, else 1)")
     p.set_defaults(fn=cmd_experiment)

@@ -16,7 +16,8 @@ from ..agents import ATTACKERS, AgentOptionError, UnknownAgent
 from ..cases import CaseError, read_cases, split_of
 from ..contract import ContractError
 from ..settings import Settings
-from .common import Parser, agent_list, cases_arg, grades_json, grades_of, play_with_progress, resolve_agents
+from .common import (Parser, agent_list, cases_arg, grades_json, grades_of, play_with_progress, resolve_agents,
+                     workers_arg)
 from .errors import UsageError
 
 # Subcommands that live in their own modules: each has register(subparsers).
@@ -53,9 +54,9 @@ def cmd_report(a) -> int:
         specs = resolve_agents(agent_list(a.agents, list(DENSE_AGENTS)), settings, {"random": {"seed": a.seed}})
         return dense_report(a, cases, specs, path)
     specs = resolve_agents(agent_list(a.agents, REPORT_AGENTS), settings)
-    grades = grades_of(play_with_progress(cases, specs))
+    grades = grades_of(play_with_progress(cases, specs, workers=a.workers))
     from ..tables import baseline_tables
-    tables = baseline_tables(cases, grades, split=split_of(path))
+    tables = baseline_tables(cases, grades, split=split_of(path)) if target is not None or not a.json else ""
     print(grades_json(grades) if a.json else tables)
     if target is not None:
         save_html(target, grades, title="gate report", subtitle=f"{len(cases)} cases ({path})",
@@ -66,7 +67,8 @@ def cmd_report(a) -> int:
 def cmd_attacks(a) -> int:
     settings = Settings.from_env()
     cases = read_cases(cases_arg(a, settings))
-    grades = grades_of(play_with_progress(cases, resolve_agents(agent_list(a.agents, ATTACK_AGENTS), settings)))
+    grades = grades_of(play_with_progress(cases, resolve_agents(agent_list(a.agents, ATTACK_AGENTS), settings),
+                                          workers=a.workers))
     if a.json:
         print(grades_json(grades))
     else:
@@ -129,12 +131,16 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--reward", choices=["terminal", "dense"], default="terminal")
     rep.add_argument("--seed", type=int, default=0, help="seed of the random policy (dense report)")
     rep.add_argument("--html", default=None, metavar="FILE", help="also write a self-contained HTML report")
+    rep.add_argument("--workers", type=workers_arg, default=None,
+                     help="processes to play in (default: one per CPU from 64 episodes on, else 1)")
     rep.set_defaults(fn=cmd_report)
 
     att = sub.add_parser("attacks", help="run the attackers against the grader")
     att.add_argument("--cases", default=None, help="case file (default: the classic eval split)")
     att.add_argument("--agents", default=None)
     att.add_argument("--json", action="store_true")
+    att.add_argument("--workers", type=workers_arg, default=None,
+                     help="processes to play in (default: one per CPU from 64 episodes on, else 1)")
     att.set_defaults(fn=cmd_attacks)
 
     rp = sub.add_parser("replay", help="apply recorded tool calls to fresh episodes")

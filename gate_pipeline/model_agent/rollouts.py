@@ -37,16 +37,16 @@ RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 BINDING = ("model", "base_url", "temperature", "max_turns", "max_tokens")
 
 
-# a run allocates many short-lived objects (messages, requests, rows); with CPython's default of a
-# young-generation collection every 700 allocations the collector took ~0.15-0.45 ms of CPU per
-# rollout (a full collection of the long-lived heap every other run), against ~0.05 ms at 10000
+# concurrent model rollouts allocate many short-lived objects (messages, requests, rows): at CPython's
+# default of a young-generation collection every 700 allocations the collector took ~0.15-0.45 ms of CPU
+# per rollout, against ~0.05 ms at 10000 (benchmarks/bench_rollouts.py)
 GEN0_THRESHOLD = 10_000
 
 
 @contextmanager
 def fewer_collections():
-    """Young-generation collections at most every GEN0_THRESHOLD allocations during a run; the
-    process's thresholds are put back after it."""
+    """Young-generation collections at most every GEN0_THRESHOLD allocations while a run plays; the
+    process's thresholds are put back after."""
     before = gc.get_threshold()
     gc.set_threshold(max(before[0], GEN0_THRESHOLD), *before[1:])
     try:
