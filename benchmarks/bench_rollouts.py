@@ -1,23 +1,28 @@
-"""Rollouts/s of `gate run`'s engine at concurrency 1, 8 and 32, against the scripted server answering at once.
+"""gate run's rollouts/s next to a bare loop of the same requests: the environment's share of a model run.
 
 The scripted chat-completions server (tests/scripted_server.py, careful policy, 4 requests per
-two-batch case) runs in its own process, as a model server would. For each concurrency the
-eval cases are played R times each through run_rollouts (the code `gate run` uses: the openai
-client, transcripts written to disk, grades), and the script prints rollouts/s plus where the
-CPU went: this process (HTTP client, JSON, transcripts, gate's episode work) and the server
-process. "(gate ms)" is the time spent in gate's own episode work, tool calls and grading: it is
-synchronous, so it is CPU time plus any wait for a CPU on a busy machine.
+two-batch case) runs in its own process, as a model server would. Per round, side by side:
 
-With --repeat N each concurrency is run N times (a fresh run each time) and the best and median
-rollouts/s are printed after the rows: the machine may be shared, so one run is one sample.
+- gate: `run_rollouts` (what `gate run` calls) at concurrency C: the stock `openai.AsyncOpenAI`
+  client, the engine playing every tool call, the run store keeping every episode, a transcript
+  line per rollout, grades from the store;
+- bare: the same conversations (the requests gate sent, read back from its transcripts) sent
+  with the same stock client at the same concurrency, each reply read as JSON, and nothing else:
+  no environment, no store, no transcript.
 
-    .venv/bin/python benchmarks/bench_rollouts.py [--rollouts R] [--concurrency 1,8,32] [--repeat N]
+ratio = gate rollouts/s / bare rollouts/s: the share of a rollout's time that is not the
+environment. Rounds alternate gate and bare, so a slow minute on this shared machine slows both.
+Both sides are CPU-bound in this process (the server has the other core), so each round also
+prints the ratio of rollouts per second of this process's CPU time, which a busy neighbour
+moves less than wall time.
+
+    .venv/bin/python benchmarks/bench_rollouts.py [--rollouts R] [--concurrency C] [--rounds N]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import os
+import json
 import resource
 import statistics
 import subprocess
@@ -27,75 +32,95 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from gate_pipeline.cases import read_cases  # noqa: E402
-from gate_pipeline.model_agent.agent import ModelSettings  # noqa: E402
-from gate_pipeline.model_agent.rollouts import run_rollouts  # noqa: E402
-
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def server_cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
+from gate_pipeline.model_agent.agent import TOOLS, ModelSettings, make_client  # noqa: E402
+from gate_pipeline.model_agent.rollouts import TRANSCRIPTS, read_transcripts, run_rollouts  # noqa: E402
+from gate_pipeline.settings import Settings  # noqa: E402
+from gate_pipeline.store import RunStore  # noqa: E402
 
 
-def own_cpu() -> tuple[float, float]:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime, r.ru_stime
+def conversations(run_dir: Path) -> list[list[list[dict]]]:
+    """Per rollout, the message list of each request it sent (every prefix ending before a reply)."""
+    out = []
+    for line in read_transcripts(run_dir / TRANSCRIPTS):
+        messages = line["messages"]
+        out.append([messages[:i] for i, m in enumerate(messages) if m["role"] == "assistant"])
+    return out
 
 
-def measure(server_pid: int, cases: list[dict], settings: ModelSettings, rollouts: int, concurrency: int,
-            run_dir: Path) -> float:
-    """One fresh run: print its row, return its rollouts/s."""
-    u0, s0 = own_cpu()
-    srv0 = server_cpu(server_pid)
+async def bare(settings: ModelSettings, rollouts: list[list[list[dict]]], concurrency: int) -> float:
+    """Send every rollout's requests in order, `concurrency` rollouts at a time; seconds taken."""
+    client = make_client(settings)
+    queue: asyncio.Queue = asyncio.Queue()
+    for requests in rollouts:
+        queue.put_nowait(requests)
+
+    async def worker():
+        while not queue.empty():
+            for messages in queue.get_nowait():
+                raw = await client.chat.completions.with_raw_response.create(
+                    model=settings.model, messages=messages, tools=TOOLS, temperature=settings.temperature)
+                json.loads(raw.content)
+
     t0 = time.perf_counter()
-    out = asyncio.run(run_rollouts(cases, settings, rollouts, concurrency, run_dir))
-    wall = time.perf_counter() - t0
-    u1, s1 = own_cpu()
-    records = out["records"]
-    n = len(records)
-    assert n == len(cases) * rollouts and all(r["reward"] == 1.0 for r in records)
-    requests = sum(r["turns"] for r in records)
-    gate_ms = sum(r["timings"]["tool_seconds"] + r["timings"]["grade_seconds"] for r in records) / n * 1e3
-    print(f"{concurrency:>11}{n:>10}{wall:>9.2f}{n / wall:>12.1f}{requests / wall:>12.1f}"
-          f"{(u1 - u0 + s1 - s0) / n * 1e3:>11.2f}{gate_ms:>11.2f}"
-          f"{(server_cpu(server_pid) - srv0) / n * 1e3:>11.2f}", flush=True)
-    return n / wall
+    try:
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    finally:
+        await client.close()
+    return time.perf_counter() - t0
+
+
+def gate(settings: ModelSettings, cases: list[dict], rollouts: int, concurrency: int, home: Path,
+         run_dir: Path) -> float:
+    store = RunStore(Settings(home=home))
+    try:
+        t0 = time.perf_counter()
+        out = asyncio.run(run_rollouts(cases, settings, rollouts, concurrency, run_dir, store))
+        seconds = time.perf_counter() - t0
+    finally:
+        store.dispose()
+    assert len(out["records"]) == len(cases) * rollouts and all(r["reward"] == 1.0 for r in out["records"])
+    return seconds
+
+
+def cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rollouts", type=int, default=8, help="rollouts per eval case (32 cases)")
-    p.add_argument("--concurrency", default="1,8,32")
-    p.add_argument("--repeat", type=int, default=1, help="runs per concurrency (best and median printed)")
-    p.add_argument("--server", choices=["asyncio", "threads"], default="asyncio",
-                   help="the scripted server on one asyncio thread (default) or a thread per connection")
+    p.add_argument("--rollouts", type=int, default=4, help="rollouts per eval case (32 cases)")
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--rounds", type=int, default=5)
     a = p.parse_args()
     cases = read_cases(ROOT / "cases" / "classic" / "eval_curated.jsonl")
-    server = subprocess.Popen([sys.executable, str(ROOT / "tests" / "scripted_server.py"),
-                               *(["--asyncio"] if a.server == "asyncio" else [])],
+    server = subprocess.Popen([sys.executable, str(ROOT / "tests" / "scripted_server.py"), "--asyncio"],
                               stdout=subprocess.PIPE, text=True)
     try:
-        url = server.stdout.readline().strip()
-        settings = ModelSettings(model="careful", base_url=url)
+        settings = ModelSettings(model="careful", base_url=server.stdout.readline().strip())
+        n = len(cases) * a.rollouts
         with tempfile.TemporaryDirectory() as tmp:
-            asyncio.run(run_rollouts(cases, settings, 1, 8, Path(tmp) / "warm-up"))
-            print(f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f} before the runs; "
-                  f"{len(cases)} cases x {a.rollouts} rollouts per concurrency; {a.server} server")
-            print(f"{'concurrency':>11}{'rollouts':>10}{'seconds':>9}{'rollouts/s':>12}{'requests/s':>12}"
-                  f"{'client ms':>11}{'(gate ms)':>11}{'server ms':>11}   (CPU per rollout)")
-            rates: dict[int, list[float]] = {}
-            for c in [int(x) for x in a.concurrency.split(",")]:
-                for run in range(max(1, a.repeat)):
-                    rates.setdefault(c, []).append(
-                        measure(server.pid, cases, settings, a.rollouts, c, Path(tmp) / f"c{c}-{run}"))
-            if a.repeat > 1:
-                for c, seen in rates.items():
-                    print(f"concurrency {c}: best {max(seen):.1f} rollouts/s, median {statistics.median(seen):.1f} "
-                          f"over {len(seen)} runs")
+            tmp = Path(tmp)
+            gate(settings, cases, 1, 8, tmp / "warm-home", tmp / "warm-up")  # imports, the server's reply cache
+            print(f"{len(cases)} cases x {a.rollouts} rollouts = {n} per run, concurrency {a.concurrency}")
+            print(f"{'round':>5}{'gate rollouts/s':>17}{'bare rollouts/s':>17}{'ratio':>8}"
+                  f"{'gate CPU ms':>13}{'bare CPU ms':>13}{'CPU ratio':>11}")
+            ratios, cpu_ratios = [], []
+            for r in range(a.rounds):
+                run_dir = tmp / f"run-{r}"
+                c0 = cpu()
+                g = n / gate(settings, cases, a.rollouts, a.concurrency, tmp / f"home-{r}", run_dir)
+                c1 = cpu()
+                b = n / asyncio.run(bare(settings, conversations(run_dir), a.concurrency))
+                c2 = cpu()
+                ratios.append(g / b)
+                cpu_ratios.append((c2 - c1) / (c1 - c0))
+                print(f"{r + 1:>5}{g:>17.1f}{b:>17.1f}{g / b:>8.2f}{(c1 - c0) / n * 1e3:>13.2f}"
+                      f"{(c2 - c1) / n * 1e3:>13.2f}{cpu_ratios[-1]:>11.2f}", flush=True)
+            print(f"median ratio {statistics.median(ratios):.2f}, median CPU ratio {statistics.median(cpu_ratios):.2f} "
+                  f"(goal >= 0.85: the environment's share under 15 %)")
     finally:
         server.terminate()
         server.wait()

@@ -47,8 +47,9 @@ class EpisodeStart:
 
 
 class Sink:
-    """An observer of episodes. Override what you need; `wants_warehouse` asks the engine to put
-    the final database image in the result."""
+    """An observer of episodes. Override what you need: `entry` is called only for sinks that set
+    `wants_entries`; `wants_warehouse` asks the engine to put the final database image in the result."""
+    wants_entries = False
     wants_warehouse = False
 
     def start(self, episode: EpisodeStart) -> None:
@@ -116,7 +117,8 @@ class Session:
         self.started_at = time.time()
         self._t0 = time.perf_counter()
         # with nobody watching entries as they are written, the chain is hashed once, at the end
-        self.episode = Episode(prepared, self._to_sinks if self.sinks else None, deferred_ledger=not self.sinks)
+        self.watchers = tuple(sink for sink in self.sinks if sink.wants_entries)
+        self.episode = Episode(prepared, self._to_sinks if self.watchers else None, deferred_ledger=not self.watchers)
         self.rewards: list[float] = []
         self.report_index: int | None = None
         self.result: EpisodeResult | None = None
@@ -127,7 +129,7 @@ class Session:
                 sink.start(start)
 
     def _to_sinks(self, entry: dict) -> None:
-        for sink in self.sinks:
+        for sink in self.watchers:
             sink.entry(self.episode_id, entry)
 
     @property

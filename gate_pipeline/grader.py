@@ -163,9 +163,10 @@ def grade(episode, failure: str = "") -> Grade:
 _correct: dict[str, float] = {}
 
 
-def correct_mart(case: dict) -> float:
-    """The mart a correct run of `case` gives (cached by the case's content: ids may repeat)."""
-    key = json.dumps(case, sort_keys=True)
+def correct_mart(case: dict, case_json: str | None = None) -> float:
+    """The mart a correct run of `case` gives (cached by the case's content, `case_json` when the
+    caller has it: ids may repeat)."""
+    key = case_json or json.dumps(case, sort_keys=True)
     if key not in _correct:
         if len(_correct) > 4096:
             _correct.clear()
@@ -180,7 +181,8 @@ def grade_stored(stored: StoredEpisode) -> Grade:
     episode: it grades 0 with the reason."""
     reasons = [r for r in (stored.error, *stored.problems) if r]
     mart = stored.mart if stored.mart is not None else 0.0
-    return grade_record(stored.case, stored.entries, mart, correct_mart(stored.case), "; ".join(reasons))
+    return grade_record(stored.case, stored.entries, mart, correct_mart(stored.case, stored.case_json),
+                        "; ".join(reasons))
 
 
 def exact_mean(values) -> Fraction:

@@ -107,3 +107,4 @@ class StoredEpisode:
     ledger_digest: str
     mart: float | None
     problems: tuple[str, ...] = ()  # what could not be read (a missing warehouse file...)
+    case_json: str = ""  # the case as stored (its text)

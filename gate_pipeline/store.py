@@ -1,9 +1,9 @@
 """The run store: episodes played under orchestration, kept so another process can grade them.
 
 Persistence only: it plays nothing and grades nothing. `StoreSink` (an engine sink) writes
-an episode's row when it opens, each ledger entry as it is appended (before the agent sees
-the result), and its end (how it ended, the ledger's last hash and length) with its final
-warehouse, a SQLite file under GATE_HOME, when it ends. `load` gives a `StoredEpisode` back
+an episode's row when it opens, and when it ends, in one transaction, its ledger and how it
+ended (with the ledger's last hash and length), with its final warehouse as a SQLite file
+under GATE_HOME. `load` gives a `StoredEpisode` back
 for the grader (`grader.grade_stored`); grades are kept once per episode, with a sequence
 number, so a consumer (the grading sensor) can emit each one once across restarts. Nightly
 summaries are kept too, as the scoreboard's history. The database is any SQLAlchemy URL
@@ -151,27 +151,34 @@ class RunStore:
     def warehouse_relpath(self, case_id: str, episode_id: str) -> Path:
         return Path("warehouses") / _UNSAFE.sub("_", case_id) / f"{episode_id}.sqlite"
 
-    def start_episode(self, start: EpisodeStart) -> None:
+    def _row(self, start: EpisodeStart) -> dict:
         rel = self.warehouse_relpath(start.case["case_id"], start.episode_id)
         (self.home / rel).parent.mkdir(parents=True, exist_ok=True)
-        with self.engine.begin() as c:
-            c.execute(insert(episodes).values(
-                episode_id=start.episode_id, run_id=start.run_id, rollout=start.rollout,
-                case_id=start.case["case_id"], agent=start.agent,
-                agent_options=json.dumps(start.options, sort_keys=True, default=repr),
-                case_json=json.dumps(start.case, sort_keys=True), warehouse=str(rel), status=RUNNING,
-                started_at=start.started_at))
+        return {"episode_id": start.episode_id, "run_id": start.run_id, "rollout": start.rollout,
+                "case_id": start.case["case_id"], "agent": start.agent,
+                "agent_options": json.dumps(start.options, sort_keys=True, default=repr),
+                "case_json": json.dumps(start.case, sort_keys=True), "warehouse": str(rel), "status": RUNNING,
+                "started_at": start.started_at}
 
-    def append_entry(self, episode_id: str, entry: dict) -> None:
+    def start_episode(self, start: EpisodeStart) -> None:
         with self.engine.begin() as c:
-            c.execute(insert(ledger_rows).values(episode_id=episode_id, seq=entry["seq"],
-                                                 entry=json.dumps(entry, sort_keys=True)))
+            c.execute(insert(episodes), [self._row(start)])
 
-    def end_episode(self, result: EpisodeResult) -> None:
-        row = self.episode(result.episode_id)
+    def end_episode(self, result: EpisodeResult, start: EpisodeStart | None = None) -> None:
+        """Keep an ended episode: its ledger, how it ended (with the chain's last hash and length, to
+        check the stored ledger against later) and its final warehouse, in one transaction (with
+        its row, when `start` is given: an episode that was not announced when it opened)."""
+        row = self._row(start) if start is not None else None
+        rel = self.warehouse_relpath(result.case_id, result.episode_id)
         if result.warehouse is not None:
-            save_warehouse(result.warehouse, self.home / row["warehouse"])
+            save_warehouse(result.warehouse, self.home / rel)
+        rows = [{"episode_id": result.episode_id, "seq": e["seq"], "entry": json.dumps(e, sort_keys=True)}
+                for e in result.ledger]
         with self.engine.begin() as c:
+            if row is not None:
+                c.execute(insert(episodes), [row])
+            if rows:
+                c.execute(insert(ledger_rows), rows)
             c.execute(update(episodes).where(episodes.c.episode_id == result.episode_id,
                                              episodes.c.status == RUNNING)
                       .values(status=ENDED, end_reason=result.end_reason, error=result.error or None,
@@ -228,7 +235,7 @@ class RunStore:
             options=json.loads(row["agent_options"]), run_id=row["run_id"], rollout=row["rollout"],
             status=row["status"], end_reason=row["end_reason"] or "", error=row["error"] or "",
             entries=self.entries(episode_id), ledger_digest=row["ledger_digest"] or "", mart=mart,
-            problems=tuple(problems))
+            problems=tuple(problems), case_json=row["case_json"])
 
     # -- grades -------------------------------------------------------------------------------
     def ungraded(self) -> list[str]:
@@ -284,17 +291,23 @@ class RunStore:
 
 
 class StoreSink(Sink):
-    """The engine sink that keeps every episode it sees in a run store."""
+    """The engine sink that keeps every episode it sees in a run store: its row when it opens (so an
+    episode whose process dies is known, and graded 0), then everything else when it ends.
+
+    `announce=False` writes nothing until the episode ends, in one transaction: for callers that
+    play a cut-off episode again rather than grade it (`gate run` on resume)."""
     wants_warehouse = True
 
-    def __init__(self, store: RunStore):
+    def __init__(self, store: RunStore, announce: bool = True):
         self.store = store
+        self.announce = announce
+        self.starts: dict[str, EpisodeStart] = {}
 
     def start(self, episode: EpisodeStart) -> None:
-        self.store.start_episode(episode)
-
-    def entry(self, episode_id: str, entry: dict) -> None:
-        self.store.append_entry(episode_id, entry)
+        if self.announce:
+            self.store.start_episode(episode)
+        else:
+            self.starts[episode.episode_id] = episode
 
     def end(self, result: EpisodeResult) -> None:
-        self.store.end_episode(result)
+        self.store.end_episode(result, self.starts.pop(result.episode_id, None))

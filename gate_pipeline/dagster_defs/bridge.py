@@ -18,6 +18,7 @@ STAGING, REPORT = "staging_batches", "agent_report"
 
 class ToolBridge(Sink):
     """Dagster events for the episodes one op plays (one bridge may see many episodes in turn)."""
+    wants_entries = True
 
     def __init__(self, context, log_reads: bool = True):
         self.context = context

@@ -174,17 +174,21 @@ class TranscriptSink(Sink):
 
 
 def run_records(store: RunStore, cases: list[dict], rollouts: int, run_id: str,
-                counts: dict[str, dict] | None = None) -> list[dict]:
-    """One record per stored rollout, in case order: graded again from the store (stored ledger and
-    warehouse); `counts` adds each rollout's model-side counters from the transcripts."""
+                played: dict[str, EpisodeResult] | None = None, counts: dict[str, dict] | None = None) -> list[dict]:
+    """One record per ended rollout of the run, in case order. A rollout played in this process
+    (`played`, by episode id) brings its grade; every other one, kept from before, is graded again
+    from the store (its stored ledger and warehouse), never taken from a transcript. `counts` adds
+    each rollout's model-side counters from the transcripts."""
     done = stored_rollouts(store, run_id)
+    played = played or {}
     out = []
     for case in cases:
         for i in range(rollouts):
             row = done.get(rollout_key(case["case_id"], i))
             if row is None or row["status"] != ENDED:
                 continue
-            g = grade_stored(store.load(row["episode_id"]))
+            result = played.get(row["episode_id"])
+            g = result.grade if result is not None else grade_stored(store.load(row["episode_id"]))
             line = (counts or {}).get(row["episode_id"], {})
             out.append({"key": rollout_key(case["case_id"], i), "case_id": case["case_id"], "family": case["family"],
                         "rollout": i, "episode_id": row["episode_id"], "end_reason": row["end_reason"],
@@ -211,6 +215,7 @@ async def run_rollouts(cases: list[dict], settings: ModelSettings, rollouts: int
     for item in todo:
         queue.put_nowait(item)
     prepared: dict[str, PreparedCase] = {}
+    played: dict[str, EpisodeResult] = {}
     client = make_client(settings)
     spec = model_spec(settings, client)
 
@@ -224,13 +229,14 @@ async def run_rollouts(cases: list[dict], settings: ModelSettings, rollouts: int
             if cid not in prepared:
                 prepared[cid] = PreparedCase(case)
             result = await play_async(prepared[cid], spec, sinks=sinks, run_id=run_id, rollout=index)
+            played[result.episode_id] = result
             if on_done:
                 on_done(result)
 
     drop_torn_tail(path)
     try:
         with path.open("a", encoding="utf-8") as out, fewer_collections():
-            sinks = (StoreSink(store), TranscriptSink(out))
+            sinks = (StoreSink(store, announce=False), TranscriptSink(out))  # a cut-off rollout is played again
             tasks = [asyncio.ensure_future(worker(sinks)) for _ in range(max(1, min(concurrency, len(todo) or 1)))]
             try:
                 await asyncio.gather(*tasks)
@@ -241,5 +247,7 @@ async def run_rollouts(cases: list[dict], settings: ModelSettings, rollouts: int
                 raise
     finally:
         await client.close()
-    lines = {r.get("episode_id"): r for r in read_transcripts(path)}
-    return {"records": run_records(store, cases, rollouts, run_id, lines), "new": len(todo), "kept": kept}
+    counts = {eid: r.agent_log or {} for eid, r in played.items()}
+    if kept:  # the counters of rollouts kept from before are in their transcript lines
+        counts = {**{r.get("episode_id"): r for r in read_transcripts(path)}, **counts}
+    return {"records": run_records(store, cases, rollouts, run_id, played, counts), "new": len(todo), "kept": kept}
