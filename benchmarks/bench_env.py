@@ -2,7 +2,7 @@
 
 Why: F003's dense reward must cost at most 15% more than the terminal rubric alone. The same
 recorded actions (careful-sql's and the seeded random policy's, on every case of the file) are
-replayed through `GateEnv.reset/step` in both modes. Other work on a shared machine only ever
+replayed through the gymnasium env's `reset/step` in both modes. Other work on a shared machine only ever
 adds time, so each episode is timed `--rounds` times per mode (modes alternating) and a mode's
 time is the sum over episodes of the episode's fastest run. Cases are prepared (and gold rows computed)
 before timing, as a training run reuses them; the one-off cost per case is printed apart.
@@ -18,24 +18,42 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gate_pipeline.agents import make_agent  # noqa: E402
 from gate_pipeline.cases import read_cases  # noqa: E402
-from gate_pipeline.episode_api import GateEnv, run_agent  # noqa: E402
+from gate_pipeline.engine import play  # noqa: E402
 from gate_pipeline.gold import gold_rows  # noqa: E402
+from gate_pipeline.integrations.gymnasium_env import GateEnv  # noqa: E402
 from gate_pipeline.world import PreparedCase  # noqa: E402
+
+
+class Recorder:
+    """Wraps an agent: plays it through the engine and keeps the actions it sent."""
+
+    def __init__(self, name: str, actions: list):
+        from gate_pipeline.agents import make_agent
+        self.agent, self.actions = make_agent(name), actions
+        self.oracle = False
+
+    def play(self, tools, case=None):
+        outer = self
+
+        class Recording:
+            episode_seed = tools.episode_seed
+
+            def __call__(self, name, **args):
+                outer.actions.append({"tool": name, "args": args})
+                return tools(name, **args)
+        self.agent.play(Recording(), case)
 
 
 def record(cases: list[dict]) -> list[tuple[str, list[dict]]]:
     """(case id, actions) for careful-sql and the random policy (seed 0) on every case."""
-    env = GateEnv(cases)
+    from gate_pipeline.agents import AgentSpec
     out = []
     for name in ("careful-sql", "random"):
-        agent = make_agent(name, seed=0) if name == "random" else make_agent(name)
         for case in cases:
             actions: list[dict] = []
-            run_agent(env, agent, case["case_id"], actions)
+            play(PreparedCase(case), AgentSpec(name, {}, lambda: Recorder(name, actions), name))
             out.append((case["case_id"], actions))
-    env.close()
     return out
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gate_pipeline.cases import read_cases
 from gate_pipeline.experiments import run_experiment
-from gate_pipeline.variants import variant_names
+from gate_pipeline.variants import load_variants
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def main() -> None:
     path = sys.argv[1] if len(sys.argv) > 1 else str(ROOT / "cases/classic/eval_curated.jsonl")
     cases = read_cases(path)
-    variants = variant_names()
+    variants = load_variants()
     start = time.perf_counter()
     summary, _ = run_experiment(cases, variants)
     seconds = time.perf_counter() - start

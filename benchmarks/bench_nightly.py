@@ -1,7 +1,7 @@
 """Time the nightly benchmark job in process: 32 eval cases x naive, careful, refuse-all.
 
-Prints the bare core (runner.play_agents: episodes in memory, graded), the same episodes
-stored under GATE_HOME without Dagster (store.play_stored + grading from the store), the
+Prints the bare core (engine.play_cases: episodes in memory, graded), the same episodes
+stored under GATE_HOME without Dagster (a StoreSink, then grading from the store), the
 nightly job in process on an ephemeral instance, and `gate nightly` end to end (a fresh
 process, imports included); then the Dagster overhead per case over the bare core. The
 target is at most 15 s in total. With --multiprocess it also runs the job on Dagster's
@@ -48,19 +48,19 @@ def main() -> int:
     from gate_pipeline.cases import read_cases
     from gate_pipeline.dagster_defs import definitions
     from gate_pipeline.dagster_defs.jobs import nightly_run_config
-    from gate_pipeline.runner import play_agents
-    from gate_pipeline.store import RunStore, play_stored
-    from gate_pipeline.world import PreparedCase
+    from gate_pipeline.engine import play_cases
+    from gate_pipeline.grader import grade_stored
+    from gate_pipeline.store import RunStore, StoreSink
     import_s = time.perf_counter() - t0
 
     cases = read_cases(EVAL)
     n = len(cases)
-    core_s, _ = timed(lambda: play_agents(cases, AGENTS), a.repeats)
+    core_s, _ = timed(lambda: play_cases(cases, AGENTS), a.repeats)
 
     def stored():
         store = RunStore()
-        ids = [play_stored(store, PreparedCase(c), name)[0] for c in cases for name in AGENTS]
-        return [store.compute_grade(i) for i in ids]
+        results = play_cases(cases, AGENTS, sinks=[StoreSink(store)])
+        return [grade_stored(store.load(r.episode_id)) for rs in results.values() for r in rs]
     stored_s, _ = timed(stored, a.repeats)
 
     config = nightly_run_config(str(EVAL), AGENTS)
@@ -84,8 +84,8 @@ def main() -> int:
     print(f"nightly benchmark: {n} eval cases x {', '.join(AGENTS)} = {n * len(AGENTS)} episodes "
           f"(median of {a.repeats}; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the end)")
     print(f"  import dagster + gate definitions        {import_s:7.2f} s")
-    print(f"  bare core (runner.play_agents)           {core_s:7.2f} s")
-    print(f"  stored runs, no Dagster (play_stored)    {stored_s:7.2f} s")
+    print(f"  bare core (engine.play_cases)            {core_s:7.2f} s")
+    print(f"  stored episodes, no Dagster (StoreSink)  {stored_s:7.2f} s")
     print(f"  nightly job in process (ephemeral)       {nightly_s:7.2f} s")
     print(f"  `gate nightly` end to end (new process)  {cli_s:7.2f} s   target <= {TARGET_S:.0f} s: "
           f"{'met' if cli_s <= TARGET_S else 'NOT met'}")

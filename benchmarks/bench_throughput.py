@@ -1,8 +1,10 @@
-"""Episodes per second for each baseline over the 320 train cases, on one core.
+"""Episodes per second for each baseline over the 320 train cases, on one core, in process.
 
-An episode here is built (a private copy of the case's prepared SQLite image), played by the
-agent through the seven tools, and graded (ledger chain verified, mart recomputed). Preparing
-each case (its image, profiles and correct mart) happens once per case and is timed apart.
+An episode here is what `engine.play` does: a private copy of the case's prepared SQLite image,
+the agent playing through the seven tools, the ledger hashed and the grade computed (the mart
+read from the warehouse). Preparing each case (its image, profiles and correct mart) happens
+once per case and is timed apart. The command-line figure, measured from outside and compared
+with the classic implementation, is ../shared/bench/throughput's; this one shows the agents apart.
 
     .venv/bin/python benchmarks/bench_throughput.py [--cases FILE] [--repeats 3] [--agents a,b]
 """
@@ -20,9 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gate_pipeline.agents import BASELINES, make_agent  # noqa: E402
+from gate_pipeline.agents import BASELINES, resolve_agent  # noqa: E402
 from gate_pipeline.cases import read_cases  # noqa: E402
-from gate_pipeline.runner import play  # noqa: E402
+from gate_pipeline.engine import play  # noqa: E402
 from gate_pipeline.world import PreparedCase  # noqa: E402
 
 
@@ -65,12 +67,12 @@ def main() -> int:
     print(f"machine speed now: calibration workload {calibration_ms():.1f} ms (lower is faster)")
     print(f"{'agent':<14}{'episodes/s (best)':>19}{'median':>10}{'ms/episode':>12}")
     for name in a.agents.split(","):
-        agent = make_agent(name)
+        spec = resolve_agent(name)
         rates = []
         for _ in range(a.repeats):
             t = time.perf_counter()
             for p in prepared:
-                play(p, agent)
+                play(p, spec)
             rates.append(len(prepared) / (time.perf_counter() - t))
         best = max(rates)
         print(f"{name:<14}{best:>19.0f}{statistics.median(rates):>10.0f}{1e3 / best:>12.3f}")
