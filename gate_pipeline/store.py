@@ -18,8 +18,8 @@ import sqlite3
 import time
 from pathlib import Path
 
-from sqlalchemy import (Column, Float, Integer, MetaData, String, Table, Text, create_engine, event, insert, select,
-                        update)
+from sqlalchemy import (Column, Float, Integer, MetaData, String, Table, Text, bindparam, create_engine, event, insert,
+                        select, update)
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from .engine import EpisodeStart, Sink
@@ -95,7 +95,11 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
 def save_warehouse(image: bytes, path: Path) -> None:
     """Write an episode's final database image to its warehouse file (whole, then renamed into place)."""
     tmp = path.with_suffix(".partial")
-    tmp.write_bytes(image)
+    try:
+        tmp.write_bytes(image)
+    except FileNotFoundError:  # its folder went away since it was made
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(image)
     os.replace(tmp, path)
 
 
@@ -134,6 +138,8 @@ class RunStore:
             self._check_version()
         except SQLAlchemyError as exc:
             raise StoreError(f"run store {self.url!r}: {str(exc).splitlines()[0]}") from None
+        self._cases: dict[int, tuple[dict, str]] = {}
+        self._folders: set[Path] = set()
 
     def _check_version(self) -> None:
         with self.engine.begin() as c:
@@ -151,39 +157,61 @@ class RunStore:
     def warehouse_relpath(self, case_id: str, episode_id: str) -> Path:
         return Path("warehouses") / _UNSAFE.sub("_", case_id) / f"{episode_id}.sqlite"
 
+    def _case_text(self, case: dict) -> str:
+        """The case as stored (sorted JSON), made once per case object: rollouts of a case share it."""
+        key = id(case)
+        known = self._cases.get(key)
+        if known is None or known[0] is not case:
+            if len(self._cases) > 4096:
+                self._cases.clear()
+            known = self._cases[key] = (case, json.dumps(case, sort_keys=True))
+        return known[1]
+
     def _row(self, start: EpisodeStart) -> dict:
         rel = self.warehouse_relpath(start.case["case_id"], start.episode_id)
-        (self.home / rel).parent.mkdir(parents=True, exist_ok=True)
+        if rel.parent not in self._folders:
+            (self.home / rel.parent).mkdir(parents=True, exist_ok=True)
+            self._folders.add(rel.parent)
         return {"episode_id": start.episode_id, "run_id": start.run_id, "rollout": start.rollout,
                 "case_id": start.case["case_id"], "agent": start.agent,
                 "agent_options": json.dumps(start.options, sort_keys=True, default=repr),
-                "case_json": json.dumps(start.case, sort_keys=True), "warehouse": str(rel), "status": RUNNING,
-                "started_at": start.started_at}
+                "case_json": self._case_text(start.case), "warehouse": str(rel), "status": RUNNING,
+                "started_at": start.started_at, "end_reason": None, "error": None, "ledger_digest": None,
+                "ledger_entries": None, "ended_at": None}
 
     def start_episode(self, start: EpisodeStart) -> None:
         with self.engine.begin() as c:
             c.execute(insert(episodes), [self._row(start)])
 
     def end_episode(self, result: EpisodeResult, start: EpisodeStart | None = None) -> None:
-        """Keep an ended episode: its ledger, how it ended (with the chain's last hash and length, to
-        check the stored ledger against later) and its final warehouse, in one transaction (with
-        its row, when `start` is given: an episode that was not announced when it opened)."""
-        row = self._row(start) if start is not None else None
-        rel = self.warehouse_relpath(result.case_id, result.episode_id)
-        if result.warehouse is not None:
-            save_warehouse(result.warehouse, self.home / rel)
-        rows = [{"episode_id": result.episode_id, "seq": e["seq"], "entry": json.dumps(e, sort_keys=True)}
-                for e in result.ledger]
+        """Keep an ended episode (see `end_episodes`)."""
+        self.end_episodes([(result, start)])
+
+    def end_episodes(self, ended: list[tuple[EpisodeResult, EpisodeStart | None]]) -> None:
+        """Keep ended episodes, in one transaction: each one's ledger, how it ended (with the chain's
+        last hash and length, to check the stored ledger against later) and its final warehouse;
+        with its row, when its start is given (an episode that was not announced when it opened)."""
+        new, updates, ledgers = [], [], []
+        for result, start in ended:
+            end = {"status": ENDED, "end_reason": result.end_reason, "error": result.error or None,
+                   "ledger_digest": last_hash(result.ledger), "ledger_entries": len(result.ledger),
+                   "ended_at": time.time()}
+            if start is not None:
+                new.append({**self._row(start), **end})
+            else:
+                updates.append({"key": result.episode_id, **end})
+            if result.warehouse is not None:
+                save_warehouse(result.warehouse, self.home / self.warehouse_relpath(result.case_id, result.episode_id))
+            ledgers += [{"episode_id": result.episode_id, "seq": e["seq"], "entry": json.dumps(e, sort_keys=True)}
+                        for e in result.ledger]
         with self.engine.begin() as c:
-            if row is not None:
-                c.execute(insert(episodes), [row])
-            if rows:
-                c.execute(insert(ledger_rows), rows)
-            c.execute(update(episodes).where(episodes.c.episode_id == result.episode_id,
-                                             episodes.c.status == RUNNING)
-                      .values(status=ENDED, end_reason=result.end_reason, error=result.error or None,
-                              ledger_digest=last_hash(result.ledger), ledger_entries=len(result.ledger),
-                              ended_at=time.time()))
+            if new:
+                c.execute(insert(episodes), new)
+            if updates:
+                c.execute(update(episodes).where(episodes.c.episode_id == bindparam("key"),
+                                                 episodes.c.status == RUNNING), updates)
+            if ledgers:
+                c.execute(insert(ledger_rows), ledgers)
 
     def close_abandoned(self, episode_id: str, reason: str) -> bool:
         """End an episode whose process died before it did (its warehouse may never have been
@@ -294,14 +322,17 @@ class StoreSink(Sink):
     """The engine sink that keeps every episode it sees in a run store: its row when it opens (so an
     episode whose process dies is known, and graded 0), then everything else when it ends.
 
-    `announce=False` writes nothing until the episode ends, in one transaction: for callers that
-    play a cut-off episode again rather than grade it (`gate run` on resume)."""
+    `announce=False` writes nothing until the episode ends, and `batch` keeps that many ended
+    episodes before writing them in one transaction (`flush` writes what is kept): for callers
+    that play a cut-off or unwritten episode again rather than grade it (`gate run` on resume)."""
     wants_warehouse = True
 
-    def __init__(self, store: RunStore, announce: bool = True):
+    def __init__(self, store: RunStore, announce: bool = True, batch: int = 1):
         self.store = store
         self.announce = announce
+        self.batch = batch
         self.starts: dict[str, EpisodeStart] = {}
+        self.ended: list[tuple[EpisodeResult, EpisodeStart | None]] = []
 
     def start(self, episode: EpisodeStart) -> None:
         if self.announce:
@@ -310,4 +341,11 @@ class StoreSink(Sink):
             self.starts[episode.episode_id] = episode
 
     def end(self, result: EpisodeResult) -> None:
-        self.store.end_episode(result, self.starts.pop(result.episode_id, None))
+        self.ended.append((result, self.starts.pop(result.episode_id, None)))
+        if len(self.ended) >= self.batch:
+            self.flush()
+
+    def flush(self) -> None:
+        ended, self.ended = self.ended, []
+        if ended:
+            self.store.end_episodes(ended)

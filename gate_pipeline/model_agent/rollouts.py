@@ -32,6 +32,7 @@ from .agent import ModelAgent, ModelSettings, make_client
 
 TRANSCRIPTS, META = "transcripts.jsonl", "run.json"
 REDONE_ON_RESUME = (API_ERROR, TIMEOUT, ABANDONED)
+STORE_BATCH = 16
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 # settings that change what a rollout means: a resumed run must not mix them
 BINDING = ("model", "base_url", "temperature", "max_turns", "max_tokens")
@@ -234,9 +235,12 @@ async def run_rollouts(cases: list[dict], settings: ModelSettings, rollouts: int
                 on_done(result)
 
     drop_torn_tail(path)
+    # a cut-off rollout, or one not yet written, is played again on resume: episodes are written as
+    # they end, STORE_BATCH to a transaction
+    keep = StoreSink(store, announce=False, batch=STORE_BATCH)
     try:
         with path.open("a", encoding="utf-8") as out, fewer_collections():
-            sinks = (StoreSink(store, announce=False), TranscriptSink(out))  # a cut-off rollout is played again
+            sinks = (keep, TranscriptSink(out))
             tasks = [asyncio.ensure_future(worker(sinks)) for _ in range(max(1, min(concurrency, len(todo) or 1)))]
             try:
                 await asyncio.gather(*tasks)
@@ -245,6 +249,8 @@ async def run_rollouts(cases: list[dict], settings: ModelSettings, rollouts: int
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 raise
+            finally:
+                keep.flush()
     finally:
         await client.close()
     counts = {eid: r.agent_log or {} for eid, r in played.items()}
