@@ -76,12 +76,43 @@ def parse_action(value) -> Action:
     return Action(None, value, "an action is {'tool': name, 'args': {...}} or [name, args]", MALFORMED)
 
 
+PREVIEW_NODES, PREVIEW_DEPTH, PREVIEW_ITEMS, PREVIEW_CHARS = 200, 20, 20, 200
+
+
+def preview(value):
+    """A bounded, JSON-ready copy of anything an agent sent: long strings and lists cut, deep or wide
+    structures stopped, huge integers and other objects named. Its cost does not grow with the input."""
+    budget = [PREVIEW_NODES]
+
+    def walk(v, depth):
+        budget[0] -= 1
+        if budget[0] < 0 or depth > PREVIEW_DEPTH:
+            return "..."
+        if v is None or isinstance(v, bool):
+            return v
+        if isinstance(v, str):
+            return v if len(v) <= PREVIEW_CHARS else f"{v[:PREVIEW_CHARS]}...[{len(v):,} characters]"
+        if isinstance(v, int):
+            return v if v.bit_length() <= 64 else f"<integer of {v.bit_length():,} bits>"
+        if isinstance(v, float):
+            return v if v == v and abs(v) != float("inf") else str(v)
+        if isinstance(v, (list, tuple)):
+            out = [walk(x, depth + 1) for x in v[:PREVIEW_ITEMS]]
+            return out + [f"...[{len(v):,} items]"] if len(v) > PREVIEW_ITEMS else out
+        if isinstance(v, dict):
+            items = list(v.items())[:PREVIEW_ITEMS]
+            out = {str(walk(k, depth + 1)): walk(x, depth + 1) for k, x in items}
+            if len(v) > PREVIEW_ITEMS:
+                out["..."] = f"[{len(v):,} keys]"
+            return out
+        return f"<{type(v).__name__}>"
+
+    return walk(value, 0)
+
+
 def ledger_repr(value) -> str:
-    """A bounded text rendering of what was sent, for the ledger entry of a malformed action."""
-    try:
-        text = json.dumps(value, ensure_ascii=True, default=repr)
-    except (TypeError, ValueError, RecursionError):
-        text = repr(type(value))
+    """A bounded text rendering of what was sent, for the ledger entry of a refused call."""
+    text = json.dumps(preview(value), ensure_ascii=True, sort_keys=True)
     return text if len(text) <= REPR_LIMIT else text[:REPR_LIMIT] + "...[truncated]"
 
 

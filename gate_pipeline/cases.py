@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Iterable
 
 from .contract import COLUMNS, DEFECT_TYPES, ContractError, validate_contract
+from .world import staging_table
 
 CASE_KEYS = ("batches", "case_id", "contract", "family", "prompt", "seed", "variant", "warehouse")
 BATCH_KEYS = ("batch_id", "rows", "source", "table", "truth")
@@ -43,10 +44,37 @@ _VALUES = {table: itemgetter(*columns) for table, columns in COLUMNS.items()}
 _VALUE_TYPES = frozenset({str, type(None)})
 
 
+MAX_ID_CHARS = 200  # a case id or batch id (tools refuse longer arguments)
+MAX_VALUE_CHARS = 20_000  # a cell (the sandbox's string length limit)
+MAX_AMOUNT = 1e15  # an amount that parses as a number must be finite and below this in magnitude
+_AMOUNT = {table: COLUMNS[table].index("amount") if "amount" in COLUMNS[table] else None for table in COLUMNS}
+
+
+def _bad_value(v: str) -> str | None:
+    if len(v) > MAX_VALUE_CHARS:
+        return f"is {len(v):,} characters long (at most {MAX_VALUE_CHARS:,})"
+    if not v.isascii():
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            return "is not valid Unicode text (a lone surrogate)"
+    return None
+
+
+def _bad_amount(v: str) -> str | None:
+    try:
+        x = float(v.strip())
+    except ValueError:
+        return None  # the loader makes it 0.0, as a blank: a defect the agent must find
+    if x != x or abs(x) >= MAX_AMOUNT:
+        return f"is {v!r}: an amount must be a finite number below {MAX_AMOUNT:.0e} in magnitude"
+    return None
+
+
 def _check_rows(rows, table: str, where: str) -> None:
     if not isinstance(rows, list):
         raise _fail(where, f"'rows' must be a list, not {type(rows).__name__}")
-    values_of = _VALUES[table]
+    values_of, amount = _VALUES[table], _AMOUNT[table]
     for i, row in enumerate(rows):
         if type(row) is not dict:
             raise _fail(where, f"row {i} must be an object")
@@ -57,6 +85,15 @@ def _check_rows(rows, table: str, where: str) -> None:
         if not _VALUE_TYPES.issuperset(map(type, values)):
             bad = [c for c in COLUMNS[table] if row[c] is not None and not isinstance(row[c], str)]
             raise _fail(where, f"row {i}: value(s) of {bad} must be strings")
+        for column, v in zip(COLUMNS[table], values):
+            if v is not None and (len(v) > 100 or not v.isascii()):
+                problem = _bad_value(v)
+                if problem:
+                    raise _fail(where, f"row {i}: {column} {problem}")
+        if amount is not None and values[amount] is not None:
+            problem = _bad_amount(values[amount])
+            if problem:
+                raise _fail(where, f"row {i}: amount {problem}")
 
 
 def validate_case(case, where: str = "case", checked_contract: dict | None = None) -> dict:
@@ -69,14 +106,19 @@ def validate_case(case, where: str = "case", checked_contract: dict | None = Non
     missing = [k for k in CASE_KEYS if k not in case]
     if missing:
         raise _fail(where, f"case lacks key(s) {missing}")
-    if not isinstance(case["case_id"], str) or not case["case_id"]:
-        raise _fail(where, "'case_id' must be a non-empty string")
+    if not isinstance(case["case_id"], str) or not case["case_id"] or len(case["case_id"]) > MAX_ID_CHARS \
+            or _bad_value(case["case_id"]):
+        raise _fail(where, f"'case_id' must be a non-empty string of at most {MAX_ID_CHARS} characters")
     where = f"{where} ({case['case_id']})"
     if checked_contract is None or case["contract"] != checked_contract:
         try:
             validate_contract(case["contract"], f"{where} contract")
         except ContractError as exc:
             raise CaseError(str(exc)) from None
+    if not isinstance(case["prompt"], str) or _bad_value(case["prompt"]):
+        raise _fail(where, "'prompt' must be a string")
+    if not isinstance(case["family"], str) or _bad_value(case["family"]):
+        raise _fail(where, "'family' must be a string")
     wh = case["warehouse"]
     if not isinstance(wh, dict) or set(wh) != {"customers", "orders"}:
         raise _fail(where, "'warehouse' must be an object with 'customers' and 'orders'")
@@ -85,7 +127,7 @@ def validate_case(case, where: str = "case", checked_contract: dict | None = Non
     batches = case["batches"]
     if not isinstance(batches, list) or not batches:
         raise _fail(where, "'batches' must be a non-empty list")
-    seen = set()
+    staged: dict[str, str] = {}
     for k, batch in enumerate(batches):
         bw = f"{where} batch {k}"
         if not isinstance(batch, dict):
@@ -93,13 +135,19 @@ def validate_case(case, where: str = "case", checked_contract: dict | None = Non
         missing = [key for key in BATCH_KEYS if key not in batch]
         if missing:
             raise _fail(bw, f"batch lacks key(s) {missing}")
-        if not isinstance(batch["batch_id"], str) or not batch["batch_id"]:
-            raise _fail(bw, "'batch_id' must be a non-empty string")
-        if batch["batch_id"] in seen:
-            raise _fail(bw, f"batch id {batch['batch_id']!r} repeats")
-        seen.add(batch["batch_id"])
-        if batch["table"] not in COLUMNS:
-            raise _fail(bw, f"'table' must be one of {list(COLUMNS)}, not {batch['table']!r}")
+        bid = batch["batch_id"]
+        if not isinstance(bid, str) or not bid or len(bid) > MAX_ID_CHARS or _bad_value(bid):
+            raise _fail(bw, f"'batch_id' must be a non-empty string of at most {MAX_ID_CHARS} characters")
+        table_name = staging_table(bid)
+        if table_name in staged:
+            other = staged[table_name]
+            raise _fail(bw, f"batch id {bid!r} repeats" if other == bid else
+                        f"batch ids {other!r} and {bid!r} would share the staging table {table_name}")
+        staged[table_name] = bid
+        if not isinstance(batch["table"], str) or batch["table"] not in COLUMNS:
+            raise _fail(bw, f"'table' must be one of {list(COLUMNS)}, not {json.dumps(batch['table'])[:80]}")
+        if not isinstance(batch["source"], str) or _bad_value(batch["source"]):
+            raise _fail(bw, "'source' must be a string")
         _check_rows(batch["rows"], batch["table"], bw)
         truth = batch["truth"]
         if not isinstance(truth, dict) or not isinstance(truth.get("defective"), bool):
@@ -120,6 +168,8 @@ def parse_cases(text: str, where: str) -> list[dict]:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise CaseError(f"{where}:{lineno}: not JSON ({exc.msg} at column {exc.colno})") from None
+        except ValueError as exc:  # e.g. an integer of more digits than Python converts
+            raise CaseError(f"{where}:{lineno}: not a case ({exc})") from None
         except RecursionError:
             raise CaseError(f"{where}:{lineno}: not a case (JSON nested too deep)") from None
         validate_case(obj, f"{where}:{lineno}", cases[-1]["contract"] if cases else None)

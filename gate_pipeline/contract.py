@@ -25,6 +25,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "customers": ("customer_id", "email", "country", "signup_date"),
 }
 TABLES = tuple(COLUMNS)
+CONTRACT_KEYS = ("reporting_window", "orders", "customers", "limits", "defect_types")
 
 # the contracts shipped with gate (settings.SHIPPED_CONTRACTS; a link to contracts/ in a clone)
 SHIPPED_CONTRACTS = Path(__file__).resolve().parent / "data" / "contracts"
@@ -50,6 +51,9 @@ def validate_contract(doc: Any, where: str = "contract") -> dict:
     """Check a contract document's shape; return it unchanged or raise ContractError."""
     if not isinstance(doc, dict):
         raise ContractError(f"{where}: a contract must be a mapping, not {type(doc).__name__}")
+    unknown = sorted(str(k) for k in doc if k not in CONTRACT_KEYS)
+    if unknown:
+        raise ContractError(f"{where}: unknown key {unknown[0]!r} (keys: {', '.join(CONTRACT_KEYS)})")
     for key in ("start", "end"):
         value = _need(doc, f"reporting_window.{key}", str, where)
         try:
@@ -66,8 +70,9 @@ def validate_contract(doc: Any, where: str = "contract") -> dict:
             if not isinstance(text, str):
                 raise ContractError(f"{where}: key '{table}.{column}' must be a str, not {type(text).__name__}")
     cap = _need(doc, "limits.max_amount", (int, float), where)
-    if not math.isfinite(cap) or cap <= 0:
-        raise ContractError(f"{where}: key 'limits.max_amount' must be a positive number, not {cap!r}")
+    if not 0 < cap < 1e15 or not math.isfinite(cap):
+        shown = f"{cap!r}" if not isinstance(cap, int) or cap.bit_length() < 64 else "a number too large"
+        raise ContractError(f"{where}: key 'limits.max_amount' must be a positive number below 1e15, not {shown}")
     if not _need(doc, "limits.currency", str, where).strip():
         raise ContractError(f"{where}: key 'limits.currency' must not be blank")
     for key in ("allowed_status", "allowed_countries"):
@@ -81,17 +86,42 @@ def validate_contract(doc: Any, where: str = "contract") -> dict:
     return doc
 
 
+MAX_YAML_BYTES = 100_000
+MAX_YAML_DEPTH = 20
+
+
+def _check_events(text: str, path: Path) -> None:
+    """Refuse what a contract never needs and a hostile file uses: anchors and aliases (a few lines
+    can stand for millions of values once expanded) and nesting past MAX_YAML_DEPTH."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise ContractError(f"{path}: YAML anchors and aliases are not allowed")
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_YAML_DEPTH:
+                raise ContractError(f"{path}: YAML nested deeper than {MAX_YAML_DEPTH} levels")
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+
+
 def read_yaml(path: str | Path, what: str = "contract") -> Any:
-    """One YAML document from a file; an unreadable file or bad YAML is a ContractError naming it."""
+    """One YAML document from a file; an unreadable, oversized or hostile file, or bad YAML, is a
+    ContractError naming it."""
     path = Path(path)
     try:
+        if path.stat().st_size > MAX_YAML_BYTES:
+            raise ContractError(f"{path}: a {what} file is at most {MAX_YAML_BYTES:,} bytes")
         text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ContractError(f"{path}: cannot read {what} ({exc.strerror or exc})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ContractError(f"{path}: cannot read {what} ({getattr(exc, 'strerror', None) or exc})") from None
     try:
+        _check_events(text, path)
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ContractError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    except (ValueError, RecursionError) as exc:  # e.g. an integer of more digits than Python converts
+        raise ContractError(f"{path}: not a usable {what} ({str(exc).splitlines()[0][:200]})") from None
 
 
 def load_contract_file(path: str | Path) -> dict:

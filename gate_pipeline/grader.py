@@ -177,12 +177,20 @@ def correct_mart(case: dict, case_json: str | None = None) -> float:
 def grade_stored(stored: StoredEpisode) -> Grade:
     """Grade an episode the run store holds, from its stored ledger and warehouse, as any other.
 
-    A stored episode that ended with an error, or whose warehouse cannot be read, is a failed
-    episode: it grades 0 with the reason."""
-    reasons = [r for r in (stored.error, *stored.problems) if r]
+    A stored episode that ended with an error, or that does not pass the store's checks (a broken
+    or cut ledger, an altered case or warehouse, a record whose seal does not match), is a failed
+    episode: it grades 0 with the reasons."""
+    reasons = "; ".join(r for r in (stored.error, *stored.problems) if r)
+    if stored.case is None:  # nothing to grade against: 0, with the reasons
+        return Grade(stored.case_id, "?", 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0.0, False, False, 0.0, 0.0, True,
+                     reasons or "the stored case cannot be read")
     mart = stored.mart if stored.mart is not None else 0.0
-    return grade_record(stored.case, stored.entries, mart, correct_mart(stored.case, stored.case_json),
-                        "; ".join(reasons))
+    try:
+        return grade_record(stored.case, stored.entries, mart, correct_mart(stored.case, stored.case_json),
+                            reasons)
+    except (KeyError, TypeError, ValueError) as exc:  # a stored case that passes its hash but not the grader
+        return Grade(stored.case_id, str(stored.case.get("family", "?")), 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0.0, False,
+                     False, 0.0, 0.0, True, f"{reasons + '; ' if reasons else ''}cannot be graded ({exc})")
 
 
 def exact_mean(values) -> Fraction:

@@ -95,7 +95,7 @@ class EpisodeResult:
 class StoredEpisode:
     """An episode as the run store holds it: enough for the grader to grade it again."""
     episode_id: str
-    case: dict
+    case: dict | None  # None when the stored case cannot be read
     agent: str
     options: dict
     run_id: str
@@ -108,3 +108,4 @@ class StoredEpisode:
     mart: float | None
     problems: tuple[str, ...] = ()  # what could not be read (a missing warehouse file...)
     case_json: str = ""  # the case as stored (its text)
+    case_id: str = ""

@@ -17,6 +17,9 @@ import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from .actions import preview
+from .sandbox import MAX_QUERY_CHARS
+
 STEP_COST = -0.005
 REPEAT_PENALTY = -0.01
 EXEC_OK = 0.02
@@ -242,14 +245,15 @@ UNSHAPED = frozenset({"load_batch", "quarantine_batch", "submit_report"})
 
 
 def call_key(tool, args) -> str:
-    """A tool's repeat key text: its name with its arguments as canonical JSON."""
+    """A tool's repeat key text: its name with its arguments as canonical JSON (anything an agent
+    made up, a bounded preview of it, so the key costs the same whatever was sent)."""
     if args == {}:
         return f"{tool}{{}}"
-    try:
-        text = json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=repr)
-    except (TypeError, ValueError, RecursionError):  # keys that cannot be sorted or encoded
-        text = repr(type(args))
-    return str(tool) + text
+    if not (isinstance(args, dict) and all(isinstance(k, str) and isinstance(v, str) and len(v) <= 1000
+                                           for k, v in args.items())):
+        args = preview(args)
+    text = json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return (tool if isinstance(tool, str) and len(tool) <= 200 else json.dumps(preview(tool))) + text
 
 
 def shaped_parts(ctx: EpisodeContext, tool, args, result) -> dict | None:
@@ -262,7 +266,8 @@ def shaped_parts(ctx: EpisodeContext, tool, args, result) -> dict | None:
         return None
     action_type = SHAPED.get(tool, "DESCRIBE") if isinstance(tool, str) else "DESCRIBE"
     error = result["error"] if type(result) is dict and "error" in result and len(result) == 1 else None
-    if action_type == "QUERY" and isinstance(args, dict) and isinstance(query := args.get("query"), str):
+    if (action_type == "QUERY" and isinstance(args, dict) and isinstance(query := args.get("query"), str)
+            and len(query) <= MAX_QUERY_CHARS):
         return step_parts(ctx, "QUERY", query, None if error is not None else result["rows"], error)
     return step_parts(ctx, action_type, call_key(tool, args), None, error)
 

@@ -4,6 +4,12 @@ One authorizer and one progress handler are installed per connection and switche
 while agent SQL runs (`guard`), so gate's own loader can still write. While on, only reads
 pass; every table SQLite resolves the query against is recorded, on every execution (the
 statement cache is off), which is what `inspected` is graded from.
+
+The budgets hold whatever the query: SQLite checks the progress handler between virtual-machine
+steps, so a function that does unbounded work inside one step cannot be interrupted; those are
+refused (`printf` and its alias `format`: `printf('%.*c', 1000000000, 'x')` fills a billion
+characters before the length limit is checked). Query text is limited (MAX_QUERY_CHARS), so
+parsing is bounded too; longer text is refused before SQLite sees it.
 """
 from __future__ import annotations
 
@@ -13,21 +19,36 @@ import time
 
 MAX_ROWS = 50
 MAX_CELL = 200
+MAX_QUERY_CHARS = 10_000
 STEP_BUDGET = 2_000_000
 TIME_BUDGET_S = 2.0
 LIMITS = {  # (limit id, value while agent SQL runs)
     "length": (sqlite3.SQLITE_LIMIT_LENGTH, 20_000),
     "like_pattern": (sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, 200),
     "columns": (sqlite3.SQLITE_LIMIT_COLUMN, 64),
+    "sql_length": (sqlite3.SQLITE_LIMIT_SQL_LENGTH, 4 * MAX_QUERY_CHARS),  # bytes of UTF-8
 }
 ALLOWED_ACTIONS = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
                              sqlite3.SQLITE_RECURSIVE})
-DENIED_FUNCTIONS = frozenset({"zeroblob", "randomblob", "load_extension"})
+DENIED_FUNCTIONS = frozenset({"zeroblob", "randomblob", "load_extension", "printf", "format"})
+LEDGER_QUERY_CHARS = 1_000  # what the ledger keeps of a query refused for its length
 CAUGHT = (sqlite3.Error, sqlite3.Warning, ValueError, OverflowError, MemoryError)
 
 
 def normalise_query(query: str) -> str:
     return query.strip().rstrip(";")
+
+
+def too_long(query: str) -> str | None:
+    """The refusal for query text over MAX_QUERY_CHARS, or None."""
+    if len(query) > MAX_QUERY_CHARS:
+        return f"query is {len(query):,} characters long; the limit is {MAX_QUERY_CHARS:,}"
+    return None
+
+
+def bounded(query: str) -> str:
+    """A refused long query as the ledger keeps it: its start and its length."""
+    return f"{query[:LEDGER_QUERY_CHARS]}...[{len(query):,} characters]"
 
 
 def _cell(value):

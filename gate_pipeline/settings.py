@@ -6,6 +6,7 @@
 | `GATE_DB_URL`    | the run store's database (SQLAlchemy URL)     | `sqlite:///$GATE_HOME/runs.db`            |
 | `GATE_CASES_DIR` | case files (`<suite>/<split>.jsonl`)          | the cases shipped with gate               |
 | `GATE_CONTRACTS` | contract documents and `variants/`            | the contracts shipped with gate           |
+| `GATE_STORE_KEY` | the key sealing stored episodes (HMAC)        | a random key in `$GATE_HOME/store.key`    |
 
 Environment variables are read here only, by `Settings.from_env()`, which the command line,
 the Dagster definitions and the gymnasium factory call; the core takes explicit paths. The
@@ -23,7 +24,7 @@ from .contract import SHIPPED_CONTRACTS
 SHIPPED_CASES = Path(__file__).resolve().parent / "data" / "cases"
 DEFAULT_SUITE = "classic"
 SPLIT_FILES = {"eval": "eval_curated.jsonl", "train": "train_procedural.jsonl"}
-VARIABLES = ("GATE_HOME", "GATE_DB_URL", "GATE_CASES_DIR", "GATE_CONTRACTS")
+VARIABLES = ("GATE_HOME", "GATE_DB_URL", "GATE_CASES_DIR", "GATE_CONTRACTS", "GATE_STORE_KEY")
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class Settings:
     db_url: str | None = None
     cases_dir: Path = SHIPPED_CASES
     contracts_dir: Path = SHIPPED_CONTRACTS
+    store_key: str | None = None
 
     @classmethod
     def from_env(cls, environ=None) -> "Settings":
@@ -44,7 +46,8 @@ class Settings:
         return cls(home=path("GATE_HOME", Path(".gate").resolve()),
                    db_url=(env.get("GATE_DB_URL") or "").strip() or None,
                    cases_dir=path("GATE_CASES_DIR", SHIPPED_CASES),
-                   contracts_dir=path("GATE_CONTRACTS", SHIPPED_CONTRACTS))
+                   contracts_dir=path("GATE_CONTRACTS", SHIPPED_CONTRACTS),
+                   store_key=env.get("GATE_STORE_KEY") or None)
 
     @property
     def store_url(self) -> str:

@@ -2,8 +2,16 @@
 
 Persistence only: it plays nothing and grades nothing. `StoreSink` (an engine sink) writes
 an episode's row when it opens, and when it ends, in one transaction, its ledger and how it
-ended (with the ledger's last hash and length), with its final warehouse as a SQLite file
-under GATE_HOME. `load` gives a `StoredEpisode` back
+ended, with its final warehouse as a SQLite file under GATE_HOME.
+
+Stored data is verified, never trusted. When an episode ends its row records the case's
+SHA-256, the ledger's length and last hash, the warehouse file's SHA-256, and a seal: an
+HMAC-SHA256 over all of these and how the episode ended, under the store's key (GATE_STORE_KEY,
+else a random key made once in GATE_HOME/store.key, readable by its owner only). `load` checks
+every one of them and lists what does not hold in `StoredEpisode.problems`; the grader grades
+such an episode 0 with those reasons, and `gate verify` prints them. Whoever can edit the
+database but not read the key cannot make an edit that passes: keep the key apart from the
+database (GATE_STORE_KEY on machines that share a database). `load` gives a `StoredEpisode` back
 for the grader (`grader.grade_stored`); grades are kept once per episode, with a sequence
 number, so a consumer (the grading sensor) can emit each one once across restarts. Nightly
 summaries are kept too, as the scoreboard's history. The database is any SQLAlchemy URL
@@ -11,24 +19,29 @@ summaries are kept too, as the scoreboard's history. The database is any SQLAlch
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import re
+import secrets
 import sqlite3
 import time
 from pathlib import Path
 
 from sqlalchemy import (Column, Float, Integer, MetaData, String, Table, Text, bindparam, create_engine, event, insert,
                         select, update)
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError, SQLAlchemyError
 
 from .engine import EpisodeStart, Sink
-from .ledger import last_hash
+from .ledger import chain_intact, last_hash
 from .records import ABANDONED, EpisodeResult, Grade, StoredEpisode
 from .settings import Settings
 from .world import mart_revenue
 
-SCHEMA_VERSION = "2"
+SCHEMA_VERSION = "3"
+KEY_FILE = "store.key"
+CREATE_ATTEMPTS = 20
 RUNNING, ENDED = "running", "ended"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -47,7 +60,9 @@ episodes = Table(
     Column("agent", String(200), nullable=False),
     Column("agent_options", Text, nullable=False),
     Column("case_json", Text, nullable=False),
+    Column("case_sha256", String(64), nullable=False),
     Column("warehouse", Text, nullable=False),  # path relative to GATE_HOME
+    Column("warehouse_sha256", String(64)),
     Column("status", String(16), nullable=False),
     Column("end_reason", String(32)),
     Column("error", Text),
@@ -55,7 +70,11 @@ episodes = Table(
     Column("ledger_entries", Integer),
     Column("started_at", Float, nullable=False),
     Column("ended_at", Float),
+    Column("seal", String(64)),  # HMAC of the fields in SEALED, under the store's key
 )
+# what an ended episode's seal covers
+SEALED = ("episode_id", "run_id", "rollout", "case_id", "agent", "agent_options", "case_sha256", "warehouse",
+          "warehouse_sha256", "status", "end_reason", "error", "ledger_digest", "ledger_entries")
 ledger_rows = Table(
     "ledger_entries", _meta,
     Column("episode_id", String(64), primary_key=True),
@@ -103,17 +122,54 @@ def save_warehouse(image: bytes, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def read_mart(path: Path) -> float:
-    """The revenue mart of a stored warehouse file, opened read-only; StoreError if it cannot be read."""
-    if not path.is_file():
-        raise StoreError(f"warehouse file {path} is missing")
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+def sha256(data: bytes | str) -> str:
+    return hashlib.sha256(data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data).hexdigest()
+
+
+def read_mart(path: Path, expected_sha256: str | None = None) -> float:
+    """The revenue mart of a stored warehouse file (checked against its hash when one is given),
+    read from an in-memory copy; StoreError if it is missing, altered or unreadable."""
     try:
+        image = path.read_bytes()
+    except OSError:
+        raise StoreError(f"warehouse file {path} is missing or unreadable") from None
+    if expected_sha256 is not None and sha256(image) != expected_sha256:
+        raise StoreError(f"warehouse file {path} was altered (its SHA-256 differs from the one recorded)")
+    conn = sqlite3.connect(":memory:")
+    try:
+        conn.deserialize(image)
         return mart_revenue(conn)
     except sqlite3.Error as exc:
         raise StoreError(f"warehouse file {path} is unreadable ({exc})") from None
     finally:
         conn.close()
+
+
+def _store_key(settings: Settings) -> bytes:
+    """The sealing key: GATE_STORE_KEY, else GATE_HOME/store.key (made once, atomically, mode 0600)."""
+    if settings.store_key:
+        if len(settings.store_key) < 16:
+            raise StoreError("GATE_STORE_KEY must be at least 16 characters (use 32 or more random ones)")
+        return settings.store_key.encode("utf-8")
+    path = settings.home / KEY_FILE
+    if not path.exists():
+        tmp = path.with_name(f".{KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_hex(32))
+        try:
+            os.link(tmp, path)  # fails if another process made the key first: theirs is kept
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+    try:
+        key = path.read_text().strip()
+    except OSError as exc:
+        raise StoreError(f"cannot read the store key {path} ({exc.strerror or exc})") from None
+    if len(key) < 32:
+        raise StoreError(f"the store key {path} is too short: it was altered; restore it or start a new GATE_HOME")
+    return key.encode("ascii")
 
 
 class RunStore:
@@ -133,13 +189,33 @@ class RunStore:
             raise StoreError(f"run store URL {self.url!r}: {exc}") from None
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
+        self._create()
         try:
-            _meta.create_all(self.engine)
-            self._check_version()
-        except SQLAlchemyError as exc:
-            raise StoreError(f"run store {self.url!r}: {str(exc).splitlines()[0]}") from None
+            self.key = _store_key(settings)
+        except OSError as exc:
+            raise StoreError(f"GATE_HOME {self.home}: cannot make the store key ({exc.strerror or exc})") from None
         self._cases: dict[int, tuple[dict, str]] = {}
         self._folders: set[Path] = set()
+
+    def _create(self) -> None:
+        """Make the tables if they are missing; any number of processes may do this at once on a new
+        store (one of them creates each table, the others find it there)."""
+        for attempt in range(CREATE_ATTEMPTS):
+            try:
+                _meta.create_all(self.engine)
+                self._check_version()
+                return
+            except StoreError:
+                raise
+            except (OperationalError, IntegrityError, ProgrammingError) as exc:
+                text = str(exc).lower()
+                if attempt + 1 < CREATE_ATTEMPTS and ("already exists" in text or "locked" in text
+                                                      or "duplicate" in text or "unique" in text):
+                    time.sleep(0.02 * (attempt + 1))
+                    continue
+                raise StoreError(f"run store {self.url!r}: {str(exc).splitlines()[0]}") from None
+            except SQLAlchemyError as exc:
+                raise StoreError(f"run store {self.url!r}: {str(exc).splitlines()[0]}") from None
 
     def _check_version(self) -> None:
         with self.engine.begin() as c:
@@ -150,6 +226,11 @@ class RunStore:
                 raise StoreError(f"run store {self.url} has schema {version}; this gate reads {SCHEMA_VERSION}: "
                                  f"move it away or set GATE_HOME / GATE_DB_URL to a new place")
 
+    def seal(self, row: dict) -> str:
+        """The HMAC of an episode row's sealed fields, under the store's key."""
+        text = json.dumps([row.get(k) for k in SEALED], ensure_ascii=True)
+        return hmac.new(self.key, text.encode("ascii"), hashlib.sha256).hexdigest()
+
     def dispose(self) -> None:
         self.engine.dispose()
 
@@ -159,12 +240,11 @@ class RunStore:
 
     def _case_text(self, case: dict) -> str:
         """The case as stored (sorted JSON), made once per case object: rollouts of a case share it."""
-        key = id(case)
-        known = self._cases.get(key)
+        known = self._cases.get(id(case))
         if known is None or known[0] is not case:
             if len(self._cases) > 4096:
                 self._cases.clear()
-            known = self._cases[key] = (case, json.dumps(case, sort_keys=True))
+            known = self._cases[id(case)] = (case, json.dumps(case, sort_keys=True))
         return known[1]
 
     def _row(self, start: EpisodeStart) -> dict:
@@ -172,12 +252,13 @@ class RunStore:
         if rel.parent not in self._folders:
             (self.home / rel.parent).mkdir(parents=True, exist_ok=True)
             self._folders.add(rel.parent)
+        case_json = self._case_text(start.case)
         return {"episode_id": start.episode_id, "run_id": start.run_id, "rollout": start.rollout,
                 "case_id": start.case["case_id"], "agent": start.agent,
                 "agent_options": json.dumps(start.options, sort_keys=True, default=repr),
-                "case_json": self._case_text(start.case), "warehouse": str(rel), "status": RUNNING,
-                "started_at": start.started_at, "end_reason": None, "error": None, "ledger_digest": None,
-                "ledger_entries": None, "ended_at": None}
+                "case_json": case_json, "case_sha256": sha256(case_json), "warehouse": str(rel),
+                "warehouse_sha256": None, "status": RUNNING, "started_at": start.started_at, "end_reason": None,
+                "error": None, "ledger_digest": None, "ledger_entries": None, "ended_at": None, "seal": None}
 
     def start_episode(self, start: EpisodeStart) -> None:
         with self.engine.begin() as c:
@@ -191,17 +272,26 @@ class RunStore:
         """Keep ended episodes, in one transaction: each one's ledger, how it ended (with the chain's
         last hash and length, to check the stored ledger against later) and its final warehouse;
         with its row, when its start is given (an episode that was not announced when it opened)."""
+        announced = [r.episode_id for r, start in ended if start is None]
+        rows = {}
+        if announced:
+            with self.engine.connect() as c:
+                rows = {r["episode_id"]: dict(r) for r in c.execute(
+                    select(episodes).where(episodes.c.episode_id.in_(announced))).mappings()}
         new, updates, ledgers = [], [], []
         for result, start in ended:
             end = {"status": ENDED, "end_reason": result.end_reason, "error": result.error or None,
                    "ledger_digest": last_hash(result.ledger), "ledger_entries": len(result.ledger),
-                   "ended_at": time.time()}
-            if start is not None:
-                new.append({**self._row(start), **end})
-            else:
-                updates.append({"key": result.episode_id, **end})
+                   "ended_at": time.time(), "warehouse_sha256": None}
             if result.warehouse is not None:
                 save_warehouse(result.warehouse, self.home / self.warehouse_relpath(result.case_id, result.episode_id))
+                end["warehouse_sha256"] = sha256(result.warehouse)
+            if start is not None:
+                row = {**self._row(start), **end}
+                new.append({**row, "seal": self.seal(row)})
+            elif result.episode_id in rows:
+                row = {**rows[result.episode_id], **end}
+                updates.append({"key": result.episode_id, **end, "seal": self.seal(row)})
             ledgers += [{"episode_id": result.episode_id, "seq": e["seq"], "entry": json.dumps(e, sort_keys=True)}
                         for e in result.ledger]
         with self.engine.begin() as c:
@@ -217,9 +307,14 @@ class RunStore:
         """End an episode whose process died before it did (its warehouse may never have been
         written); it grades 0 with `reason`. False if it had already ended."""
         with self.engine.begin() as c:
+            row = c.execute(select(episodes).where(episodes.c.episode_id == episode_id,
+                                                   episodes.c.status == RUNNING)).mappings().first()
+            if row is None:
+                return False
+            end = {"status": ENDED, "end_reason": ABANDONED, "error": reason, "ended_at": time.time()}
             done = c.execute(update(episodes).where(episodes.c.episode_id == episode_id,
                                                     episodes.c.status == RUNNING)
-                             .values(status=ENDED, end_reason=ABANDONED, error=reason, ended_at=time.time()))
+                             .values(**end, seal=self.seal({**dict(row), **end})))
         return done.rowcount == 1
 
     # -- reading ------------------------------------------------------------------------------
@@ -241,29 +336,66 @@ class RunStore:
             return [dict(r) for r in c.execute(query).mappings().all()]
 
     def entries(self, episode_id: str) -> list[dict]:
+        """The stored ledger (a row that does not parse is left out; `load` says so)."""
+        return self._entries(episode_id)[0]
+
+    def _entries(self, episode_id: str) -> tuple[list[dict], list[str]]:
         with self.engine.connect() as c:
-            rows = c.execute(select(ledger_rows.c.entry).where(ledger_rows.c.episode_id == episode_id)
-                             .order_by(ledger_rows.c.seq)).scalars().all()
-        return [json.loads(r) for r in rows]
+            rows = c.execute(select(ledger_rows.c.seq, ledger_rows.c.entry).where(ledger_rows.c.episode_id == episode_id)
+                             .order_by(ledger_rows.c.seq)).all()
+        entries, problems = [], []
+        for seq, text in rows:
+            try:
+                entry = json.loads(text)
+            except (ValueError, RecursionError, TypeError):
+                problems.append(f"ledger entry {seq} is not readable JSON")
+                continue
+            entries.append(entry)
+        return entries, problems
 
     def warehouse_path(self, episode: dict) -> Path:
         return self.home / episode["warehouse"]
 
     def load(self, episode_id: str) -> StoredEpisode:
-        """The episode as stored: case, ledger and the mart of its warehouse file."""
+        """The episode as stored, checked: its seal, its case against the case's hash, its ledger
+        (readable, its chain intact, as long and ending on the hash recorded when it ended) and its
+        warehouse file against its hash. Whatever does not hold is listed in `problems`."""
         row = self.episode(episode_id)
-        problems = []
+        problems: list[str] = []
+        if row["status"] != ENDED:
+            problems.append("the episode never ended")
+        elif not row["seal"] or not hmac.compare_digest(row["seal"], self.seal(row)):
+            problems.append("the episode's record was altered (its seal does not match)")
+        case = None
+        if sha256(row["case_json"] or "") != row["case_sha256"]:
+            problems.append("the stored case was altered (its SHA-256 differs from the one recorded)")
         try:
-            mart = read_mart(self.warehouse_path(row))
-        except StoreError as exc:
-            mart = None
-            problems.append(str(exc))
+            case = json.loads(row["case_json"])
+            options = json.loads(row["agent_options"])
+        except (ValueError, RecursionError, TypeError):
+            problems.append("the stored case or agent options are not readable JSON")
+            options = {}
+        entries, unreadable = self._entries(episode_id)
+        problems += unreadable
+        if row["status"] == ENDED and row["end_reason"] != ABANDONED:
+            if len(entries) != row["ledger_entries"]:
+                problems.append(f"the ledger has {len(entries)} entries; {row['ledger_entries']} when the episode ended")
+            if not chain_intact(entries):
+                problems.append("the ledger's hash chain is broken")
+            elif last_hash(entries) != row["ledger_digest"]:
+                problems.append("the ledger does not end on the hash recorded when the episode ended")
+        mart = None
+        if row["status"] == ENDED and row["end_reason"] != ABANDONED:
+            try:
+                mart = read_mart(self.warehouse_path(row), row["warehouse_sha256"])
+            except StoreError as exc:
+                problems.append(str(exc))
         return StoredEpisode(
-            episode_id=episode_id, case=json.loads(row["case_json"]), agent=row["agent"],
-            options=json.loads(row["agent_options"]), run_id=row["run_id"], rollout=row["rollout"],
-            status=row["status"], end_reason=row["end_reason"] or "", error=row["error"] or "",
-            entries=self.entries(episode_id), ledger_digest=row["ledger_digest"] or "", mart=mart,
-            problems=tuple(problems), case_json=row["case_json"])
+            episode_id=episode_id, case=case if isinstance(case, dict) else None, agent=row["agent"],
+            options=options if isinstance(options, dict) else {}, run_id=row["run_id"], rollout=row["rollout"],
+            status=row["status"], end_reason=row["end_reason"] or "", error=row["error"] or "", entries=entries,
+            ledger_digest=row["ledger_digest"] or "", mart=mart, problems=tuple(problems),
+            case_json=row["case_json"] or "", case_id=row["case_id"])
 
     # -- grades -------------------------------------------------------------------------------
     def ungraded(self) -> list[str]:
@@ -287,17 +419,25 @@ class RunStore:
         return True
 
     def grades_after(self, grade_seq: int) -> list[tuple[int, dict]]:
+        """Kept grades after a sequence number (a row that does not parse comes back as a stub saying so)."""
         with self.engine.connect() as c:
-            rows = c.execute(select(grades.c.grade_seq, grades.c.grade).where(grades.c.grade_seq > grade_seq)
+            rows = c.execute(select(grades.c.grade_seq, grades.c.episode_id, grades.c.case_id, grades.c.agent,
+                                    grades.c.grade).where(grades.c.grade_seq > grade_seq)
                              .order_by(grades.c.grade_seq)).all()
-        return [(seq, json.loads(g)) for seq, g in rows]
+        return [(seq, _grade_json(g, eid, cid, agent)) for seq, eid, cid, agent, g in rows]
+
+    def recorded_grade(self, episode_id: str) -> dict | None:
+        with self.engine.connect() as c:
+            row = c.execute(select(grades.c.grade, grades.c.case_id, grades.c.agent)
+                            .where(grades.c.episode_id == episode_id)).first()
+        return None if row is None else _grade_json(row[0], episode_id, row[1], row[2])
 
     def latest_grades(self, case_id: str) -> dict[str, dict]:
         """{agent: its latest kept grade} for one case."""
         with self.engine.connect() as c:
-            rows = c.execute(select(grades.c.agent, grades.c.grade).where(grades.c.case_id == case_id)
-                             .order_by(grades.c.grade_seq)).all()
-        return {agent: json.loads(g) for agent, g in rows}
+            rows = c.execute(select(grades.c.agent, grades.c.episode_id, grades.c.grade)
+                             .where(grades.c.case_id == case_id).order_by(grades.c.grade_seq)).all()
+        return {agent: _grade_json(g, eid, case_id, agent) for agent, eid, g in rows}
 
     def grade_count(self, episode_id: str) -> int:
         with self.engine.connect() as c:
@@ -316,6 +456,17 @@ class RunStore:
             rows = c.execute(select(nightly).order_by(nightly.c.night_seq.desc()).limit(limit)).mappings().all()
         return [{"night": r["night_seq"], "run_id": r["run_id"], "at": r["at"],
                  "summary": json.loads(r["summary"])} for r in reversed(rows)]
+
+
+def _grade_json(text: str, episode_id: str, case_id: str, agent: str) -> dict:
+    try:
+        grade = json.loads(text)
+        if isinstance(grade, dict):
+            return grade
+    except (ValueError, RecursionError, TypeError):
+        pass
+    return {"episode_id": episode_id, "case_id": case_id, "agent": agent, "unreadable": True,
+            "reason": "the kept grade is not readable JSON"}
 
 
 class StoreSink(Sink):

@@ -10,7 +10,7 @@ import json
 
 from .actions import Action, ledger_repr
 from .contract import COLUMNS, DEFECT_TYPES
-from .sandbox import CAUGHT, normalise_query
+from .sandbox import CAUGHT, bounded, normalise_query, too_long
 from .world import PreparedCase, World
 
 LOADED_WARNING = "already loaded - quarantine does not remove loaded rows"
@@ -27,23 +27,27 @@ SIGNATURES: dict[str, tuple[tuple[str, str], ...]] = {
 }
 TOOL_NAMES = tuple(SIGNATURES)
 DECISIONS = ("load_batch", "quarantine_batch")
+TOOL_NAME_CHARS = 100
 
 
-def _json_safe(value):
-    """Arguments as the ledger can hash them, whatever the caller passed."""
-    try:
-        return json.loads(json.dumps(value, default=repr))
-    except (TypeError, ValueError):
-        return repr(value)
+def tool_name(tool) -> str:
+    """A tool name as the ledger keeps it: text, and bounded (the agent chose it)."""
+    name = tool if isinstance(tool, str) else "?" if tool is None else ledger_repr(tool)
+    return name if len(name) <= TOOL_NAME_CHARS else name[:TOOL_NAME_CHARS] + "...[truncated]"
 
 
 _NAMES = {tool: frozenset(name for name, _ in sig) for tool, sig in SIGNATURES.items()}
 
 
+ARG_CHARS = 200  # a batch id, column, defect type or listed id longer than this is refused
+LIST_ITEMS = 1_000
+
+
 def check_args(tool: str, args) -> str | None:
     """The refusal text for malformed arguments, or None when they are well formed."""
     if type(args) is dict and args.keys() == _NAMES[tool] and all(
-            type(args[name]) is str for name, kind in SIGNATURES[tool] if kind == "str") and tool != "submit_report":
+            type(args[name]) is str and (len(args[name]) <= ARG_CHARS or name == "query")
+            for name, kind in SIGNATURES[tool] if kind == "str") and tool != "submit_report":
         return None  # the common case, decided quickly
     if not isinstance(args, dict):
         return f"{tool}: arguments must be an object, not {type(args).__name__}"
@@ -51,15 +55,20 @@ def check_args(tool: str, args) -> str | None:
     names = [name for name, _ in sig]
     extra = [k for k in args if k not in names]
     if extra:
-        return f"{tool}: unexpected argument {extra[0]!r}; it takes {names or 'no arguments'}"
+        shown = repr(extra[0]) if isinstance(extra[0], str) and len(extra[0]) <= ARG_CHARS else ledger_repr(extra[0])
+        return f"{tool}: unexpected argument {shown}; it takes {names or 'no arguments'}"
     for name, kind in sig:
         if name not in args:
             return f"{tool}: missing argument {name!r}"
         value = args[name]
         if kind == "str" and not isinstance(value, str):
             return f"{tool}: argument {name!r} must be a string, not {type(value).__name__}"
+        if kind == "str" and name != "query" and len(value) > ARG_CHARS:  # run_sql bounds its query itself
+            return f"{tool}: argument {name!r} is {len(value):,} characters long; the limit is {ARG_CHARS}"
         if kind == "strlist" and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
             return f"{tool}: argument {name!r} must be a list of strings"
+        if kind == "strlist" and (len(value) > LIST_ITEMS or any(len(v) > ARG_CHARS for v in value)):
+            return f"{tool}: argument {name!r} may list at most {LIST_ITEMS} ids of at most {ARG_CHARS} characters"
     return None
 
 
@@ -77,18 +86,18 @@ class Episode:
         """Run one tool call; returns the JSON value the agent sees."""
         args = {} if args is None else args
         if not isinstance(tool, str) or tool not in SIGNATURES:
-            self.ledger.append(str(tool), _json_safe(args), False, "unknown tool")
-            return {"error": f"unknown tool {tool!r}; tools are {list(TOOL_NAMES)}"}
+            name = tool_name(tool)
+            self.ledger.append(name, {"sent": ledger_repr(args)}, False, "unknown tool")
+            return {"error": f"unknown tool {name!r}; tools are {list(TOOL_NAMES)}"}
         problem = check_args(tool, args)
         if problem:
-            self.ledger.append(tool, _json_safe(args), False, "bad arguments")
+            self.ledger.append(tool, {"sent": ledger_repr(args)}, False, "bad arguments")
             return {"error": problem}
         return getattr(self, tool)(**args)
 
     def refuse(self, action: Action):
         """Answer a malformed action (see `actions.parse_action`) and log it like any refused call."""
-        name = action.tool if isinstance(action.tool, str) else "?"
-        self.ledger.append(name, {"sent": ledger_repr(action.args)}, False, "malformed action")
+        self.ledger.append(tool_name(action.tool), {"sent": ledger_repr(action.args)}, False, "malformed action")
         return {"error": action.problem}
 
     def close(self) -> None:
@@ -111,6 +120,10 @@ class Episode:
         return self.prepared.profile(batch_id)
 
     def run_sql(self, query):
+        refusal = too_long(query)
+        if refusal:
+            self.ledger.append("run_sql", {"query": bounded(query)}, False, "query too long")
+            return {"error": refusal}
         query = normalise_query(query)
         try:
             result, tables = self.world.sandbox.run(query)

@@ -26,3 +26,9 @@ def by_id(eval_cases) -> dict[str, dict]:
 @pytest.fixture(scope="session")
 def prepared(eval_cases) -> dict[str, PreparedCase]:
     return {c["case_id"]: PreparedCase(c) for c in eval_cases}
+
+
+@pytest.fixture(autouse=True)
+def _own_gate_home(tmp_path_factory, monkeypatch):
+    """Every test keeps its runs in a home of its own (a test that needs another sets GATE_HOME itself)."""
+    monkeypatch.setenv("GATE_HOME", str(tmp_path_factory.mktemp("gate-home")))

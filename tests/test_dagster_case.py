@@ -109,7 +109,7 @@ def test_contract_check_reports_failure_cases(home, instance):
     assert "out_of_range" in check.metadata["failure_cases"].value
     # staging is described from the case, never written under GATE_HOME: only the run store is there
     assert not (home / "cases").exists()
-    assert {p.name for p in home.iterdir()} <= {"runs.db", "runs.db-wal", "runs.db-shm", "warehouses"}
+    assert {p.name for p in home.iterdir()} <= {"runs.db", "runs.db-wal", "runs.db-shm", "warehouses", "store.key"}
 
 
 def test_contract_checks_flag_exactly_the_defective_batches():

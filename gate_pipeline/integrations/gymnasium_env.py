@@ -101,7 +101,8 @@ class GateEnv(gymnasium.Env):
         return int(self.np_random.integers(len(self.cases)))
 
     def _obs(self, result_text: str) -> dict:
-        return {"prompt": self.cases[self._index[self.case_id]]["prompt"] if self.case_id else "",
+        prompt = self.cases[self._index[self.case_id]]["prompt"] if self.case_id else ""
+        return {"prompt": prompt if prompt.isascii() and prompt.isprintable() else _text(prompt)[1:-1],
                 "result": result_text, "turn": self.session.turn if self.session else 0}
 
     def reset(self, *, seed=None, options=None):
