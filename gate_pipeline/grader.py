@@ -182,15 +182,19 @@ def grade_stored(stored: StoredEpisode) -> Grade:
     episode: it grades 0 with the reasons."""
     reasons = "; ".join(r for r in (stored.error, *stored.problems) if r)
     if stored.case is None:  # nothing to grade against: 0, with the reasons
-        return Grade(stored.case_id, "?", 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0.0, False, False, 0.0, 0.0, True,
-                     reasons or "the stored case cannot be read")
+        return zero_grade(stored.case_id, "?", reasons or "the stored case cannot be read")
     mart = stored.mart if stored.mart is not None else 0.0
     try:
         return grade_record(stored.case, stored.entries, mart, correct_mart(stored.case, stored.case_json),
                             reasons)
-    except (KeyError, TypeError, ValueError) as exc:  # a stored case that passes its hash but not the grader
-        return Grade(stored.case_id, str(stored.case.get("family", "?")), 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0.0, False,
-                     False, 0.0, 0.0, True, f"{reasons + '; ' if reasons else ''}cannot be graded ({exc})")
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a stored case the grader cannot read
+        return zero_grade(stored.case_id, str(stored.case.get("family", "?")),
+                          f"{reasons + '; ' if reasons else ''}cannot be graded ({exc})")
+
+
+def zero_grade(case_id: str, family: str, reason: str) -> Grade:
+    """The grade of an episode that cannot be graded at all: 0 everywhere, failed, with the reason."""
+    return Grade(case_id, family, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0.0, False, False, 0.0, 0.0, True, reason)
 
 
 def exact_mean(values) -> Fraction:

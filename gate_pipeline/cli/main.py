@@ -21,7 +21,7 @@ from .common import (Parser, agent_list, cases_arg, grades_json, grades_of, play
 from .errors import UsageError
 
 # Subcommands that live in their own modules: each has register(subparsers).
-EXTENSIONS: tuple[str, ...] = ("experiment", "nightly", "run")
+EXTENSIONS: tuple[str, ...] = ("experiment", "nightly", "run", "verify")
 
 REPORT_AGENTS = ["naive", "careful", "refuse-all"]
 ATTACK_AGENTS = ["careful", *ATTACKERS, "profile-only"]

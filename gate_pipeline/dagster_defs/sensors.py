@@ -11,7 +11,7 @@ while it was still open (a crash, a cancelled run) is closed with that reason an
 
 import dagster as dg
 
-from ..grader import TERMS, grade_stored
+from ..grader import TERMS, grade_stored, zero_grade
 from ..store import RUNNING
 from .jobs import nightly_job, nightly_multiprocess_job, play_case_job
 from .markdown import md_table
@@ -34,21 +34,28 @@ def close_abandoned(store, instance: dg.DagsterInstance) -> list[str]:
     return closed
 
 
+def _number(g: dict, key: str) -> float:
+    value = g.get(key, 0.0)
+    return value if isinstance(value, (int, float)) else 0.0
+
+
 def by_agent_table(latest: dict[str, dict]) -> str:
-    rows = [[agent, f"{g['reward']:.4f}", *(f"{g[t]:.4f}" for t in TERMS), g["bad_batches_loaded"],
-             f"{g['revenue_error_usd']:,.2f}", g["ledger_intact"], g["reason"] or ""]
+    rows = [[agent, f"{_number(g, 'reward'):.4f}", *(f"{_number(g, t):.4f}" for t in TERMS),
+             g.get("bad_batches_loaded", 0), f"{_number(g, 'revenue_error_usd'):,.2f}", g.get("ledger_intact"),
+             g.get("reason") or ""]
             for agent, g in sorted(latest.items())]
     return md_table(["agent", "reward", *TERMS, "bad loaded", "revenue error $", "ledger intact", "failure"], rows)
 
 
 def grade_observation(grade: dict, latest: dict[str, dict]) -> dg.AssetObservation:
-    metadata = {"agent": grade["agent"], "episode_id": grade["episode_id"], "reward": grade["reward"],
-                **{t: grade[t] for t in TERMS}, **{m: grade[m] for m in METRICS},
-                "failed": grade["failed"], "reason": grade["reason"],
+    agent = str(grade.get("agent", "?"))
+    metadata = {"agent": agent, "episode_id": str(grade.get("episode_id", "")), "reward": _number(grade, "reward"),
+                **{t: _number(grade, t) for t in TERMS}, **{m: grade.get(m) for m in METRICS},
+                "failed": bool(grade.get("failed", True)), "reason": str(grade.get("reason") or ""),
                 "latest_grade_by_agent": dg.MetadataValue.md(by_agent_table(latest))}
-    return dg.AssetObservation(asset_key=REPORT_KEY, partition=grade["case_id"], metadata=metadata,
-                               tags={"gate/agent": grade["agent"][:63]},
-                               description=f"grade of {grade['agent']} on {grade['case_id']}: {grade['reward']:.4f}")
+    return dg.AssetObservation(asset_key=REPORT_KEY, partition=str(grade.get("case_id")), metadata=metadata,
+                               tags={"gate/agent": agent[:63]},
+                               description=f"grade of {agent} on {grade.get('case_id')}: {_number(grade, 'reward'):.4f}")
 
 
 @dg.sensor(minimum_interval_seconds=15, default_status=dg.DefaultSensorStatus.RUNNING,
@@ -58,9 +65,15 @@ def grading_sensor(context: dg.SensorEvaluationContext, gate_store: GateStore):
     try:
         for episode_id in close_abandoned(store, context.instance):
             context.log.info(f"closed abandoned episode {episode_id}")
-        for episode_id in store.ungraded():
-            stored = store.load(episode_id)
-            store.add_grade(episode_id, stored.agent, grade_stored(stored))
+        graded = 0
+        for episode_id in store.ungraded():  # one episode that cannot be read never stops the others
+            try:
+                stored = store.load(episode_id)
+                agent, grade = stored.agent, grade_stored(stored)
+            except Exception as exc:  # noqa: BLE001 - whatever is wrong with it, it grades 0 and says why
+                row = store.episode(episode_id)
+                agent, grade = row["agent"], zero_grade(row["case_id"], "?", f"could not be graded: {exc}")
+            graded += store.add_grade(episode_id, agent, grade)
         last = int(context.cursor) if (context.cursor or "").isdigit() else 0
         pending = store.grades_after(last)[:MAX_GRADES_PER_TICK]
         if not pending:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import os
 import re
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -25,8 +26,9 @@ from typing import Callable
 from ..agents import AgentSpec
 from ..engine import Sink, play_async
 from ..grader import grade_stored
-from ..records import ABANDONED, API_ERROR, TIMEOUT, EpisodeResult
+from ..records import ABANDONED, API_ERROR, TIMEOUT, EpisodeResult, Grade
 from ..store import ENDED, RunStore, StoreSink
+from ..verify import Problem, differs
 from ..world import PreparedCase
 from .agent import ModelAgent, ModelSettings, make_client
 
@@ -203,11 +205,45 @@ def model_spec(settings: ModelSettings, client) -> AgentSpec:
     return AgentSpec("model", settings.public(), partial(ModelAgent, client=client), settings.model)
 
 
+LOCK = ".lock"
+
+
+@contextmanager
+def run_lock(run_dir: Path):
+    """Hold the run directory for this process: a second `gate run` with the same id is refused at
+    once (the lock goes with the process, however it ends)."""
+    import fcntl
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / LOCK, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            raise RunError(f"run {run_dir.name!r} is being played by {holder}; wait for it, or use another "
+                           f"--run-id") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"process {os.getpid()}")
+        fh.flush()
+        try:
+            yield
+        finally:
+            fh.truncate(0)
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 async def run_rollouts(cases: list[dict], settings: ModelSettings, rollouts: int, concurrency: int,
                        run_dir: Path, store: RunStore,
                        on_done: Callable[[EpisodeResult], None] | None = None) -> dict:
     """Run (or resume) a run; returns {"records": run_records(...), "new": n, "kept": n}."""
-    run_id = check_run_id(run_dir.name)
+    check_run_id(run_dir.name)
+    with run_lock(run_dir):
+        return await _run(cases, settings, rollouts, concurrency, run_dir, store, on_done)
+
+
+async def _run(cases, settings, rollouts, concurrency, run_dir, store, on_done) -> dict:
+    run_id = run_dir.name
     _check_meta(run_dir, settings, rollouts)
     path = run_dir / TRANSCRIPTS
     todo = pending(cases, rollouts, stored_rollouts(store, run_id))
@@ -257,3 +293,23 @@ async def run_rollouts(cases: list[dict], settings: ModelSettings, rollouts: int
     if kept:  # the counters of rollouts kept from before are in their transcript lines
         counts = {**{r.get("episode_id"): r for r in read_transcripts(path)}, **counts}
     return {"records": run_records(store, cases, rollouts, run_id, played, counts), "new": len(todo), "kept": kept}
+
+
+def verify_transcripts(path: Path, fresh: dict[str, Grade]) -> list[Problem]:
+    """Each transcript line against the stored episode it names (`fresh`: grade per episode id)."""
+    try:
+        lines = read_transcripts(path)
+    except RunError as exc:
+        return [Problem("-", "-", "-", str(exc))]
+    problems = []
+    for line in lines:
+        eid = line.get("episode_id")
+        case_id, agent = str(line.get("case_id")), str(line.get("model"))
+        if eid not in fresh:
+            problems.append(Problem(str(eid), case_id, agent, "a transcript line names no stored episode of this run"))
+            continue
+        claimed = line.get("grade") if isinstance(line.get("grade"), dict) else {}
+        why = differs(claimed, fresh[eid])
+        if why:
+            problems.append(Problem(eid, case_id, agent, "the transcript line " + why.removeprefix("the kept grade ")))
+    return problems
