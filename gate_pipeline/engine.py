@@ -27,7 +27,7 @@ from .agents.base import AgentUnfinished
 from .agents.registry import AgentSpec, resolve_agent
 from .grader import grade
 from .records import ABANDONED, AGENT_ERROR, NO_REPORT, REPORTED, EpisodeResult, Grade
-from .rewards import make_shaper
+from .rewards import REWARD_MODES, make_shaper
 from .tools import Episode
 from .world import PreparedCase
 
@@ -108,7 +108,8 @@ class Session:
         self.prepared = prepared
         self.agent = agent
         self.sinks = tuple(sinks)
-        self.shaper = make_shaper(reward, prepared)
+        if reward not in REWARD_MODES:
+            raise ValueError(f"reward must be one of {list(REWARD_MODES)}, not {reward!r}")
         self.reward_mode = reward
         self.stop_at_report = stop_at_report
         self.max_steps = max_steps
@@ -119,6 +120,7 @@ class Session:
         # with nobody watching entries as they are written, the chain is hashed once, at the end
         self.watchers = tuple(sink for sink in self.sinks if sink.wants_entries)
         self.episode = Episode(prepared, self._to_sinks if self.watchers else None, deferred_ledger=not self.watchers)
+        self.shaper = make_shaper(reward, prepared, self.episode)
         self.rewards: list[float] = []
         self.report_index: int | None = None
         self.result: EpisodeResult | None = None
@@ -205,6 +207,8 @@ class Session:
             g = grade(self.episode, error)
             if self.report_index is not None:
                 self.rewards[self.report_index] += g.reward
+            elif self.shaper is not None and self.rewards:
+                self.rewards[-1] += self.shaper.close()
             wants = any(sink.wants_warehouse for sink in self.sinks)
             warehouse = self.episode.world.conn.serialize() if wants else None
         finally:

@@ -1,10 +1,22 @@
-"""Reward modes: `terminal` (the rubric alone) and `dense` (the F003 step reward, clamped).
+"""Reward modes: `terminal` (the rubric alone), `dense` (SQLEnv's F003 step reward, clamped) and
+`potential` (potential-based shaping over the episode's state).
 
 Why a module of its own: training with GRPO on the end-of-episode rubric alone is slow, so
-the engine can pay a small signal per inspection step (Layer 1, operational, and Layer 2,
-progress to the gold rows). The rubric is untouched: it is Layer 3, paid by the engine at the
-first accepted `submit_report`. Step rewards carry label information (Layer 2 is computed
-from the truth labels), so they are for the trainer, never for the policy to see. Semantics and test vectors
+the engine can pay a signal per step. The rubric is untouched: the engine pays it at the first
+accepted `submit_report`.
+
+- `dense` pays inspection steps (Layer 1, operational, and Layer 2, progress towards the gold
+  rows); decisions pay nothing. It can be farmed: distinct cheap queries collect Layer 1, and a
+  policy that watches Layer 2 finds the defective batch without reading the contract
+  (benchmarks/bench_reward_hacking.py measures both).
+- `potential` pays F = Phi(s') - Phi(s) (Ng, Harada & Russell, 1999, with gamma = 1), where Phi
+  is the rubric's disposition, evidence and inspected terms on the warehouse and ledger as they
+  stand, and Phi is 0 once the episode ends. Every episode's shaping therefore sums to -Phi(s0),
+  a constant of the case: the return is the rubric's reward minus that constant, so no policy
+  can raise its return by anything but a better grade, and agents rank as under `terminal`.
+
+Step rewards and `info` carry label information (Layer 2 and Phi are computed from the truth
+labels): they are for the trainer, never for the policy to see. Semantics and test vectors
 are in DENSE_REWARD.md. Every layer, sub-score, the bins and the clamp is its own small
 function, so a potential-based form (pay the change of progress, clip each step) would only
 replace `_layer2_progress` and `_clamp`.
@@ -237,7 +249,8 @@ def compute_step_reward(ctx: EpisodeContext, action_type: str, sql: str, rows, e
 
 # -- reward modes ------------------------------------------------------------------------------
 
-REWARD_MODES = ("terminal", "dense")
+REWARD_MODES = ("terminal", "dense", "potential")
+POTENTIAL_TERMS = ("disposition", "evidence", "inspected")
 # gate tool -> F003 action type; the other tools (decisions, the report) are not shaped: a
 # per-decision reward would leak the label inside the episode
 SHAPED = {"read_contract": "DESCRIBE", "list_batches": "DESCRIBE", "profile_batch": "SAMPLE", "run_sql": "QUERY"}
@@ -281,11 +294,49 @@ class DenseShaper:
     def shape(self, tool, args, result) -> dict | None:
         return shaped_parts(self.ctx, tool, args, result)
 
+    def close(self) -> float:
+        return 0.0
 
-def make_shaper(mode: str, prepared):
+
+class PotentialShaper:
+    """Potential-based shaping over one live episode: every call pays Phi(after) - Phi(before)."""
+
+    def __init__(self, episode):
+        self.episode = episode
+        self.staging = dict(episode.prepared.staging)
+        self.phi = self.potential()
+        self.start = self.phi
+
+    def potential(self) -> float:
+        """Phi: the rubric's disposition, evidence and inspected terms on the state as it stands, weighted
+        as in the rubric (0 once a report is in: the episode is over)."""
+        from .grader import disposition, evidence, inspected  # the rubric's own terms
+        world = self.episode.world
+        if world.report is not None:
+            return 0.0
+        truth = world.prepared.truth
+        terms = {"disposition": disposition(truth, world.loads, world.quarantined, world.orphans_at_load),
+                 "evidence": evidence(truth, world.loads, world.quarantined),
+                 "inspected": inspected(self.episode.ledger.entries, self.staging)}
+        from .records import WEIGHTS
+        return sum(WEIGHTS[t] * terms[t] for t in POTENTIAL_TERMS)
+
+    def shape(self, tool, args, result) -> dict:
+        before, self.phi = self.phi, self.potential()
+        return {"potential": self.phi, "step": self.phi - before}
+
+    def close(self) -> float:
+        """An episode that ends without a report: Phi falls to 0 with it (so shaping still sums to -Phi(s0))."""
+        last, self.phi = self.phi, 0.0
+        return -last
+
+
+def make_shaper(mode: str, prepared, episode=None):
     """The step shaper of a reward mode for one episode of `prepared` (None: terminal)."""
     if mode == "terminal":
         return None
     if mode == "dense":
         return DenseShaper(prepared.gold_rows)
+    if mode == "potential":
+        return PotentialShaper(episode)
     raise ValueError(f"reward must be one of {list(REWARD_MODES)}, not {mode!r}")

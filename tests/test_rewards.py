@@ -235,7 +235,7 @@ def test_reward_modes_and_their_shapers():
     from gate_pipeline.rewards import REWARD_MODES, DenseShaper, make_shaper
     from gate_pipeline.world import PreparedCase
     prepared = PreparedCase(read_cases(EVAL)[8])
-    assert REWARD_MODES == ("terminal", "dense")
+    assert REWARD_MODES == ("terminal", "dense", "potential")
     assert make_shaper("terminal", prepared) is None
     shaper = make_shaper("dense", prepared)
     assert isinstance(shaper, DenseShaper) and shaper.ctx.gold_rows == prepared.gold_rows
@@ -283,3 +283,43 @@ def test_shaped_parts_map_tools_to_action_types_and_leave_decisions_alone():
     assert shaped_parts(ctx, "drop_table", {}, {"error": "unknown tool"})["step"] == pytest.approx(-0.005, abs=TINY)
     assert shaped_parts(ctx, None, "junk", {"error": "malformed"})["step"] == pytest.approx(-0.005, abs=TINY)
     assert shaped_parts(ctx, None, "junk", {"error": "malformed"})["step"] == pytest.approx(-0.015, abs=TINY)
+
+
+def test_potential_shaping_sums_to_a_constant_of_the_case_so_agents_rank_as_under_the_rubric():
+    """Every episode's shaping in `potential` mode sums to -Phi(s0): the return is the rubric's reward
+    minus a constant of the case, for any policy, reporting or not, hacks included."""
+    from gate_pipeline.agents import ATTACKERS, REWARD_HACKS
+    from gate_pipeline.engine import Session, play_cases
+    from gate_pipeline.world import PreparedCase
+    cases = read_cases(EVAL)
+    agents = ["careful-sql", "naive", "random", "refuse-all", "profile-only", *ATTACKERS, *REWARD_HACKS]
+    potential = play_cases(cases, agents, reward="potential")
+    for k, case in enumerate(cases):
+        start = Session(PreparedCase(case), reward="potential").shaper.phi
+        assert start in (0.0, 0.15)  # evidence is 1.0 before anything happens when no batch is defective
+        for name in agents:
+            r = potential[name][k]
+            assert abs(r.total_reward - (r.grade.reward - start)) < 1e-9, (name, case["case_id"])
+    # a policy that never reports: its return is still -Phi(s0), whatever it did first
+    s = Session(PreparedCase(cases[8]), reward="potential")
+    for b in s.call("list_batches", {}):
+        s.call("load_batch", {"batch_id": b["batch_id"]})
+    assert abs(s.finish().total_reward + s.shaper.start) < 1e-9
+
+
+def test_potential_pays_decisions_as_they_move_the_state():
+    from gate_pipeline.engine import Session
+    from gate_pipeline.world import PreparedCase
+    case = read_cases(EVAL)[8]  # eval-amount-bounds-0: one bad orders batch, one clean
+    bad = next(b["batch_id"] for b in case["batches"] if b["truth"]["defective"])
+    good = next(b["batch_id"] for b in case["batches"] if not b["truth"]["defective"])
+    s = Session(PreparedCase(case), reward="potential", stop_at_report=True)
+    assert s.step(["list_batches", {}]).reward == 0.0  # nothing about the rubric's state moved
+    right = s.step(["quarantine_batch", {"batch_id": bad, "column": "amount", "defect_type": "out_of_range"}])
+    assert right.parts["potential"] > 0 and right.reward == right.parts["potential"]
+    wrong = s.step(["load_batch", {"batch_id": bad}])  # refused: quarantined batches cannot load
+    assert wrong.reward == 0.0
+    loaded = s.step(["load_batch", {"batch_id": good}])
+    assert loaded.reward > 0
+    end = s.step(["submit_report", {"loaded": [good], "quarantined": [bad]}])
+    assert end.terminated and abs(end.reward - (end.grade.reward - loaded.parts["potential"])) < 1e-9

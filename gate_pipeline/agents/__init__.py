@@ -1,8 +1,8 @@
 """Every agent gate ships, by name (see `registry.py`). Agents play through the seven tools only."""
 from __future__ import annotations
 
-from .registry import (ATTACKERS, BASELINES, AgentOptionError, AgentSpec, UnknownAgent, agent_names,
+from .registry import (ATTACKERS, BASELINES, REWARD_HACKS, AgentOptionError, AgentSpec, UnknownAgent, agent_names,
                        make_agent, resolve_agent)
 
-__all__ = ["ATTACKERS", "BASELINES", "AgentOptionError", "AgentSpec", "UnknownAgent", "agent_names",
+__all__ = ["ATTACKERS", "BASELINES", "REWARD_HACKS", "AgentOptionError", "AgentSpec", "UnknownAgent", "agent_names",
            "make_agent", "resolve_agent"]

@@ -119,3 +119,14 @@ class OrdersFirst(CarefulSQL):
 
     def __init__(self):
         super().__init__(order=list)
+
+
+class QueryFarm(InspectTheatre):
+    """inspect-theatre after 40 distinct trivial queries: farms the dense reward's per-query bonuses
+    (benchmarks/bench_reward_hacking.py measures what it gets under each reward mode)."""
+    name = "query-farm"
+
+    def play(self, tools: Tools, case=None) -> None:
+        for k in range(1, 41):
+            tools("run_sql", query=f"SELECT {k}")
+        super().play(tools, case)

@@ -39,12 +39,14 @@ BUILTIN: dict[str, str] = {
     "inspect-theatre": "gate_pipeline.agents.attackers:InspectTheatre",
     "double-load": "gate_pipeline.agents.attackers:DoubleLoad",
     "orders-first": "gate_pipeline.agents.attackers:OrdersFirst",
+    "query-farm": "gate_pipeline.agents.attackers:QueryFarm",
     "random": "gate_pipeline.agents.random_policy:RandomPolicy",
     "model": "gate_pipeline.model_agent.agent:ModelAgent",
 }
 BASELINES = ("naive", "careful", "careful-sql", "refuse-all", "profile-only")
 ATTACKERS = ("report-liar", "report-only", "load-then-quarantine", "citation-spray", "sql-write",
              "inspect-theatre", "double-load", "orders-first")
+REWARD_HACKS = ("query-farm",)  # attackers of the shaped rewards; under the rubric alone they are inspect-theatre
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
-"""`gate report --reward dense`: the dense return of policies on a case file, step and terminal apart.
+"""`gate report --reward dense|potential`: the shaped return of policies on a case file, step and terminal apart.
 
 Why a module of its own: it calibrates the F003 dense reward (`rewards.py`) the way the design
 asked: a seeded random-tool policy should collect little, careful inspection much more, and a
-correct report the rubric on top. Every episode is played by the engine in dense mode.
+correct report the rubric on top. Every episode is played by the engine in the chosen mode.
 """
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ def parts(result: EpisodeResult) -> dict:
     return {"step": total - result.grade.reward, "terminal": result.grade.reward, "return": total}
 
 
-def _table(summary: dict, where: str, n: int, seed: int) -> str:
-    lines = [f"dense return on {where} ({n} cases; random policy seed {seed})",
+def _table(summary: dict, where: str, n: int, seed: int, mode: str) -> str:
+    lines = [f"{mode} return on {where} ({n} cases; random policy seed {seed})",
              f"{'policy':<12} {'part':<9} {'mean':>8} {'std':>8} {'min':>8} {'max':>8}"]
     for name, figures in summary.items():
         for k, part in enumerate(PARTS):
@@ -47,7 +47,7 @@ def _table(summary: dict, where: str, n: int, seed: int) -> str:
 
 
 def dense_report(args, cases: list[dict], specs: list, path: Path) -> int:
-    results = play_with_progress(cases, specs, reward="dense", workers=args.workers)
+    results = play_with_progress(cases, specs, reward=args.reward, workers=args.workers)
     summary = {}
     for name, rs in results.items():
         split = [parts(r) for r in rs]
@@ -55,7 +55,7 @@ def dense_report(args, cases: list[dict], specs: list, path: Path) -> int:
                          "mean_turns": statistics.fmean(len(r.rewards) for r in rs),
                          "agent_errors": sum(1 for r in rs if r.error)}
     if args.json:
-        print(json.dumps({"cases": len(cases), "seed": args.seed, "policies": summary}))
+        print(json.dumps({"cases": len(cases), "seed": args.seed, "reward": args.reward, "policies": summary}))
     else:
-        print(_table(summary, Path(path).name, len(cases), args.seed))
+        print(_table(summary, Path(path).name, len(cases), args.seed, args.reward))
     return 0

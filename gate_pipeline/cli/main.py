@@ -24,6 +24,7 @@ from .errors import UsageError
 EXTENSIONS: tuple[str, ...] = ("experiment", "nightly", "run", "verify")
 
 REPORT_AGENTS = ["naive", "careful", "refuse-all"]
+REWARD_CHOICES = ("terminal", "dense", "potential")  # rewards.REWARD_MODES, without importing it here
 ATTACK_AGENTS = ["careful", *ATTACKERS, "profile-only"]
 
 
@@ -43,13 +44,13 @@ def cmd_cases_generate(a) -> int:
 
 def cmd_report(a) -> int:
     from .html_output import html_target, save_html
-    if a.html and a.reward == "dense":
-        raise UsageError("--html draws the terminal-reward report; drop --reward dense")
+    if a.html and a.reward != "terminal":
+        raise UsageError(f"--html draws the terminal-reward report; drop --reward {a.reward}")
     target = html_target(a.html)
     settings = Settings.from_env()
     path = cases_arg(a, settings)
     cases = read_cases(path)
-    if a.reward == "dense":
+    if a.reward != "terminal":
         from .dense import DENSE_AGENTS, dense_report
         specs = resolve_agents(agent_list(a.agents, list(DENSE_AGENTS)), settings, {"random": {"seed": a.seed}})
         return dense_report(a, cases, specs, path)
@@ -128,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--cases", default=None, help="case file (default: the classic eval split)")
     rep.add_argument("--agents", default=None, help="comma-separated agent names (default: naive,careful,refuse-all)")
     rep.add_argument("--json", action="store_true")
-    rep.add_argument("--reward", choices=["terminal", "dense"], default="terminal")
+    rep.add_argument("--reward", choices=REWARD_CHOICES, default="terminal",
+                     help="terminal: the rubric; dense, potential: shaped step rewards too (default: terminal)")
     rep.add_argument("--seed", type=int, default=0, help="seed of the random policy (dense report)")
     rep.add_argument("--html", default=None, metavar="FILE", help="also write a self-contained HTML report")
     rep.add_argument("--workers", type=workers_arg, default=None,
@@ -147,7 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--cases", default=None, help="case file (default: the classic eval split)")
     rp.add_argument("--trajectories", required=True)
     rp.add_argument("--json", action="store_true")
-    rp.add_argument("--reward", choices=["terminal", "dense"], default="terminal")
+    rp.add_argument("--reward", choices=REWARD_CHOICES, default="terminal",
+                    help="add each call's reward under this mode and their sum (default: terminal)")
     rp.set_defaults(fn=cmd_replay)
 
     import importlib

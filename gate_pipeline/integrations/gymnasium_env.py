@@ -127,7 +127,7 @@ class GateEnv(gymnasium.Env):
         info = {"case_id": self.case_id, "turn": self.session.turn, "reward_mode": self.reward_mode,
                 "result": step.result}
         if step.parts is not None:
-            info.update(layer1=step.parts["layer1"], layer2=step.parts["layer2"], step_reward=step.parts["step"])
+            info.update({k: v for k, v in step.parts.items() if k != "step"}, step_reward=step.parts["step"])
         if step.grade is not None:
             info["grade"] = step.grade.as_dict()
         return self._obs(_text(step.result)), float(step.reward), step.terminated, step.truncated, info

@@ -1,0 +1,185 @@
+"""Bad input never hurts: a query cannot step over the sandbox's budgets, and every malformed case
+file, trajectory file, variant file or action is one clear error (one line and exit 2 on the command
+line, an error observation from the env, a tool error for an agent), never a traceback."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gate_pipeline import sandbox
+from gate_pipeline.cases import read_cases
+from gate_pipeline.integrations.gymnasium_env import GateEnv
+from gate_pipeline.tools import Episode
+
+ROOT = Path(__file__).resolve().parents[1]
+EVAL = ROOT / "cases" / "classic" / "eval_curated.jsonl"
+GATE = str(Path(sys.executable).parent / "gate")
+BUDGET = sandbox.TIME_BUDGET_S + 0.5
+
+
+@pytest.fixture(scope="module")
+def case():
+    return read_cases(EVAL)[8]
+
+
+def timed_sql(episode, query):
+    t0 = time.perf_counter()
+    result = episode.call("run_sql", {"query": query})
+    return result, time.perf_counter() - t0
+
+
+@pytest.mark.parametrize("query", [
+    "SELECT printf('%.*c', 1000000000, 'x')",
+    "SELECT format('%.*c', 1000000000, 'x')",
+    "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n+1 FROM r WHERE n<10) "
+    "SELECT length(printf('%.*c', 500000000, 'x')) FROM r",
+    "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n+1 FROM r) SELECT count(*) FROM r",
+    "WITH RECURSIVE r(s) AS (SELECT 'x' UNION ALL SELECT s||s FROM r) SELECT length(s) FROM r",
+    "SELECT count(*) FROM wh_orders a, wh_orders b, wh_orders c, wh_orders d, wh_orders e, wh_orders f",
+    "SELECT 1 WHERE 1 IN (" + ",".join(["1"] * 2_000_000) + ")",
+])
+def test_every_query_returns_within_the_budget(case, query):
+    episode = Episode(case)
+    result, seconds = timed_sql(episode, query)
+    assert "error" in result and seconds < BUDGET, (result, seconds)
+    logged = episode.ledger.entries[-1]
+    assert not logged["executed"] and len(logged["args"]["query"]) <= sandbox.LEDGER_QUERY_CHARS + 40
+    episode.close()
+
+
+def test_a_long_query_is_refused_before_sqlite_sees_it_and_logged_bounded(case):
+    episode = Episode(case)
+    query = "SELECT 1 WHERE 1 IN (" + ",".join(["1"] * 5_000_000) + ")"  # 10 MB
+    result, seconds = timed_sql(episode, query)
+    assert result == {"error": f"query is {len(query):,} characters long; the limit is {sandbox.MAX_QUERY_CHARS:,}"}
+    entry = episode.ledger.entries[-1]
+    assert entry["note"] == "query too long" and entry["args"]["query"].endswith(f"...[{len(query):,} characters]")
+    assert seconds < 0.5
+    at_limit = "SELECT 1 WHERE 1 IN (" + ",".join(["1"] * 4_000) + ")"
+    assert len(at_limit) < sandbox.MAX_QUERY_CHARS and "rows" in episode.call("run_sql", {"query": at_limit})
+    episode.close()
+
+
+def test_a_huge_query_does_not_cost_memory_to_refuse(tmp_path):
+    code = ("import resource, json\n"
+            "from gate_pipeline.cases import read_cases\nfrom gate_pipeline.tools import Episode\n"
+            f"ep = Episode(read_cases({str(EVAL)!r})[0])\n"
+            "q = 'SELECT ' + '1+' * 50_000_000 + '1'\n"
+            "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "print(json.dumps([ep.call('run_sql', {'query': q}), before,"
+            " resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    result, before, after = json.loads(out.stdout)
+    assert "limit is" in result["error"] and after - before < 50_000  # KiB: nothing near the query's 100 MB again
+
+
+def gate(*args, cwd=ROOT):
+    env = {k: v for k, v in os.environ.items() if k not in ("GATE_CASES_DIR", "GATE_CONTRACTS")}
+    return subprocess.run([GATE, *args], capture_output=True, text=True, cwd=cwd, timeout=300, env=env)
+
+
+def one_line(p, needle):
+    assert p.returncode == 2, (p.returncode, p.stdout[-500:], p.stderr[-2000:])
+    assert p.stderr.count("\n") == 1 and p.stderr.startswith("gate: error:") and needle in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def case_file(tmp_path, edit, name="cases.jsonl"):
+    case = json.loads(EVAL.read_text().splitlines()[8])
+    edit(case)
+    path = tmp_path / name
+    path.write_text(json.dumps(case) + "\n")
+    return path
+
+
+def _first_batch(case):
+    return case["batches"][0]
+
+
+def _rows(case):
+    return _first_batch(case)["rows"]
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda c: c["batches"][1].update(batch_id=c["batches"][0]["batch_id"].lower()), "would share the staging table"),
+    (lambda c: _rows(c)[0].update(order_id="O1\ud800"), "lone surrogate"),
+    (lambda c: _first_batch(c).update(table=["orders"]), "'table' must be one of"),
+    (lambda c: _rows(c)[0].update(amount="inf"), "finite number"),
+    (lambda c: _rows(c)[0].update(amount="nan"), "finite number"),
+    (lambda c: _rows(c)[0].update(amount="1e400"), "finite number"),
+    (lambda c: _rows(c)[0].update(status="x" * 30_000), "characters long"),
+    (lambda c: c.update(case_id=["eval-x"]), "'case_id' must be"),
+    (lambda c: c["contract"]["limits"].update(max_amount=10 ** 400), "limits.max_amount"),
+    (lambda c: c["contract"].update(extra_rules="none"), "unknown key 'extra_rules'"),
+])
+def test_a_malformed_case_file_is_one_line(tmp_path, edit, needle):
+    one_line(gate("report", "--cases", str(case_file(tmp_path, edit)), "--json"), needle)
+
+
+def test_huge_integers_in_files_are_one_line(tmp_path):
+    big = "9" * 5000
+    line = EVAL.read_text().splitlines()[8].replace('"seed": ', f'"seed": {big}, "x": ', 1)
+    (tmp_path / "big.jsonl").write_text(line + "\n")
+    one_line(gate("report", "--cases", str(tmp_path / "big.jsonl")), "not a case")
+    (tmp_path / "t.jsonl").write_text('{"case_id": "eval-amount-bounds-0", "calls": [' + big + ']}\n')
+    one_line(gate("replay", "--trajectories", str(tmp_path / "t.jsonl")), "t.jsonl:1")
+
+
+def test_a_list_as_case_id_in_a_replay_file_is_one_line(tmp_path):
+    (tmp_path / "t.jsonl").write_text('{"case_id": ["eval-amount-bounds-0"], "calls": []}\n')
+    one_line(gate("replay", "--trajectories", str(tmp_path / "t.jsonl")), "'case_id' must be a non-empty string")
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("variant:\n  base: classic\n  description: big\n  overrides:\n    limits:\n      max_amount: " + "9" * 5000 + "\n",
+     "not a usable variant"),
+    ("variant: " + "[" * 20000 + "]" * 20000 + "\n", "nested deeper than"),
+    ("a: &a [x, x, x]\nb: &b [*a, *a, *a]\nvariant: [*b, *b]\n", "anchors and aliases are not allowed"),
+    ("variant:\n  base: classic\n  description: d\nextra: 1\n", "unknown key 'extra'"),
+])
+def test_a_hostile_variant_file_is_one_line(tmp_path, text, needle):
+    contracts = tmp_path / "contracts"
+    (contracts / "variants").mkdir(parents=True)
+    (contracts / "classic.yaml").write_text((ROOT / "contracts" / "classic.yaml").read_text())
+    (contracts / "variants" / "bad.yaml").write_text(text)
+    env = {**os.environ, "GATE_CONTRACTS": str(contracts)}
+    p = subprocess.run([GATE, "experiment"], capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
+    one_line(p, needle)
+
+
+def test_deeply_nested_actions_are_error_observations(case):
+    env = GateEnv([case])
+    env.reset(options={"case_id": case["case_id"]})
+    deep_text = '{"tool": "run_sql", "args": ' + '{"a": ' * 1000 + "1" + "}" * 1000 + "}"
+    assert len(deep_text) < 10_000
+    deep_dict: dict = {"a": 1}
+    for _ in range(5000):
+        deep_dict = {"a": deep_dict}
+    for action in (deep_text, {"tool": "run_sql", "args": deep_dict}, {"tool": "no_such", "args": deep_dict},
+                   ["run_sql", {"query": "SELECT 1", "x": deep_dict}]):
+        obs, reward, terminated, truncated, info = env.step(action)
+        assert "error" in json.loads(obs["result"]) and not terminated
+    entries = env.session.episode.ledger.entries
+    assert all(len(json.dumps(e["args"])) < 1000 for e in entries)  # what was sent, kept bounded
+    env.close()
+
+
+def test_oversized_arguments_are_tool_errors(case):
+    episode = Episode(case)
+    assert "limit is 200" in episode.call("load_batch", {"batch_id": "B" * 10_000})["error"]
+    assert "at most 1000 ids" in episode.call("submit_report", {"loaded": ["x"] * 2000, "quarantined": []})["error"]
+    assert "unknown tool" in episode.call("t" * 100_000, {})["error"]
+    assert all(len(e["action"]) <= 120 and len(json.dumps(e["args"])) < 1000 for e in episode.ledger.entries)
+    assert episode.world.report is None and not episode.world.loads
+    episode.close()
+
+
+def test_report_json_is_strict_json(tmp_path):
+    p = gate("report", "--json", "--agents", "naive,careful-sql")
+    json.loads(p.stdout, parse_constant=lambda name: pytest.fail(f"{name} in gate report --json"))

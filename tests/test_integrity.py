@@ -1,0 +1,236 @@
+"""Scores nobody can forge: every way of editing a stored episode is caught by `gate verify` and
+grades the episode 0 with the reason; one unreadable row never stops the others being graded;
+two `gate run`s cannot share a run; many processes can open a new store at once."""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gate_pipeline.agents import AgentSpec
+from gate_pipeline.cases import read_cases
+from gate_pipeline.cli.main import main
+from gate_pipeline.engine import play
+from gate_pipeline.grader import grade_stored
+from gate_pipeline.ledger import Ledger
+from gate_pipeline.settings import Settings
+from gate_pipeline.store import RunStore, StoreSink
+from gate_pipeline.world import PreparedCase
+
+ROOT = Path(__file__).resolve().parents[1]
+EVAL = ROOT / "cases" / "classic" / "eval_curated.jsonl"
+CASES = {c["case_id"]: c for c in read_cases(EVAL)}
+BAD_CASE = "eval-amount-bounds-0"  # one defective batch, one clean
+
+
+class LoadsAfterReporting:
+    """Oracle: reports a correct night, loads the clean batch, and only after the report loads the
+    defective one (a load after the report still counts against it)."""
+    oracle = True
+
+    def play(self, tools, case=None):
+        bad = [b["batch_id"] for b in case["batches"] if b["truth"]["defective"]]
+        good = [b["batch_id"] for b in case["batches"] if not b["truth"]["defective"]]
+        listing = tools("list_batches")
+        for b in listing:
+            tools("profile_batch", batch_id=b["batch_id"])
+        for bid in good:
+            tools("load_batch", batch_id=bid)
+        tools("submit_report", loaded=good, quarantined=[])
+        for bid in bad:
+            tools("load_batch", batch_id=bid)
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("GATE_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def stored_episode(agent="naive", case_id=BAD_CASE):
+    store = RunStore()
+    result = play(PreparedCase(CASES[case_id]), agent, sinks=[StoreSink(store)], run_id="run-1")
+    return store, result
+
+
+def db(home) -> sqlite3.Connection:
+    return sqlite3.connect(home / "runs.db", isolation_level=None)
+
+
+def verify(capsys, *args) -> tuple[int, str]:
+    code = main(["verify", *args])
+    return code, capsys.readouterr().out
+
+
+def test_an_untouched_store_verifies_and_grades_as_played(home, capsys):
+    store, result = stored_episode("careful-sql")
+    assert grade_stored(store.load(result.episode_id)) == result.grade
+    code, out = verify(capsys)
+    assert code == 0 and "1 episodes checked" in out and "every check holds" in out
+
+
+def test_cutting_the_ledger_after_the_report_is_caught(home, capsys):
+    spec = AgentSpec("loads-after-reporting", {}, LoadsAfterReporting, "loads-after-reporting")
+    store, result = stored_episode(spec)
+    assert result.grade.reward < 1.0 and result.grade.bad_batches_loaded == 1
+    report_seq = next(e["seq"] for e in result.ledger if e["action"] == "submit_report")
+    db(home).execute("DELETE FROM ledger_entries WHERE episode_id = ? AND seq > ?", (result.episode_id, report_seq))
+    cut = store.load(result.episode_id)
+    assert any("entries;" in p for p in cut.problems)
+    g = grade_stored(cut)
+    assert g.reward == 0.0 and g.failed and "entries" in g.reason  # not the 1.0 the cut ledger alone would give
+    code, out = verify(capsys)
+    assert code == 1 and result.episode_id in out and "the ledger has" in out
+
+
+def forge_chain(home, episode_id, entries):
+    """Rewrite an episode's ledger rows with a freshly hashed chain of `entries` (action, args, executed, note)."""
+    ledger = Ledger()
+    for action, args, executed, note in entries:
+        ledger.append(action, args, executed, note)
+    conn = db(home)
+    conn.execute("DELETE FROM ledger_entries WHERE episode_id = ?", (episode_id,))
+    conn.executemany("INSERT INTO ledger_entries VALUES (?, ?, ?)",
+                     [(episode_id, e["seq"], json.dumps(e, sort_keys=True)) for e in ledger.entries])
+    return ledger.entries
+
+
+def test_a_rehashed_forged_chain_is_caught_even_with_its_digest_updated(home, capsys):
+    store, result = stored_episode("naive")
+    original = [(e["action"], e["args"], e["executed"], e["note"]) for e in result.ledger]
+    bad = next(b["batch_id"] for b in CASES[BAD_CASE]["batches"] if b["truth"]["defective"])
+    forged = [e for e in original if not (e[0] == "load_batch" and e[1]["batch_id"] == bad)]
+    forged.insert(-1, ("quarantine_batch", {"batch_id": bad, "column": "amount", "defect_type": "out_of_range"},
+                       True, ""))
+    entries = forge_chain(home, result.episode_id, forged)
+    assert "does not end on the hash" in " ".join(store.load(result.episode_id).problems)
+    # the forger also writes the new digest and length into the episode's row: the seal catches it
+    db(home).execute("UPDATE episodes SET ledger_digest = ?, ledger_entries = ? WHERE episode_id = ?",
+                     (entries[-1]["hash"], len(entries), result.episode_id))
+    problems = store.load(result.episode_id).problems
+    assert problems == ("the episode's record was altered (its seal does not match)",)
+    assert grade_stored(store.load(result.episode_id)).reward == 0.0
+    code, out = verify(capsys)
+    assert code == 1 and "seal does not match" in out
+
+
+def test_appending_a_forged_entry_is_caught(home):
+    store, result = stored_episode("naive")
+    last = result.ledger[-1]
+    forged = Ledger()
+    forged.entries = [dict(e) for e in result.ledger]  # continue the real chain by one entry
+    extra = forged.append("quarantine_batch", {"batch_id": "B-x", "column": "amount", "defect_type": "out_of_range"},
+                          True)
+    assert extra["prev_hash"] == last["hash"]
+    db(home).execute("INSERT INTO ledger_entries VALUES (?, ?, ?)",
+                     (result.episode_id, extra["seq"], json.dumps(extra, sort_keys=True)))
+    problems = " ".join(store.load(result.episode_id).problems)
+    assert "entries" in problems and "hash recorded" in problems
+
+
+def test_editing_the_stored_truth_labels_is_caught(home, capsys):
+    store, result = stored_episode("naive")
+    row = db(home).execute("SELECT case_json FROM episodes WHERE episode_id = ?", (result.episode_id,)).fetchone()
+    case = json.loads(row[0])
+    for batch in case["batches"]:
+        batch["truth"] = {"defective": False, "defects": []}  # naive would now be right everywhere
+    text = json.dumps(case, sort_keys=True)
+    db(home).execute("UPDATE episodes SET case_json = ? WHERE episode_id = ?", (text, result.episode_id))
+    assert "stored case was altered" in " ".join(store.load(result.episode_id).problems)
+    import hashlib
+    db(home).execute("UPDATE episodes SET case_sha256 = ? WHERE episode_id = ?",
+                     (hashlib.sha256(text.encode()).hexdigest(), result.episode_id))
+    assert store.load(result.episode_id).problems == ("the episode's record was altered (its seal does not match)",)
+    assert grade_stored(store.load(result.episode_id)).reward == 0.0
+    code, _ = verify(capsys)
+    assert code == 1
+
+
+def test_editing_the_saved_warehouse_is_caught(home, capsys):
+    store, result = stored_episode("naive")
+    path = store.warehouse_path(store.episode(result.episode_id))
+    conn = sqlite3.connect(path)
+    conn.execute("DELETE FROM wh_orders WHERE amount > 50000")  # take the bad rows back out
+    conn.commit()
+    conn.close()
+    problems = store.load(result.episode_id).problems
+    assert problems == (f"warehouse file {path} was altered (its SHA-256 differs from the one recorded)",)
+    g = grade_stored(store.load(result.episode_id))
+    assert g.reward == 0.0 and g.failed and "warehouse" in g.reason
+    path.unlink()
+    assert "missing" in " ".join(store.load(result.episode_id).problems)
+    code, out = verify(capsys, "--json")
+    assert code == 1 and json.loads(out)["episodes_with_problems"] == 1
+
+
+def test_a_kept_grade_that_was_raised_is_caught(home, capsys):
+    store, result = stored_episode("naive")
+    store.add_grade(result.episode_id, "naive", result.grade)
+    assert verify(capsys)[0] == 0
+    kept = json.loads(db(home).execute("SELECT grade FROM grades").fetchone()[0])
+    kept["reward"] = 1.0
+    db(home).execute("UPDATE grades SET grade = ?", (json.dumps(kept),))
+    code, out = verify(capsys)
+    assert code == 1 and "kept grade differs from a fresh grade in reward" in out
+
+
+def test_an_unreadable_ledger_row_fails_its_episode_only(home):
+    import dagster as dg
+
+    from gate_pipeline.dagster_defs.definitions import defs
+    store, broken = stored_episode("careful-sql", "eval-resent-rows-0")
+    _, fine = stored_episode("careful-sql", "eval-label-drift-1")
+    db(home).execute("UPDATE ledger_entries SET entry = substr(entry, 1, 20) WHERE episode_id = ? AND seq = 2",
+                     (broken.episode_id,))
+    with dg.DagsterInstance.ephemeral() as instance:
+        from gate_pipeline.dagster_defs.resources import GateStore
+        context = dg.build_sensor_context(instance=instance, resources={"gate_store": GateStore()})
+        data = defs.resolve_sensor_def("grading_sensor").evaluate_tick(context)
+    observed = {e.metadata["episode_id"].value: e.metadata for e in data.asset_events}
+    assert set(observed) == {broken.episode_id, fine.episode_id}
+    assert observed[fine.episode_id]["reward"].value == 1.0
+    assert observed[broken.episode_id]["reward"].value == 0.0
+    assert "ledger entry 2 is not readable" in observed[broken.episode_id]["reason"].value
+
+
+def _open_store(home: str, queue) -> None:
+    try:
+        RunStore(Settings(home=Path(home))).dispose()
+        queue.put("ok")
+    except Exception as exc:  # noqa: BLE001 - the test reports what failed
+        queue.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_twelve_processes_can_open_a_new_store_at_once(tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_open_store, args=(str(tmp_path / "fresh"), queue)) for _ in range(12)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    outcomes = [queue.get(timeout=10) for _ in procs]
+    assert outcomes == ["ok"] * 12, outcomes
+    key = (tmp_path / "fresh" / "store.key")
+    assert len(key.read_text()) == 64 and oct(key.stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_second_gate_run_with_the_same_id_is_refused(tmp_path):
+    from gate_pipeline.model_agent.rollouts import RunError, run_lock
+    run_dir = tmp_path / "runs" / "same"
+    with run_lock(run_dir):
+        code = ("import sys; from pathlib import Path; from gate_pipeline.model_agent.rollouts import run_lock\n"
+                f"with run_lock(Path({str(run_dir)!r})): pass\n")
+        other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert other.returncode != 0 and "is being played by process" in other.stderr
+        with pytest.raises(RunError, match="is being played by process"):
+            with run_lock(run_dir):
+                pass
+    with run_lock(run_dir):  # free again once the first is done
+        pass
