@@ -155,3 +155,47 @@ def test_a_run_the_endpoint_never_answered_says_so_and_exits_1(tmp_path, capsys)
     assert rc == 1 and "ended: reported 0, max_turns 0, timeout 0, api_error 2" in captured.out
     assert "2 of 2 rollouts ended on an API error or timeout" in captured.err
     assert "--run-id down retries only those" in captured.err
+
+
+def test_verify_holds_after_a_run_and_a_resume_never_trusts_the_transcripts(server, tmp_path, home, capsys):
+    """Raise every grade in the transcripts and delete ledger lines from the store: resume still
+    prints the stored truth, and `gate verify --run` names every altered episode."""
+    import sqlite3
+    assert gate_run(server, tmp_path, "-n", "4", "--run-id", "v", "--json", model="coin") == 0
+    before = json.loads(capsys.readouterr().out)["summary"]["agents"]["coin"]["reward"]
+    assert main(["verify", "--run", str(tmp_path / "v")]) == 0
+    assert "4 episodes checked in run v: every check holds" in capsys.readouterr().out
+    path = tmp_path / "v" / "transcripts.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    raised = [line["episode_id"] for line in lines if line["grade"]["reward"] != 1.0]
+    assert raised  # the coin policy fails some rollouts
+    for line in lines:
+        line["reward"] = line["grade"]["reward"] = 1.0
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    db = sqlite3.connect(home / "runs.db", isolation_level=None)
+    victim = lines[0]["episode_id"]
+    db.execute("DELETE FROM ledger_entries WHERE episode_id = ? AND seq > 3", (victim,))
+    assert gate_run(server, tmp_path, "-n", "4", "--run-id", "v", "--json", model="coin") == 0
+    after = json.loads(capsys.readouterr().out)
+    assert after["summary"]["agents"]["coin"]["reward"] <= before  # the cut episode now grades 0
+    assert main(["verify", "--run", str(tmp_path / "v")]) == 1
+    out = capsys.readouterr().out
+    assert f"{victim} " in out and "the ledger has 4 entries" in out
+    transcript_lines = [line for line in out.splitlines() if "the transcript line differs" in line]
+    assert {line.split()[0] for line in transcript_lines} >= set(raised)
+
+
+def test_verify_holds_after_gate_nightly_and_names_a_tampered_episode(tmp_path, home, capsys):
+    import sqlite3
+    assert main(["nightly", "--agents", "naive,careful-sql", "--cases", str(ROOT / "cases/classic/eval_curated.jsonl")]) == 0
+    capsys.readouterr()
+    assert main(["verify"]) == 0
+    assert "64 episodes checked" in capsys.readouterr().out
+    db = sqlite3.connect(home / "runs.db", isolation_level=None)
+    eid = db.execute("SELECT episode_id FROM episodes WHERE agent = 'naive' LIMIT 1").fetchone()[0]
+    db.execute("UPDATE episodes SET error = NULL, end_reason = 'reported', agent = 'careful-sql' "
+               "WHERE episode_id = ?", (eid,))
+    assert main(["verify", "--json"]) == 1
+    result = json.loads(capsys.readouterr().out)
+    assert result["episodes"] == 64 and result["episodes_with_problems"] == 1
+    assert result["problems"][0]["episode_id"] == eid and "seal" in result["problems"][0]["what"]
