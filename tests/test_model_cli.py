@@ -158,31 +158,36 @@ def test_a_run_the_endpoint_never_answered_says_so_and_exits_1(tmp_path, capsys)
 
 
 def test_verify_holds_after_a_run_and_a_resume_never_trusts_the_transcripts(server, tmp_path, home, capsys):
-    """Raise every grade in the transcripts and delete ledger lines from the store: resume still
-    prints the stored truth, and `gate verify --run` names every altered episode."""
+    """Raise every grade in a run's transcripts, cut a stored ledger of another run: resume prints
+    the stored truth, and `gate verify --run` names every altered episode."""
     import sqlite3
-    assert gate_run(server, tmp_path, "-n", "4", "--run-id", "v", "--json", model="coin") == 0
-    before = json.loads(capsys.readouterr().out)["summary"]["agents"]["coin"]["reward"]
-    assert main(["verify", "--run", str(tmp_path / "v")]) == 0
-    assert "4 episodes checked in run v: every check holds" in capsys.readouterr().out
-    path = tmp_path / "v" / "transcripts.jsonl"
+    assert gate_run(server, tmp_path, "-n", "3", "--run-id", "s", "--json", model="silent") == 0
+    assert json.loads(capsys.readouterr().out)["summary"]["agents"]["silent"]["reward"] == 0.0
+    assert gate_run(server, tmp_path, "-n", "3", "--run-id", "c", "--json") == 0
+    assert json.loads(capsys.readouterr().out)["summary"]["agents"]["careful"]["reward"] == 1.0
+    for run in ("s", "c"):
+        assert main(["verify", "--run", str(tmp_path / run)]) == 0
+        assert f"3 episodes checked in run {run}: every check holds" in capsys.readouterr().out
+    path = tmp_path / "s" / "transcripts.jsonl"
     lines = [json.loads(line) for line in path.read_text().splitlines()]
-    raised = [line["episode_id"] for line in lines if line["grade"]["reward"] != 1.0]
-    assert raised  # the coin policy fails some rollouts
     for line in lines:
         line["reward"] = line["grade"]["reward"] = 1.0
+        line["end_reason"], line["finished"] = "reported", True
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    db = sqlite3.connect(home / "runs.db", isolation_level=None)
-    victim = lines[0]["episode_id"]
-    db.execute("DELETE FROM ledger_entries WHERE episode_id = ? AND seq > 3", (victim,))
-    assert gate_run(server, tmp_path, "-n", "4", "--run-id", "v", "--json", model="coin") == 0
-    after = json.loads(capsys.readouterr().out)
-    assert after["summary"]["agents"]["coin"]["reward"] <= before  # the cut episode now grades 0
-    assert main(["verify", "--run", str(tmp_path / "v")]) == 1
+    victim = read_transcripts(tmp_path / "c" / "transcripts.jsonl")[0]["episode_id"]
+    sqlite3.connect(home / "runs.db", isolation_level=None).execute(
+        "DELETE FROM ledger_entries WHERE episode_id = ? AND seq > 3", (victim,))
+    assert gate_run(server, tmp_path, "-n", "3", "--run-id", "s", "--json", model="silent") == 0
+    assert json.loads(capsys.readouterr().out)["summary"]["agents"]["silent"]["reward"] == 0.0
+    assert gate_run(server, tmp_path, "-n", "3", "--run-id", "c", "--json") == 0
+    resumed = json.loads(capsys.readouterr().out)["summary"]["agents"]["careful"]["reward"]
+    assert resumed == pytest.approx(2 / 3)  # the cut episode grades 0 from the store, the transcript is not read
+    assert main(["verify", "--run", str(tmp_path / "s")]) == 1
     out = capsys.readouterr().out
-    assert f"{victim} " in out and "the ledger has 4 entries" in out
-    transcript_lines = [line for line in out.splitlines() if "the transcript line differs" in line]
-    assert {line.split()[0] for line in transcript_lines} >= set(raised)
+    assert {line.split()[0] for line in out.splitlines() if "transcript line differs" in line} == \
+        {line["episode_id"] for line in lines}
+    assert main(["verify", "--run", str(tmp_path / "c")]) == 1
+    assert f"{victim} " in capsys.readouterr().out
 
 
 def test_verify_holds_after_gate_nightly_and_names_a_tampered_episode(tmp_path, home, capsys):
