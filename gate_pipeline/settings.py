@@ -7,6 +7,8 @@
 | `GATE_CASES_DIR` | case files (`<suite>/<split>.jsonl`)          | the cases shipped with gate               |
 | `GATE_CONTRACTS` | contract documents and `variants/`            | the contracts shipped with gate           |
 | `GATE_STORE_KEY` | the key sealing stored episodes (HMAC)        | a random key in `$GATE_HOME/store.key`    |
+| `GATE_AGENTS`    | more agent names Dagster runs may use         | none (built-ins, plugins, variants)       |
+| `GATE_NIGHTLY_SCHEDULE` | `off`: the 02:00 schedule starts stopped | on                                     |
 
 Environment variables are read here only, by `Settings.from_env()`, which the command line,
 the Dagster definitions and the gymnasium factory call; the core takes explicit paths. The
@@ -24,7 +26,8 @@ from .contract import SHIPPED_CONTRACTS
 SHIPPED_CASES = Path(__file__).resolve().parent / "data" / "cases"
 DEFAULT_SUITE = "classic"
 SPLIT_FILES = {"eval": "eval_curated.jsonl", "train": "train_procedural.jsonl"}
-VARIABLES = ("GATE_HOME", "GATE_DB_URL", "GATE_CASES_DIR", "GATE_CONTRACTS", "GATE_STORE_KEY")
+VARIABLES = ("GATE_HOME", "GATE_DB_URL", "GATE_CASES_DIR", "GATE_CONTRACTS", "GATE_STORE_KEY", "GATE_AGENTS",
+             "GATE_NIGHTLY_SCHEDULE")
 
 
 @dataclass(frozen=True)
@@ -34,9 +37,11 @@ class Settings:
     cases_dir: Path = SHIPPED_CASES
     contracts_dir: Path = SHIPPED_CONTRACTS
     store_key: str | None = None
+    extra_agents: tuple[str, ...] = ()
+    nightly_schedule: bool = True
 
     @classmethod
-    def from_env(cls, environ=None) -> "Settings":
+    def from_env(cls, environ=None) -> Settings:
         env = os.environ if environ is None else environ
 
         def path(name: str, default: Path) -> Path:
@@ -47,7 +52,9 @@ class Settings:
                    db_url=(env.get("GATE_DB_URL") or "").strip() or None,
                    cases_dir=path("GATE_CASES_DIR", SHIPPED_CASES),
                    contracts_dir=path("GATE_CONTRACTS", SHIPPED_CONTRACTS),
-                   store_key=env.get("GATE_STORE_KEY") or None)
+                   store_key=env.get("GATE_STORE_KEY") or None,
+                   extra_agents=tuple(a.strip() for a in (env.get("GATE_AGENTS") or "").split(",") if a.strip()),
+                   nightly_schedule=(env.get("GATE_NIGHTLY_SCHEDULE") or "on").strip().lower() != "off")
 
     @property
     def store_url(self) -> str:

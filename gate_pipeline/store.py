@@ -29,9 +29,27 @@ import sqlite3
 import time
 from pathlib import Path
 
-from sqlalchemy import (Column, Float, Integer, MetaData, String, Table, Text, bindparam, create_engine, event, insert,
-                        select, update)
-from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError, SQLAlchemyError
+from sqlalchemy import (
+    Column,
+    Float,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    bindparam,
+    create_engine,
+    event,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.exc import (
+    IntegrityError,
+    OperationalError,
+    ProgrammingError,
+    SQLAlchemyError,
+)
 
 from .engine import EpisodeStart, Sink
 from .ledger import chain_intact, last_hash
@@ -407,9 +425,9 @@ class RunStore:
                             .order_by(episodes.c.ended_at)).scalars().all()
         return list(ids)
 
-    def add_grade(self, episode_id: str, agent: str, grade: Grade) -> bool:
+    def add_grade(self, episode_id: str, agent: str, grade: Grade, run_id: str = "") -> bool:
         """Keep an episode's grade once; False if it already had one (nothing is changed)."""
-        record = {**grade.as_dict(), "agent": agent, "episode_id": episode_id}
+        record = {**grade.as_dict(), "agent": agent, "episode_id": episode_id, "run_id": run_id}
         try:
             with self.engine.begin() as c:
                 c.execute(insert(grades).values(episode_id=episode_id, case_id=grade.case_id, agent=agent,

@@ -1,12 +1,13 @@
 """A case's assets, per `cases` partition: staging, the warehouse tables, the mart, the report.
 
-`staging_batches` describes the case's staged batches and runs the contract checks.
-`agent_episode` is the op the agent plays in, through the engine with two sinks (the run
-store and the tool bridge): it owns `wh_customers` and `wh_orders` (materialized by the
-bridge at each load, so a run that loads nothing leaves them untouched), `revenue_mart` and
-`agent_report`. The agent is chosen in the run config by name (anything
-`agents.resolve_agent` accepts) with `agent_options` passed to its constructor. Grading is
-not done here: the grading sensor grades the stored episode.
+`staging_batches` describes the case's staged batches; the `contract` asset check validates them
+(checks.py). `agent_episode` is the op the agent plays in, through the engine with two sinks (the
+run store and the tool bridge, which records each load, quarantine and the report as observations
+while the agent plays); when the episode ends it materializes `wh_customers`, `wh_orders` (the
+tables as the agent left them), `revenue_mart` and `agent_report`. The agent is chosen in the run
+config from the agents this code location knows (an enum, so a mistyped name is refused when the
+run is launched, before anything runs or is stored). Grading is not done here: the grading sensor
+grades the stored episode.
 """
 
 import dagster as dg
@@ -19,7 +20,7 @@ from ..engine import play
 from ..store import StoreSink
 from ..world import PreparedCase
 from .bridge import ToolBridge
-from .checks import CHECKED_TABLES, contract_check, contract_check_specs
+from .catalog import CODE_VERSION, OWNERS, AgentName, table_metadata
 from .markdown import md_table
 from .partitions import cases_partitions
 from .resources import CaseLibrary, GateStore
@@ -29,7 +30,7 @@ PREVIEW_ROWS = 5
 
 
 class EpisodeConfig(dg.Config):
-    agent: str = Field(default="careful", description="any agent name gate knows (gate report --help lists them)")
+    agent: AgentName = Field(default=AgentName["careful"], description="the agent that plays the case")
     agent_options: dict = Field(default_factory=dict, description="keyword options for the agent's constructor")
 
 
@@ -51,33 +52,48 @@ def _preview(prepared: PreparedCase) -> str:
     return "\n\n".join(parts)
 
 
-@dg.asset(partitions_def=cases_partitions, group_name=CASE_GROUP, kinds={"sqlite", "pandera"},
-          check_specs=contract_check_specs("staging_batches"),
-          description="The case's staging batches (what the agent will find in staging), with the "
-                      "contract checks.")
-def staging_batches(context: dg.AssetExecutionContext, case_library: CaseLibrary):
+@dg.asset(partitions_def=cases_partitions, group_name=CASE_GROUP, kinds={"sqlite"}, owners=OWNERS,
+          code_version=CODE_VERSION, tags={"layer": "staging"},
+          description="The case's staging batches (what the agent will find in staging); the `contract` check "
+                      "validates them.")
+def staging_batches(context: dg.AssetExecutionContext, case_library: CaseLibrary) -> dg.MaterializeResult:
     case, ref = _case(case_library, context.partition_key)
     prepared = PreparedCase(case)
-    yield dg.MaterializeResult(asset_key="staging_batches", metadata={
+    return dg.MaterializeResult(metadata={
         "suite": ref.suite, "split": ref.split, "family": case["family"], "case_file": str(ref.path),
+        "staging_tables": dg.MetadataValue.json({bid: prepared.staging[bid] for bid in prepared.order}),
         "row_counts": dg.MetadataValue.json({bid: len(prepared.batches[bid]["rows"]) for bid in prepared.order}),
-        "rows": sum(len(b["rows"]) for b in prepared.batches.values()),
+        "dagster/row_count": sum(len(b["rows"]) for b in prepared.batches.values()),
         "preview": dg.MetadataValue.md(_preview(prepared)),
     })
-    for table in CHECKED_TABLES:
-        yield contract_check(prepared, table)
+
+
+def _table_rows(case: dict, ledger: list[dict]) -> dict[str, int]:
+    """Rows of each warehouse table after the episode: the seed plus every executed load."""
+    tables = {b["batch_id"]: b["table"] for b in case["batches"]}
+    rows = {table: len(seed) for table, seed in case["warehouse"].items()}
+    for e in ledger:
+        if e["action"] == "load_batch" and e["executed"]:
+            rows[tables[e["args"]["batch_id"]]] += e["args"]["rows"]
+    return rows
 
 
 @dg.multi_asset(
-    name="agent_episode", partitions_def=cases_partitions, group_name=CASE_GROUP,
+    name="agent_episode", partitions_def=cases_partitions, group_name=CASE_GROUP, can_subset=False,
     specs=[
-        dg.AssetSpec("wh_customers", deps=["staging_batches"], skippable=True, kinds={"sqlite"},
-                     description="Warehouse customers; the tool bridge materializes it at each load."),
-        dg.AssetSpec("wh_orders", deps=["staging_batches", "wh_customers"], skippable=True, kinds={"sqlite"},
-                     description="Warehouse orders; the tool bridge materializes it at each load."),
-        dg.AssetSpec("revenue_mart", deps=["wh_customers", "wh_orders"], kinds={"sqlite"},
+        dg.AssetSpec("wh_customers", deps=["staging_batches"], kinds={"sqlite"}, owners=OWNERS,
+                     code_version=CODE_VERSION, tags={"layer": "warehouse"},
+                     description="Warehouse customers as the agent left them (each load is an observation as it "
+                                 "happens)."),
+        dg.AssetSpec("wh_orders", deps=["staging_batches", "wh_customers"], kinds={"sqlite"}, owners=OWNERS,
+                     code_version=CODE_VERSION, tags={"layer": "warehouse"},
+                     description="Warehouse orders as the agent left them (each load is an observation as it "
+                                 "happens)."),
+        dg.AssetSpec("revenue_mart", deps=["wh_customers", "wh_orders"], kinds={"sqlite"}, owners=OWNERS,
+                     code_version=CODE_VERSION, tags={"layer": "mart"},
                      description="Revenue of orders joined to customers, and the gap to the mart a correct run gives."),
-        dg.AssetSpec("agent_report", deps=["revenue_mart"], kinds={"python"},
+        dg.AssetSpec("agent_report", deps=["revenue_mart"], kinds={"python"}, owners=OWNERS,
+                     code_version=CODE_VERSION, tags={"layer": "report"},
                      description="The agent's report and the ledger digest; grades arrive as observations "
                                  "from the grading sensor."),
     ])
@@ -85,9 +101,11 @@ def agent_episode(context: dg.AssetExecutionContext, config: EpisodeConfig, gate
                   case_library: CaseLibrary):
     case, _ = _case(case_library, context.partition_key)
     try:
-        spec = resolve_agent(config.agent, config.agent_options, contracts=case_library.settings().contracts_dir)
+        spec = resolve_agent(config.agent.value, config.agent_options,
+                             contracts=case_library.settings().contracts_dir)
     except (UnknownAgent, AgentOptionError) as exc:  # nothing is played or stored for an agent that cannot be built
         raise dg.Failure(description=str(exc)) from None
+    context.instance.add_run_tags(context.run.run_id, {"gate/agent": spec.identity[:255]})
     store = gate_store.open()
     try:
         result = play(PreparedCase(case), spec, sinks=(StoreSink(store), ToolBridge(context)),
@@ -97,6 +115,10 @@ def agent_episode(context: dg.AssetExecutionContext, config: EpisodeConfig, gate
         store.dispose()
     common = {"agent": result.agent, "episode_id": result.episode_id}
     g = result.grade
+    rows = _table_rows(case, result.ledger)
+    for table in ("customers", "orders"):
+        yield dg.MaterializeResult(asset_key=f"wh_{table}", metadata={
+            **common, **table_metadata(f"wh_{table}", COLUMNS[table], rows[table])})
     yield dg.MaterializeResult(asset_key="revenue_mart", metadata={
         **common, "revenue": g.revenue, "correct_revenue": g.correct_revenue,
         "revenue_gap": round(g.revenue - g.correct_revenue, 2)})

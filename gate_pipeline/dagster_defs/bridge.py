@@ -1,9 +1,12 @@
 """The op-level tool bridge: every tool call of an episode, seen by Dagster as it happens.
 
 An engine sink (`engine.Sink`): the engine hands it each ledger entry as it is appended, and
-the bridge turns the entry into a Dagster event on the case's partition: an executed load
-materializes `wh_customers` or `wh_orders`, a quarantine and the report are observations, SQL
-reads and refused calls are logged. It reads only the ledger and the case (row counts come
+the bridge turns the entry into a Dagster event on the case's partition: an executed load is an
+observation of `wh_customers` or `wh_orders` (rows loaded, the table's rows now), a quarantine
+one of `staging_batches`, the report one of `agent_report`; SQL reads and refused calls are
+logged. Observations, not materializations: a case run materializes the tables once, when the
+episode ends (assets.py), and the nightly job, which plays many cases, materializes only its
+scoreboard. It reads only the ledger and the case (row counts come
 from the case's seed warehouse plus the rows each load entry records), never the episode's
 database. The agent never sees Dagster; it only gets the tool's JSON value.
 """
@@ -46,7 +49,7 @@ class ToolBridge(Sink):
         if action == "load_batch":
             table = self.tables[args["batch_id"]]
             self.rows[table] = self.rows.get(table, 0) + args["rows"]
-            self.context.log_event(dg.AssetMaterialization(
+            self.context.log_event(dg.AssetObservation(
                 asset_key=f"wh_{table}", partition=self.case_id,
                 description=f"{self.agent} loaded {args['batch_id']}",
                 metadata=self._meta(entry, batch_id=args["batch_id"], rows_loaded=args["rows"],

@@ -3,6 +3,11 @@
 Both run their steps in one process by default (`in_process_executor`: Dagster's per-step
 process costs about 2 s here, an episode a few milliseconds). `nightly_benchmark_multiprocess`
 is the same nightly job on Dagster's multiprocess executor, one process per chunk of cases.
+
+Every run carries a maximum runtime (the `dagster/max_runtime` tag, in seconds): with the run
+monitoring `gate ui` turns on, a run whose worker is gone (a crash, a reboot) is failed once it
+passes it, and the grading sensor then grades its open episodes 0 with the reason. Set the tag
+on a launch to allow longer (a model playing many cases).
 """
 from __future__ import annotations
 
@@ -11,17 +16,23 @@ import dagster as dg
 from .assets import CASE_GROUP
 from .scoreboard import NIGHTLY_GROUP
 
+CASE_MAX_RUNTIME_S = 1800  # a model playing one case
+NIGHTLY_MAX_RUNTIME_S = 6 * 3600
+
 play_case_job = dg.define_asset_job(
     "play_case", selection=dg.AssetSelection.groups(CASE_GROUP), executor_def=dg.in_process_executor,
-    description="Stage a case, run the contract checks and let the configured agent play it.")
+    tags={"dagster/max_runtime": str(CASE_MAX_RUNTIME_S)},
+    description="Stage a case, run the contract check and let the configured agent play it.")
 
 nightly_job = dg.define_asset_job(
     "nightly_benchmark", selection=dg.AssetSelection.groups(NIGHTLY_GROUP), executor_def=dg.in_process_executor,
+    tags={"dagster/max_runtime": str(NIGHTLY_MAX_RUNTIME_S)},
     description="Every case of the configured case file x the configured agents; materializes the scoreboard.")
 
 nightly_multiprocess_job = dg.define_asset_job(
     "nightly_benchmark_multiprocess", selection=dg.AssetSelection.groups(NIGHTLY_GROUP),
     executor_def=dg.multiprocess_executor.configured({"max_concurrent": 2}),
+    tags={"dagster/max_runtime": str(NIGHTLY_MAX_RUNTIME_S)},
     description="The nightly benchmark with one process per step (chunk of cases).")
 
 
@@ -31,6 +42,15 @@ def nightly_run_config(cases_file: str | None = None, agents: list[str] | None =
     config = {k: v for k, v in {"cases_file": cases_file, "agents": agents, "agent_options": agent_options,
                                 "chunk_size": chunk_size}.items() if v is not None}
     return {"ops": {"scoreboard": {"ops": {"plan_nightly": {"config": config}}}}}
+
+
+def nightly_tags(cases_file: str | None, agents: list[str] | None) -> dict:
+    """Run tags the Runs page can filter nightly runs by."""
+    from pathlib import Path
+    tags = {"gate/cases": Path(cases_file).name if cases_file else "classic eval split"}
+    if agents:
+        tags["gate/agents"] = ",".join(agents)[:255]
+    return tags
 
 
 def play_case_run_config(agent: str, agent_options: dict | None = None) -> dict:

@@ -1,11 +1,16 @@
 """The nightly benchmark as one asset: every case of a case file x the configured agents.
 
-`scoreboard` is a graph asset: `plan_nightly` splits the cases into chunks (one step each,
-so Dagster's executors can spread them over processes or machines), `play_chunk` plays
-each chunk's episodes in plain Python through the tool bridge, storing every warehouse and
-ledger, and `build_scoreboard` grades the stored runs (stored warehouse + ledger + truth)
-and renders exactly the tables `gate report` prints, as markdown and JSON, with the history
-of past nights so a regression shows.
+`scoreboard` is a graph asset downstream of every case's `agent_report`: `plan_nightly` splits
+the cases into chunks (one step each, so Dagster's executors can spread them over processes or
+machines), `play_chunk` plays each chunk's episodes in plain Python through the engine, storing
+every warehouse and ledger (the tool bridge records loads, quarantines and reports as
+observations: the nightly materializes only the scoreboard), and `build_scoreboard` grades the
+stored episodes (stored warehouse + ledger + truth) and renders exactly the tables `gate report`
+prints, as markdown and JSON, with the history of past nights so a regression shows.
+
+Re-executing a failed nightly from failure works: `build_scoreboard` gets the plan from
+`plan_nightly` and plays, itself, the chunks that did not run in this run or its parent (a
+re-execution from failure skips steps that never started), so the scoreboard is complete.
 """
 
 from pathlib import Path
@@ -20,6 +25,7 @@ from ..grader import grade_stored
 from ..store import StoreSink
 from ..tables import baseline_tables, summary
 from .bridge import ToolBridge
+from .catalog import CODE_VERSION, OWNERS
 from .markdown import md_code, md_table
 from .partitions import cases_partitions
 from .resources import CaseLibrary, GateStore
@@ -53,7 +59,8 @@ def _specs(chunk: dict, case_library: CaseLibrary) -> list:
         raise dg.Failure(description=f"nightly: {exc}") from None
 
 
-@dg.op(out=dg.DynamicOut(dict), description="Check the agents, add missing case partitions, split into chunks.")
+@dg.op(ins={"after": dg.In(dg.Nothing)}, out={"chunks": dg.DynamicOut(dict), "plan": dg.Out(dict)},
+       description="Check the agents, add missing case partitions, split into chunks.")
 def plan_nightly(context: dg.OpExecutionContext, config: NightlyConfig, case_library: CaseLibrary):
     if not config.agents:
         raise dg.Failure(description="nightly: configure at least one agent")
@@ -74,13 +81,15 @@ def plan_nightly(context: dg.OpExecutionContext, config: NightlyConfig, case_lib
     missing = [k for k in keys if k not in known]
     if missing:
         context.instance.add_dynamic_partitions(cases_partitions.name, missing)
+    context.instance.add_run_tags(context.run.run_id, {"gate/cases": Path(cases_file).name[:255],
+                                                       "gate/agents": ",".join(config.agents)[:255]})
     for start in range(0, len(cases), config.chunk_size):
         indices = list(range(start, min(start + config.chunk_size, len(cases))))
-        yield dg.DynamicOutput({**plan, "indices": indices}, mapping_key=f"cases_{start:04d}")
+        yield dg.DynamicOutput({**plan, "indices": indices}, output_name="chunks", mapping_key=f"cases_{start:04d}")
+    yield dg.Output({**plan, "cases": len(cases)}, output_name="plan")
 
 
-@dg.op(description="Play a chunk of cases x agents through the engine; every episode is stored and bridged.")
-def play_chunk(context: dg.OpExecutionContext, chunk: dict, gate_store: GateStore, case_library: CaseLibrary) -> dict:
+def _play(context, chunk: dict, gate_store: GateStore, case_library: CaseLibrary) -> list[dict]:
     cases = _cases(chunk["cases_file"])
     specs = _specs(chunk, case_library)
     store = gate_store.open()
@@ -89,9 +98,13 @@ def play_chunk(context: dg.OpExecutionContext, chunk: dict, gate_store: GateStor
                              sinks=(StoreSink(store), ToolBridge(context, log_reads=chunk["log_reads"])))
     finally:
         store.dispose()
-    played = [{"index": index, "agent": agent, "episode_id": rs[k].episode_id}
-              for agent, rs in results.items() for k, index in enumerate(chunk["indices"])]
-    return {"cases_file": chunk["cases_file"], "played": played}
+    return [{"index": index, "agent": agent, "episode_id": rs[k].episode_id}
+            for agent, rs in results.items() for k, index in enumerate(chunk["indices"])]
+
+
+@dg.op(description="Play a chunk of cases x agents through the engine; every episode is stored and bridged.")
+def play_chunk(context: dg.OpExecutionContext, chunk: dict, gate_store: GateStore, case_library: CaseLibrary) -> dict:
+    return {"cases_file": chunk["cases_file"], "played": _play(context, chunk, gate_store, case_library)}
 
 
 def _history(nights: list[dict], agents: list[str]) -> str:
@@ -118,14 +131,19 @@ def _write_page(path: Path, grades: dict, tables: str, night) -> Path:
 
 
 @dg.op(description="Grade the stored episodes and render the report tables, with history.")
-def build_scoreboard(context: dg.OpExecutionContext, parts: list, gate_store: GateStore):
+def build_scoreboard(context: dg.OpExecutionContext, parts: list, plan: dict, gate_store: GateStore,
+                     case_library: CaseLibrary):
     played = [p for part in parts for p in part["played"]]
-    if not played:
-        raise dg.Failure(description="nightly: nothing was played")
+    identities = [spec.identity for spec in _specs(plan, case_library)]
+    have = {(p["index"], p["agent"]) for p in played}
+    missing = sorted({i for i in range(plan["cases"]) for a in identities if (i, a) not in have})
+    if missing:  # chunks that never ran (a re-execution from failure skips steps that never started)
+        context.log.warning(f"{len(missing)} cases were not played by any chunk of this run: playing them here")
+        played += _play(context, {**plan, "indices": missing}, gate_store, case_library)
     store = gate_store.open()
     try:
-        agents = list(dict.fromkeys(p["agent"] for p in played))
-        cases_file = parts[0]["cases_file"]
+        agents = identities
+        cases_file = plan["cases_file"]
         cases = _cases(cases_file)
         grades: dict[str, list] = {a: [None] * len(cases) for a in agents}
         for p in played:  # from the stored warehouse and ledger, as the grading sensor grades them
@@ -155,8 +173,12 @@ def build_scoreboard(context: dg.OpExecutionContext, parts: list, gate_store: Ga
     })
 
 
-@dg.graph_asset(group_name=NIGHTLY_GROUP, kinds={"python"},
-                description="The nightly benchmark: the tables `gate report` prints, as markdown and JSON, "
-                            "with the history of past nights.")
-def scoreboard():
-    return build_scoreboard(plan_nightly().map(play_chunk).collect())
+@dg.graph_asset(group_name=NIGHTLY_GROUP, kinds={"python"}, owners=OWNERS, code_version=CODE_VERSION,
+                tags={"layer": "benchmark"},
+                ins={"agent_report": dg.AssetIn(partition_mapping=dg.AllPartitionMapping(), dagster_type=dg.Nothing)},
+                description="The nightly benchmark: every case of a case file x the configured agents, graded from "
+                            "the stored episodes; the tables `gate report` prints, as markdown and JSON, with the "
+                            "history of past nights. Stale after a day (the schedule runs it at 02:00 UTC).")
+def scoreboard(agent_report):
+    chunks, plan = plan_nightly(agent_report)
+    return build_scoreboard(chunks.map(play_chunk).collect(), plan)

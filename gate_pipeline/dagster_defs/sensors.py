@@ -47,9 +47,13 @@ def by_agent_table(latest: dict[str, dict]) -> str:
     return md_table(["agent", "reward", *TERMS, "bad loaded", "revenue error $", "ledger intact", "failure"], rows)
 
 
-def grade_observation(grade: dict, latest: dict[str, dict]) -> dg.AssetObservation:
+def grade_observation(grade: dict, latest: dict[str, dict], instance: dg.DagsterInstance) -> dg.AssetObservation:
     agent = str(grade.get("agent", "?"))
-    metadata = {"agent": agent, "episode_id": str(grade.get("episode_id", "")), "reward": _number(grade, "reward"),
+    run_id = str(grade.get("run_id") or "")
+    played_by = (dg.MetadataValue.dagster_run(run_id) if run_id and instance.get_run_by_id(run_id) is not None
+                 else run_id)  # a Dagster run links to its page; a `gate run` id is text
+    metadata = {"agent": agent, "episode_id": str(grade.get("episode_id", "")), "run": played_by,
+                "reward": _number(grade, "reward"),
                 **{t: _number(grade, t) for t in TERMS}, **{m: grade.get(m) for m in METRICS},
                 "failed": bool(grade.get("failed", True)), "reason": str(grade.get("reason") or ""),
                 "latest_grade_by_agent": dg.MetadataValue.md(by_agent_table(latest))}
@@ -67,18 +71,27 @@ def grading_sensor(context: dg.SensorEvaluationContext, gate_store: GateStore):
             context.log.info(f"closed abandoned episode {episode_id}")
         graded = 0
         for episode_id in store.ungraded():  # one episode that cannot be read never stops the others
+            row = store.episode(episode_id)
             try:
-                stored = store.load(episode_id)
-                agent, grade = stored.agent, grade_stored(stored)
+                grade = grade_stored(store.load(episode_id))
             except Exception as exc:  # noqa: BLE001 - whatever is wrong with it, it grades 0 and says why
-                row = store.episode(episode_id)
-                agent, grade = row["agent"], zero_grade(row["case_id"], "?", f"could not be graded: {exc}")
-            graded += store.add_grade(episode_id, agent, grade)
+                grade = zero_grade(row["case_id"], "?", f"could not be graded: {exc}")
+            if store.add_grade(episode_id, row["agent"], grade, row["run_id"]):
+                graded += 1
+                context.log.info(f"graded {row['agent']} on {grade.case_id}: {grade.reward:.4f}"
+                                 + (f" (failed: {grade.reason})" if grade.failed else ""))
         last = int(context.cursor) if (context.cursor or "").isdigit() else 0
         pending = store.grades_after(last)[:MAX_GRADES_PER_TICK]
         if not pending:
             return dg.SkipReason("no new grades")
-        events = [grade_observation(g, store.latest_grades(g["case_id"])) for _, g in pending]
+        latest: dict[str, dict] = {}
+        events = []
+        for _, g in pending:
+            case_id = str(g.get("case_id"))
+            if case_id not in latest:
+                latest[case_id] = store.latest_grades(case_id)
+            events.append(grade_observation(g, latest[case_id], context.instance))
+        context.log.info(f"{graded} episodes graded this tick; {len(events)} grades recorded as observations")
         return dg.SensorResult(asset_events=events, cursor=str(pending[-1][0]))
     finally:
         store.dispose()
@@ -99,8 +112,9 @@ def failed_run_sensor(context: dg.RunFailureSensorContext, gate_store: GateStore
         store.dispose()
 
 
-@dg.sensor(minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING,
-           description="Adds a `cases` partition for each case in the case files and removes vanished ones.")
+@dg.sensor(minimum_interval_seconds=15, default_status=dg.DefaultSensorStatus.RUNNING,
+           description="Adds a `cases` partition for each case in the case files and removes vanished ones "
+                       "(`gate ui` also does this before the UI starts).")
 def case_partitions_sensor(context: dg.SensorEvaluationContext, case_library: CaseLibrary):
     add, delete, problems = partition_changes(context.instance, case_library.settings().cases_dir)
     for problem in problems:
