@@ -3,6 +3,11 @@
 The multiprocess executor's scoreboard is compared in benchmarks/bench_nightly.py (each step
 there is a fresh process, seconds apiece: too slow for the suite)."""
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import dagster as dg
@@ -11,6 +16,7 @@ import pytest
 from gate_pipeline.cases import read_cases, write_cases
 from gate_pipeline.cli.main import main
 from gate_pipeline.dagster_defs.definitions import defs
+from gate_pipeline.dagster_defs.instance import prepare_instance_dir
 from gate_pipeline.dagster_defs.jobs import nightly_run_config
 from gate_pipeline.dagster_defs.scoreboard import regressions
 from gate_pipeline.records import Grade
@@ -123,3 +129,41 @@ def test_nightly_default_cases_file_is_the_librarys_classic_eval_split(home, tmp
     board = result.output_for_node("scoreboard")
     assert board["summary"]["cases_file"] == str(library.resolve() / "classic" / "eval_curated.jsonl")
     assert board["summary"]["cases"] == 2 and len(board["grades"]["careful"]) == 2
+
+
+def test_an_interrupted_nightly_re_executed_from_failure_completes_the_scoreboard(tmp_path, monkeypatch, capsys):
+    """The UI's default for a failed run: Re-execute from failure. The chunk cut off re-runs; the chunks
+    that never started are played by build_scoreboard; the scoreboard is `gate report`'s."""
+    from interrupted_nightly import AGENT, nightly_job
+    dagster_home, gate_home, marker = tmp_path / "dagster", tmp_path / "gate", tmp_path / "stalled"
+    prepare_instance_dir(dagster_home)
+    tests = str(Path(__file__).parent)
+    env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "GATE_HOME": str(gate_home),
+           "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen([sys.executable, str(Path(tests) / "interrupted_nightly.py"), str(EVAL), str(marker)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while not marker.exists():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the nightly never reached its stalling episode"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)  # Ctrl-C in the middle of the second chunk
+    proc.communicate(timeout=120)
+
+    monkeypatch.setenv("GATE_HOME", str(gate_home))
+    with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
+        [parent] = instance.get_runs()
+        assert parent.status == dg.DagsterRunStatus.FAILURE
+        started = {s.step_key for s in instance.get_run_step_stats(parent.run_id)}
+        chunks = [f"scoreboard.play_chunk[cases_{i:04d}]" for i in range(0, 32, 4)]
+        assert chunks[0] in started and chunks[-1] not in started  # cut off part way
+        with dg.execute_job(dg.reconstructable(nightly_job), instance,
+                            reexecution_options=dg.ReexecutionOptions.from_failure(parent.run_id, instance)) as result:
+            assert result.success
+    assert main(["report", "--json", "--cases", str(EVAL), "--agents", "naive,careful"]) == 0
+    reported = json.loads(capsys.readouterr().out)["agents"]
+    typed = {agent: [Grade.from_dict(g) for g in reported[played_as]]
+             for agent, played_as in (("naive", "naive"), (AGENT, "careful"))}
+    [night] = RunStore().nightly_history()  # one scoreboard: the re-execution's
+    assert night["run_id"] == result.run_id
+    assert night["summary"] == {**summary(read_cases(EVAL), typed), "cases_file": str(EVAL)}

@@ -1,5 +1,4 @@
-"""`gate nightly` runs the nightly benchmark job in process and prints the scoreboard;
-`gate ui` starts the Dagster UI (and daemon) on 127.0.0.1 over gate's code location.
+"""`gate nightly` runs the nightly benchmark job in process and prints the scoreboard.
 
 The nightly run uses an ephemeral Dagster instance (nothing to set up) and the run store
 under GATE_HOME, so each night's summary joins the scoreboard's history.
@@ -7,17 +6,12 @@ under GATE_HOME, so each night's summary joins the scoreboard's history.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 from ..settings import Settings
-from .errors import UsageError
 from .common import agent_list, cases_arg, resolve_agents
+from .errors import UsageError
 
-CODE_LOCATION = "gate_pipeline.dagster_defs.definitions"
 DEFAULT_AGENTS = ["naive", "careful", "refuse-all"]
 
 
@@ -63,13 +57,13 @@ def cmd_nightly(a) -> int:
     import dagster as dg
 
     from ..dagster_defs.definitions import defs
-    from ..dagster_defs.jobs import nightly_run_config
+    from ..dagster_defs.jobs import nightly_run_config, nightly_tags
 
     config = {**nightly_run_config(cases_file, agents, options or None, a.chunk_size),
               "loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
     with dg.DagsterInstance.ephemeral() as instance:
         result = defs.resolve_job_def("nightly_benchmark").execute_in_process(
-            run_config=config, instance=instance, raise_on_error=False, tags={"gate/trigger": "cli"})
+            run_config=config, instance=instance, raise_on_error=False, tags={"gate/trigger": "cli", **nightly_tags(cases_file, agents)})
         if not result.success:
             failures = [_root_message(e.event_specific_data.error)
                         for e in result.all_events if e.is_step_failure and e.event_specific_data.error]
@@ -93,45 +87,6 @@ def cmd_nightly(a) -> int:
     return 0
 
 
-def cmd_ui(a) -> int:
-    settings = Settings.from_env()
-    home = Path(os.environ.get("DAGSTER_HOME") or settings.home / "dagster").resolve()
-    home.mkdir(parents=True, exist_ok=True)
-    if not (home / "dagster.yaml").exists():  # defaults: SQLite run, event and schedule storage here
-        (home / "dagster.yaml").write_text("# gate's Dagster instance: default SQLite storage in this directory\n")
-    env = {**os.environ, "DAGSTER_HOME": str(home), "GATE_HOME": str(settings.home)}  # absolute for every process
-
-    import dagster as dg
-    from ..dagster_defs.partitions import sync_case_partitions
-    os.environ["DAGSTER_HOME"] = str(home)
-    with dg.DagsterInstance.get() as instance:
-        added, _, problems = sync_case_partitions(instance, settings.cases_dir)
-    for problem in problems:
-        print(f"gate: warning: {problem}", file=sys.stderr)
-    tool = "dagster-webserver" if a.no_daemon else "dagster"
-    exe = shutil.which(tool, path=str(Path(sys.executable).parent)) or shutil.which(tool)
-    if exe is None:
-        raise UsageError(f"{tool} is not installed in this environment")
-    cmd = [exe, "-m", CODE_LOCATION, "-h", "127.0.0.1", "-p", str(a.port)]
-    if not a.no_daemon:
-        cmd = [exe, "dev", "-m", CODE_LOCATION, "-h", "127.0.0.1", "-p", str(a.port)]
-    print(f"DAGSTER_HOME={home}; {len(added)} case partitions added; http://127.0.0.1:{a.port}", file=sys.stderr)
-    try:
-        return subprocess.call(cmd, env=env)
-    except KeyboardInterrupt:
-        return 130
-
-
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        raise UsageError(f"--port must be a number, not {text!r}")
-    if not 1 <= port <= 65535:
-        raise UsageError(f"--port must be between 1 and 65535, not {port}")
-    return port
-
-
 def register(subparsers) -> None:
     n = subparsers.add_parser("nightly", help="run the nightly benchmark job in process and print the scoreboard")
     n.add_argument("--cases", default=None, help="case file (default: the classic eval split)")
@@ -141,8 +96,3 @@ def register(subparsers) -> None:
     n.add_argument("--json", action="store_true", help="print the scoreboard's figures as JSON")
     n.add_argument("--html", default=None, metavar="FILE", help="also write the scoreboard as a self-contained HTML page")
     n.set_defaults(fn=cmd_nightly)
-
-    u = subparsers.add_parser("ui", help="start the Dagster UI and daemon on 127.0.0.1")
-    u.add_argument("--port", type=_port, default=3000)
-    u.add_argument("--no-daemon", action="store_true", help="webserver only (no sensors or schedules)")
-    u.set_defaults(fn=cmd_ui)

@@ -97,7 +97,7 @@ def grading_sensor(context: dg.SensorEvaluationContext, gate_store: GateStore):
         store.dispose()
 
 
-@dg.run_failure_sensor(monitored_jobs=[play_case_job, nightly_job, nightly_multiprocess_job],
+@dg.run_failure_sensor(monitored_jobs=[play_case_job, nightly_job, nightly_multiprocess_job], minimum_interval_seconds=15,
                        default_status=dg.DefaultSensorStatus.RUNNING,
                        description="Closes the open episodes of a failed run with Dagster's failure message, "
                                    "so the grading sensor grades them 0 with that reason.")
