@@ -64,6 +64,19 @@ class Settings:
         """A suite's case file under the cases directory (`classic/eval_curated.jsonl`...)."""
         return self.cases_dir / suite / SPLIT_FILES.get(split, f"{split}.jsonl")
 
+    def problems(self, environ=None) -> list[str]:
+        """What is wrong with the directories the environment names: where gate looked, from where."""
+        env = os.environ if environ is None else environ
+        out = []
+        for name, path in (("GATE_CASES_DIR", self.cases_dir), ("GATE_CONTRACTS", self.contracts_dir)):
+            raw = (env.get(name) or "").strip()
+            if raw and not path.is_dir():
+                out.append(f"{name}={raw}: no such directory (looked for {path}"
+                           + (f", from {Path.cwd()})" if not Path(raw).expanduser().is_absolute() else ")"))
+        if self.home.exists() and not self.home.is_dir():
+            out.append(f"GATE_HOME: {self.home} is a file, not a directory")
+        return out
+
     def describe(self) -> dict[str, str]:
         """Each setting as resolved, for messages that say where gate looked."""
         return {"GATE_HOME": str(self.home), "GATE_DB_URL": self.store_url,

@@ -40,6 +40,7 @@ from sqlalchemy import (
     bindparam,
     create_engine,
     event,
+    func,
     insert,
     select,
     update,
@@ -342,6 +343,13 @@ class RunStore:
         if row is None:
             raise StoreError(f"no episode {episode_id!r} in {self.url}")
         return dict(row)
+
+    def count_episodes(self, status: str | None = None) -> int:
+        query = select(func.count()).select_from(episodes)
+        if status is not None:
+            query = query.where(episodes.c.status == status)
+        with self.engine.connect() as c:
+            return int(c.execute(query).scalar_one())
 
     def episodes(self, run_id: str | None = None, status: str | None = None) -> list[dict]:
         """Episode rows, oldest first, optionally of one run and in one status."""

@@ -195,6 +195,8 @@ def answer(state, path: str, raw: bytes) -> tuple[float, int, dict, dict | None]
     every earlier tool result on each request."""
     if path.rstrip("/") != "/v1/chat/completions":
         return 0.0, 404, {"error": {"message": f"no route {path}"}}, None
+    if re.search(rb'"messages"\s*:\s*\[\s*\]', raw):  # as OpenAI: a request, not a conversation
+        return 0.0, 400, {"error": {"message": "'messages' must contain at least one message"}}, None
     found = MODEL.search(raw)
     shape = _shape(raw) if found and found.group(1) not in (b"coin", b"garbage") else None
     cached = state.replies.get(shape) if shape is not None else None

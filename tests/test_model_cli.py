@@ -148,13 +148,61 @@ def test_resuming_with_another_model_is_refused(server, tmp_path, capsys):
     assert "use another --run-id" in capsys.readouterr().err
 
 
-def test_a_run_the_endpoint_never_answered_says_so_and_exits_1(tmp_path, capsys):
-    rc = main(["run", "--model", "m", "--base-url", "http://127.0.0.1:9/v1", "-n", "2", "--retries", "0",
-               "--run-id", "down", "--runs-dir", str(tmp_path)])
+def closed_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nothing listens once the socket is closed
+
+
+def test_a_closed_port_fails_fast_with_the_cause_and_no_scoreboard(tmp_path):
+    """A fresh process, as a user runs it: exit 1 within 10 s, the cause on stderr, nothing on stdout."""
+    import subprocess
+    import sys
+    import time
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "gate_pipeline.cli.main", "run", "--model", "m", "--base-url",
+                          f"http://127.0.0.1:{closed_port()}/v1", "--run-id", "down", "--runs-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert time.monotonic() - started < 10
+    assert out.returncode == 1 and out.stdout == ""
+    [line] = out.stderr.splitlines()
+    assert line.startswith("gate: error: cannot reach http://127.0.0.1:") and "ConnectionRefusedError" in line
+
+
+def test_a_base_url_without_v1_fails_fast_naming_the_fix(server, tmp_path, capsys):
+    root = server.url.removesuffix("/v1")
+    assert main(["run", "--model", "careful", "--base-url", root, "--run-id", "root", "--runs-dir",
+                 str(tmp_path)]) == 1
     captured = capsys.readouterr()
-    assert rc == 1 and "ended: reported 0, max_turns 0, timeout 0, api_error 2" in captured.out
-    assert "2 of 2 rollouts ended on an API error or timeout" in captured.err
-    assert "--run-id down retries only those" in captured.err
+    assert captured.out == ""
+    assert f"{root}/chat/completions answered HTTP 404" in captured.err
+    assert "check --base-url (an API root, usually ending in /v1)" in captured.err
+
+
+def test_an_endpoint_that_fails_mid_run_stops_the_run_and_resumes(server, tmp_path, capsys):
+    server.faults[:] = [500] * 40  # the server breaks after the preflight
+    try:
+        assert gate_run(server, tmp_path, "--retries", "0", "-c", "1", "--run-id", "broke") == 1
+    finally:
+        server.faults.clear()
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "stopped after 8 rollouts in a row ended on an API error (the last: " in captured.err
+    assert "HTTP 500" in captured.err and "the same run id resumes the rest" in captured.err
+    assert gate_run(server, tmp_path, "--json", "--run-id", "broke") == 0  # the server is back
+    assert json.loads(capsys.readouterr().out)["summary"]["agents"]["careful"]["reward"] == 1.0
+
+
+def test_rollouts_that_never_reached_the_model_are_left_out_of_the_tables(server, tmp_path, capsys):
+    server.faults[:] = [500, 500]  # the first two rollouts' only requests fail, then the server answers
+    try:
+        assert gate_run(server, tmp_path, "--retries", "0", "-c", "1", "-n", "4", "--json", "--run-id", "f") == 0
+    finally:
+        server.faults.clear()
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["summary"]["cases"] == 2
+    assert "2 of 4 rollouts ended on an API error or timeout and are left out of the tables" in captured.err
 
 
 def test_verify_holds_after_a_run_and_a_resume_never_trusts_the_transcripts(server, tmp_path, home, capsys):

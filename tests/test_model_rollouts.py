@@ -12,7 +12,7 @@ from gate_pipeline.engine import Session
 from gate_pipeline.ledger import chain_intact
 from gate_pipeline.model_agent.agent import ModelSettings
 from gate_pipeline.model_agent.passk import pass_rates, pass_table
-from gate_pipeline.model_agent.rollouts import RunError, read_transcripts, run_rollouts
+from gate_pipeline.model_agent.rollouts import EndpointError, RunError, read_transcripts, run_rollouts
 from gate_pipeline.records import Grade
 from gate_pipeline.settings import Settings
 from gate_pipeline.store import ENDED, RunStore, StoreSink
@@ -229,9 +229,8 @@ def test_the_benchmarks_asyncio_server_plays_the_same_policies(eval_cases, tmp_p
         assert [t["turns"] for t in transcripts(tmp_path / "a").values()] == [4] * 8
         bad = run(eval_cases[:1], ModelSettings(model="garbage", base_url=url), 1, 1, tmp_path / "g", store)
         assert bad["records"][0]["end_reason"] == "api_error"
-        lost = run(eval_cases[:1], ModelSettings(model="careful", base_url=url + "/nowhere"), 1, 1,
-                   tmp_path / "n", store)
-        assert "HTTP 404" in lost["records"][0]["error"]
+        with pytest.raises(EndpointError, match="nowhere/chat/completions answered HTTP 404"):
+            run(eval_cases[:1], ModelSettings(model="careful", base_url=url + "/nowhere"), 1, 1, tmp_path / "n", store)
     finally:
         proc.terminate()
         proc.wait()

@@ -11,9 +11,66 @@ from .errors import UsageError
 from .progress import progress_bar
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Epilogs (examples) kept as written; every option's default shown unless its help states it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if (default is not None and not isinstance(default, bool) and default is not argparse.SUPPRESS
+                and action.option_strings and "default" not in text):
+            text += f" (default: {default})"
+        return text
+
+
 class Parser(argparse.ArgumentParser):
+    """One-line errors; remembers its options and commands, so an unknown option can list the accepted ones."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        kwargs.setdefault("allow_abbrev", False)  # an option is spelt out: --agent is not --agents
+        self.arguments: list[argparse.Action] = []  # as added, --help and --version included
+        self.commands = None  # the add_subparsers action, if any
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args, **kwargs):
+        action = super().add_argument(*args, **kwargs)
+        self.arguments.append(action)
+        return action
+
+    @property
+    def options(self) -> list[str]:
+        """The long options a user can give (not --help)."""
+        return [o for a in self.arguments for o in a.option_strings if o.startswith("--") and o != "--help"]
+
+    def add_subparsers(self, **kwargs):
+        self.commands = super().add_subparsers(**kwargs)
+        return self.commands
+
+    def reached(self, names: list[str]) -> "Parser":
+        """The (sub)parser that `prog NAME...` reaches."""
+        parser = self
+        for name in names:
+            if parser.commands is None or name not in parser.commands.choices:
+                break
+            parser = parser.commands.choices[name]
+        return parser
+
     def error(self, message):  # one line, exit 2
         raise UsageError(message)
+
+
+def agents_epilog(examples: list[str]) -> str:
+    """The agent names a command takes, and examples: the end of its --help."""
+    from ..agents.registry import agent_names
+    lines = ["agents: " + ", ".join(agent_names()),
+             "  or careful@<variant> (a contract-schema variant), module:Class (your own agent, importable),",
+             "  or a name an installed package registers in the gate.agents entry-point group", "", "examples:"]
+    return "\n".join(lines + [f"  {e}" for e in examples])
+
+
+CASES_HELP = "case file, JSON lines (default: the classic eval split shipped with gate)"
+WORKERS_HELP = "processes to play in (default: one per CPU from 64 episodes on, else 1)"
 
 
 def agent_list(text: str | None, default: list[str]) -> list[str]:
@@ -33,9 +90,28 @@ def resolve_agents(names: list[str], settings: Settings, options: dict | None = 
     return [resolve_agent(name, options.get(name), contracts=settings.contracts_dir) for name in names]
 
 
+def cli_settings() -> Settings:
+    """The settings from the environment, every directory it names checked (one-line errors)."""
+    settings = Settings.from_env()
+    problems = settings.problems()
+    if problems:
+        raise UsageError(problems[0])
+    return settings
+
+
 def cases_arg(a, settings: Settings) -> Path:
-    """The --cases file, or the shipped eval split."""
-    return Path(a.cases) if a.cases else settings.cases_file("eval")
+    """The --cases file, or the eval split of the case library (GATE_CASES_DIR, else the shipped one)."""
+    if not a.cases:
+        path = settings.cases_file("eval")
+        if not path.is_file():
+            raise UsageError(f"no eval case file: looked for {path} (GATE_CASES_DIR={settings.cases_dir}); "
+                             f"pass --cases FILE")
+        return path
+    path = Path(a.cases)
+    if not path.exists():
+        where = "" if path.is_absolute() else f" (looked for {path.resolve()}, from {Path.cwd()})"
+        raise UsageError(f"--cases {a.cases}: no such case file{where}")
+    return path
 
 
 def workers_for(requested: int | None, episodes: int) -> int:
@@ -50,9 +126,10 @@ def workers_for(requested: int | None, episodes: int) -> int:
         return os.cpu_count() or 1
 
 
-def play_with_progress(cases: list[dict], specs: list, reward: str = "terminal", workers: int | None = None) -> dict:
+def play_with_progress(cases: list[dict], specs: list, reward: str = "terminal", workers: int | None = None,
+                       show: bool = True) -> dict:
     from ..engine import play_cases
-    with progress_bar(len(cases), "cases") as advance:
+    with progress_bar(len(cases), "cases", enabled=show) as advance:
         return play_cases(cases, specs, reward=reward, progress=advance,
                           workers=workers_for(workers, len(cases) * len(specs)))
 

@@ -47,7 +47,7 @@ def _table(summary: dict, where: str, n: int, seed: int, mode: str) -> str:
 
 
 def dense_report(args, cases: list[dict], specs: list, path: Path) -> int:
-    results = play_with_progress(cases, specs, reward=args.reward, workers=args.workers)
+    results = play_with_progress(cases, specs, reward=args.reward, workers=args.workers, show=not args.json)
     summary = {}
     for name, rs in results.items():
         split = [parts(r) for r in rs]

@@ -8,9 +8,16 @@ import json
 
 from ..cases import read_cases, split_of
 from ..settings import Settings
+from .common import (
+    CASES_HELP,
+    WORKERS_HELP,
+    cases_arg,
+    cli_settings,
+    workers_arg,
+    workers_for,
+)
 from .errors import UsageError
 from .html_output import html_target, save_html
-from .common import cases_arg, workers_arg, workers_for
 from .progress import progress_bar
 
 
@@ -35,35 +42,37 @@ def cmd_experiment(a) -> int:
     from ..experiments import experiment_tables, run_experiment
     from ..variants import load_variants
     target = html_target(a.html)
-    settings = Settings.from_env()
+    settings = cli_settings()
     path = cases_arg(a, settings)
     cases = read_cases(path)
     variants = load_variants(_variant_names(a.variants, settings), settings.contracts_dir)  # all checked first
     if not variants:
         raise UsageError(f"no variant files in {settings.contracts_dir / 'variants'}")
-    with progress_bar(len(cases), "cases") as advance:
+    with progress_bar(len(cases), "cases", enabled=not a.json) as advance:
         summary, grades = run_experiment(cases, variants, progress=advance, contracts=settings.contracts_dir,
                                          workers=workers_for(a.workers, len(cases) * len(variants)))
     text = experiment_tables(summary, split=split_of(path))
+    save_html(target, grades, title="gate experiment: contract-schema variants",
+              subtitle=f"careful under {len(summary['variants'])} variants of its pandera schema, "
+                       f"{summary['cases']} cases ({path})",
+              tables=[("Variants", text)])  # first: a closed stdout must not lose the page
     if a.json:
         print(json.dumps({"experiment": summary,
                           "agents": {name: [g.as_dict() for g in gs] for name, gs in grades.items()}}))
     else:
         print(text)
-    if target is not None:
-        save_html(target, grades, title="gate experiment: contract-schema variants",
-                  subtitle=f"careful under {len(summary['variants'])} variants of its pandera schema, "
-                           f"{summary['cases']} cases ({path})",
-                  tables=[("Variants", text)])
     return 0
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("experiment", help="run careful under contract-schema variants (contracts/variants/)")
-    p.add_argument("--cases", default=None, help="case file (default: the classic eval split)")
-    p.add_argument("--variants", default=None, help="comma-separated variant names (default: every variant file)")
-    p.add_argument("--json", action="store_true")
+    p = subparsers.add_parser("experiment", help="run careful under contract-schema variants (contracts/variants/)",
+                              description="careful, with its pandera schema built from each variant of the "
+                                          "contract, on every case; what each rule is worth.",
+                              epilog="examples:\n  gate experiment\n  gate experiment --variants full,no-orders.amount.out_of_range --json")
+    p.add_argument("--cases", default=None, help=CASES_HELP)
+    p.add_argument("--variants", default=None, help="comma-separated variant names (default: every variant file "
+                                                    "in $GATE_CONTRACTS/variants)")
+    p.add_argument("--json", action="store_true", help="print the figures and every grade as JSON")
     p.add_argument("--html", default=None, metavar="FILE", help="also write a self-contained HTML report")
-    p.add_argument("--workers", type=workers_arg, default=None,
-                   help="processes to play in (default: one per CPU from 64 episodes on, else 1)")
+    p.add_argument("--workers", type=workers_arg, default=None, help=WORKERS_HELP)
     p.set_defaults(fn=cmd_experiment)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -15,9 +16,20 @@ from ..actions import TrajectoryError
 from ..agents import ATTACKERS, AgentOptionError, UnknownAgent
 from ..cases import CaseError, read_cases, split_of
 from ..contract import ContractError
-from ..settings import Settings
-from .common import (Parser, agent_list, cases_arg, grades_json, grades_of, play_with_progress, resolve_agents,
-                     workers_arg)
+from .common import (
+    CASES_HELP,
+    WORKERS_HELP,
+    Parser,
+    agent_list,
+    agents_epilog,
+    cases_arg,
+    cli_settings,
+    grades_json,
+    grades_of,
+    play_with_progress,
+    resolve_agents,
+    workers_arg,
+)
 from .errors import UsageError
 
 # Subcommands that live in their own modules: each has register(subparsers).
@@ -30,7 +42,7 @@ ATTACK_AGENTS = ["careful", *ATTACKERS, "profile-only"]
 
 def cmd_cases_generate(a) -> int:
     from ..generator import generate_suite
-    settings = Settings.from_env()
+    settings = cli_settings()
     try:
         paths = generate_suite(a.suite, a.out, settings.contracts_dir)
     except ValueError as exc:
@@ -47,7 +59,7 @@ def cmd_report(a) -> int:
     if a.html and a.reward != "terminal":
         raise UsageError(f"--html draws the terminal-reward report; drop --reward {a.reward}")
     target = html_target(a.html)
-    settings = Settings.from_env()
+    settings = cli_settings()
     path = cases_arg(a, settings)
     cases = read_cases(path)
     if a.reward != "terminal":
@@ -55,21 +67,20 @@ def cmd_report(a) -> int:
         specs = resolve_agents(agent_list(a.agents, list(DENSE_AGENTS)), settings, {"random": {"seed": a.seed}})
         return dense_report(a, cases, specs, path)
     specs = resolve_agents(agent_list(a.agents, REPORT_AGENTS), settings)
-    grades = grades_of(play_with_progress(cases, specs, workers=a.workers))
+    grades = grades_of(play_with_progress(cases, specs, workers=a.workers, show=not a.json))
     from ..tables import baseline_tables
     tables = baseline_tables(cases, grades, split=split_of(path)) if target is not None or not a.json else ""
+    save_html(target, grades, title="gate report", subtitle=f"{len(cases)} cases ({path})",
+              tables=[("Tables", tables)])  # first: a closed stdout must not lose the page
     print(grades_json(grades) if a.json else tables)
-    if target is not None:
-        save_html(target, grades, title="gate report", subtitle=f"{len(cases)} cases ({path})",
-                  tables=[("Tables", tables)])
     return 0
 
 
 def cmd_attacks(a) -> int:
-    settings = Settings.from_env()
+    settings = cli_settings()
     cases = read_cases(cases_arg(a, settings))
     grades = grades_of(play_with_progress(cases, resolve_agents(agent_list(a.agents, ATTACK_AGENTS), settings),
-                                          workers=a.workers))
+                                          workers=a.workers, show=not a.json))
     if a.json:
         print(grades_json(grades))
     else:
@@ -82,7 +93,7 @@ def cmd_replay(a) -> int:
     from ..actions import parse_trajectories
     from ..engine import replay
     from ..world import PreparedCase
-    settings = Settings.from_env()
+    settings = cli_settings()
     path = cases_arg(a, settings)
     cases = {c["case_id"]: c for c in read_cases(path)}
     try:
@@ -113,42 +124,55 @@ def cmd_replay(a) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="gate", description="gate: does a tool-using agent stop a bad batch before it becomes a wrong number?")
-    sub = p.add_subparsers(dest="command", parser_class=Parser)
-    sub.required = True
+    from .. import __version__
+    p = Parser(prog="gate", description="gate: does a tool-using agent stop a bad batch before it becomes a "
+                                        "wrong number?", epilog="run `gate COMMAND --help` for a command's options")
+    p.add_argument("--version", action="version", version=f"gate {__version__}")
+    sub = p.add_subparsers(dest="command", parser_class=Parser, title="commands", metavar="COMMAND")
 
-    cases = sub.add_parser("cases", help="case files")
-    csub = cases.add_subparsers(dest="cases_command", parser_class=Parser)
-    csub.required = True
-    gen = csub.add_parser("generate", help="write a suite's case files")
-    gen.add_argument("--suite", default="classic")
-    gen.add_argument("--out", default="cases/classic")
+    cases = sub.add_parser("cases", help="write a suite's case files", description="Case files.")
+    csub = cases.add_subparsers(dest="cases_command", parser_class=Parser, title="commands", metavar="COMMAND")
+    gen = csub.add_parser("generate", help="write a suite's case files (byte-identical on every run)",
+                          epilog="example:\n  gate cases generate --suite classic --out /tmp/cases")
+    gen.add_argument("--suite", default="classic", help="the suite to generate")
+    gen.add_argument("--out", default="cases/classic", help="folder to write eval_curated.jsonl and "
+                                                             "train_procedural.jsonl into")
     gen.set_defaults(fn=cmd_cases_generate)
 
-    rep = sub.add_parser("report", help="grade agents on a case file and print the tables")
-    rep.add_argument("--cases", default=None, help="case file (default: the classic eval split)")
-    rep.add_argument("--agents", default=None, help="comma-separated agent names (default: naive,careful,refuse-all)")
-    rep.add_argument("--json", action="store_true")
+    rep = sub.add_parser("report", help="grade agents on a case file and print the tables",
+                         description="Play every case with every agent and print the report tables.",
+                         epilog=agents_epilog(["gate report", "gate report --agents naive,careful --json",
+                                               "gate report --cases cases/classic/train_procedural.jsonl",
+                                               "PYTHONPATH=examples gate report --agents my_agent:AmountCheck"]))
+    rep.add_argument("--cases", default=None, help=CASES_HELP)
+    rep.add_argument("--agents", default=None, help="comma-separated agent names (default: naive,careful,refuse-all;"
+                                                    " with --reward dense or potential: careful-sql,careful,naive,"
+                                                    "random)")
+    rep.add_argument("--json", action="store_true", help="print every grade as JSON instead of the tables")
     rep.add_argument("--reward", choices=REWARD_CHOICES, default="terminal",
                      help="terminal: the rubric; dense, potential: shaped step rewards too (default: terminal)")
     rep.add_argument("--seed", type=int, default=0, help="seed of the random policy (dense report)")
     rep.add_argument("--html", default=None, metavar="FILE", help="also write a self-contained HTML report")
-    rep.add_argument("--workers", type=workers_arg, default=None,
-                     help="processes to play in (default: one per CPU from 64 episodes on, else 1)")
+    rep.add_argument("--workers", type=workers_arg, default=None, help=WORKERS_HELP)
     rep.set_defaults(fn=cmd_report)
 
-    att = sub.add_parser("attacks", help="run the attackers against the grader")
-    att.add_argument("--cases", default=None, help="case file (default: the classic eval split)")
-    att.add_argument("--agents", default=None)
-    att.add_argument("--json", action="store_true")
-    att.add_argument("--workers", type=workers_arg, default=None,
-                     help="processes to play in (default: one per CPU from 64 episodes on, else 1)")
+    att = sub.add_parser("attacks", help="run the attackers against the grader",
+                         description="Agents that try to score without doing the job, next to careful.",
+                         epilog=agents_epilog(["gate attacks", "gate attacks --agents careful,report-liar --json"]))
+    att.add_argument("--cases", default=None, help=CASES_HELP)
+    att.add_argument("--agents", default=None, help="comma-separated agent names (default: careful, every "
+                                                    "attacker, profile-only)")
+    att.add_argument("--json", action="store_true", help="print every grade as JSON instead of the table")
+    att.add_argument("--workers", type=workers_arg, default=None, help=WORKERS_HELP)
     att.set_defaults(fn=cmd_attacks)
 
-    rp = sub.add_parser("replay", help="apply recorded tool calls to fresh episodes")
-    rp.add_argument("--cases", default=None, help="case file (default: the classic eval split)")
-    rp.add_argument("--trajectories", required=True)
-    rp.add_argument("--json", action="store_true")
+    rp = sub.add_parser("replay", help="apply recorded tool calls to fresh episodes",
+                        description="Replay trajectories (JSON lines: {\"case_id\": ..., \"actions\": [{\"tool\": ...,"
+                                    " \"args\": {...}}, ...]}; docs/task.md) and grade them.",
+                        epilog="example:\n  gate replay --trajectories my_trajectories.jsonl --reward dense --json")
+    rp.add_argument("--cases", default=None, help=CASES_HELP)
+    rp.add_argument("--trajectories", required=True, metavar="FILE", help="the trajectories file (JSON lines)")
+    rp.add_argument("--json", action="store_true", help="print each episode's results, ledger and grade as JSON")
     rp.add_argument("--reward", choices=REWARD_CHOICES, default="terminal",
                     help="add each call's reward under this mode and their sum (default: terminal)")
     rp.set_defaults(fn=cmd_replay)
@@ -161,7 +185,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+        reached = parser.reached([n for n in (getattr(args, "command", None), getattr(args, "cases_command", None))
+                                  if n])
+        if extra:
+            raise UsageError(f"unrecognized arguments: {' '.join(extra)}; {reached.prog} takes "
+                             f"{', '.join(reached.options) or 'no options'}")
+        if not hasattr(args, "fn"):  # `gate` or `gate cases` alone: what there is to run
+            reached.print_help()
+            return 0
         return args.fn(args)
     except (UsageError, CaseError, ContractError, UnknownAgent, AgentOptionError, TrajectoryError) as exc:
         print(f"gate: error: {exc}", file=sys.stderr)
@@ -169,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("gate: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
+    except BrokenPipeError:  # the reader stopped reading (`gate report | head`): not an error
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's last flush does not complain
         return 0
 
 

@@ -8,9 +8,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..settings import Settings
-from .common import agent_list, cases_arg, resolve_agents
+from .common import (
+    CASES_HELP,
+    agent_list,
+    agents_epilog,
+    cases_arg,
+    cli_settings,
+    resolve_agents,
+)
 from .errors import UsageError
+from .progress import polled_progress
 
 DEFAULT_AGENTS = ["naive", "careful", "refuse-all"]
 
@@ -35,20 +42,28 @@ def _root_message(error) -> str:
     return lines[0] if lines else "the nightly run failed"
 
 
+def _interrupted(error) -> bool:
+    while error is not None:
+        if error.cls_name in ("DagsterExecutionInterruptedError", "KeyboardInterrupt"):
+            return True
+        error = error.cause
+    return False
+
+
 def cmd_nightly(a) -> int:
     from ..cases import read_cases
     from ..records import Grade
     from .html_output import html_target, save_html
     target = html_target(a.html)
-    settings = Settings.from_env()
+    settings = cli_settings()
     agents = agent_list(a.agents, DEFAULT_AGENTS)
     options = _options(a.agent_options) or {}
     resolve_agents(agents, settings, options)  # an unknown agent is one line, before Dagster starts
     cases_file = str(cases_arg(a, settings))
-    read_cases(cases_file)  # so is a bad case file
-    from ..store import RunStore, StoreError
+    episodes = len(read_cases(cases_file)) * len(agents)  # a bad case file is one line too
+    from ..store import ENDED, RunStore, StoreError
     try:
-        RunStore(settings).dispose()
+        store = RunStore(settings)
     except StoreError as exc:
         raise UsageError(str(exc))
     if a.chunk_size is not None and a.chunk_size < 1:
@@ -61,14 +76,24 @@ def cmd_nightly(a) -> int:
 
     config = {**nightly_run_config(cases_file, agents, options or None, a.chunk_size),
               "loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
-    with dg.DagsterInstance.ephemeral() as instance:
-        result = defs.resolve_job_def("nightly_benchmark").execute_in_process(
-            run_config=config, instance=instance, raise_on_error=False, tags={"gate/trigger": "cli", **nightly_tags(cases_file, agents)})
-        if not result.success:
-            failures = [_root_message(e.event_specific_data.error)
-                        for e in result.all_events if e.is_step_failure and e.event_specific_data.error]
-            raise UsageError(failures[0] if failures else "the nightly run failed")
-        board = result.output_for_node("scoreboard")
+    ended_before = store.count_episodes(ENDED)
+    try:
+        with dg.DagsterInstance.ephemeral() as instance, polled_progress(
+                episodes, "episodes", lambda: store.count_episodes(ENDED) - ended_before, enabled=not a.json):
+            result = defs.resolve_job_def("nightly_benchmark").execute_in_process(
+                run_config=config, instance=instance, raise_on_error=False,
+                tags={"gate/trigger": "cli", **nightly_tags(cases_file, agents)})
+    finally:
+        store.dispose()
+    if not result.success:
+        errors = [e.event_specific_data.error for e in result.all_events
+                  if (e.is_step_failure or e.is_run_failure) and getattr(e.event_specific_data, "error", None)]
+        if any(_interrupted(error) for error in errors):
+            raise KeyboardInterrupt  # Ctrl-C: `gate: interrupted`, exit 130, as every command
+        failures = [_root_message(e.event_specific_data.error)
+                    for e in result.all_events if e.is_step_failure and e.event_specific_data.error]
+        raise UsageError(failures[0] if failures else "the nightly run failed")
+    board = result.output_for_node("scoreboard")
     grades = {agent: [Grade.from_dict(g) for g in gs] for agent, gs in board["grades"].items()}
     save_html(target, grades, title="gate nightly scoreboard",
               subtitle=f"{Path(cases_file).name}: {', '.join(grades)}", tables=[("Tables", board["tables"])])
@@ -88,11 +113,18 @@ def cmd_nightly(a) -> int:
 
 
 def register(subparsers) -> None:
-    n = subparsers.add_parser("nightly", help="run the nightly benchmark job in process and print the scoreboard")
-    n.add_argument("--cases", default=None, help="case file (default: the classic eval split)")
+    n = subparsers.add_parser(
+        "nightly", help="run the nightly benchmark job in process and print the scoreboard",
+        description="The nightly_benchmark Dagster job, in process on an ephemeral instance; the night joins the "
+                    "history in the run store under GATE_HOME.",
+        epilog=agents_epilog(["gate nightly", "gate nightly --agents careful,careful@no-orders.amount.out_of_range --json",
+                              "gate nightly --agents careful --agent-options "
+                              "'{\"careful\": {\"without\": [\"orders.amount.out_of_range\"]}}'"]))
+    n.add_argument("--cases", default=None, help=CASES_HELP)
     n.add_argument("--agents", default=None, help="comma-separated agent names (default: naive,careful,refuse-all)")
-    n.add_argument("--agent-options", default=None, help='JSON {agent: {option: value}}')
-    n.add_argument("--chunk-size", type=int, default=None, help="cases per step (default 8)")
+    n.add_argument("--agent-options", default=None, metavar="JSON",
+                   help='options for agents\' constructors, {"agent": {"option": value}} (default: none)')
+    n.add_argument("--chunk-size", type=int, default=None, help="cases per Dagster step (default: 8)")
     n.add_argument("--json", action="store_true", help="print the scoreboard's figures as JSON")
     n.add_argument("--html", default=None, metavar="FILE", help="also write the scoreboard as a self-contained HTML page")
     n.set_defaults(fn=cmd_nightly)

@@ -15,11 +15,11 @@ from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..settings import Settings
+from .common import CASES_HELP, cases_arg, cli_settings
 from .errors import UsageError
-from .common import cases_arg
 
 DEFAULT_KEY_ENV = "OPENAI_API_KEY"
+SERVER_FAULTS = ("api_error", "timeout")  # the server's failure, not the model's: no credit, redone on resume
 
 
 def _positive(text: str, flag: str, kind=int):
@@ -39,7 +39,13 @@ def _rollout_bar(total: int):
         yield lambda record: None
         return
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
     rewards = []
     with Progress(TextColumn("rollouts"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[mean]}"),
                   TimeRemainingColumn(), console=Console(stderr=True), transient=True) as prog:
@@ -88,7 +94,14 @@ def _summary_lines(records: list[dict], new: int, kept: int, path: Path) -> list
 def cmd_run(a) -> int:
     from ..cases import read_cases, split_of
     from ..model_agent.passk import pass_rates, pass_table
-    from ..model_agent.rollouts import TRANSCRIPTS, RunError, check_run_id, default_run_id, run_rollouts
+    from ..model_agent.rollouts import (
+        TRANSCRIPTS,
+        EndpointError,
+        RunError,
+        check_run_id,
+        default_run_id,
+        run_rollouts,
+    )
     from ..store import RunStore, StoreError
     from ..tables import baseline_tables, summary
     from .html_output import html_target, save_html
@@ -96,7 +109,7 @@ def cmd_run(a) -> int:
     target = html_target(a.html)
     rollouts = _positive(a.rollouts, "-r")
     concurrency = _positive(a.concurrency, "-c")
-    gate_settings = Settings.from_env()
+    gate_settings = cli_settings()
     path = cases_arg(a, gate_settings)
     cases = read_cases(path)
     if a.n is not None:
@@ -120,55 +133,67 @@ def cmd_run(a) -> int:
             out = asyncio.run(run_rollouts(cases, settings, rollouts, concurrency, run_dir, store, on_done=advance))
     except RunError as exc:
         raise UsageError(str(exc))
+    except EndpointError as exc:  # the endpoint, not the request, is wrong: nothing to tabulate
+        print(f"gate: error: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         raise UsageError(f"{run_dir}: {exc.strerror or exc}")
     finally:
         store.dispose()
     records = out["records"]
-    faults = sum(1 for r in records if r["end_reason"] in ("api_error", "timeout"))
+    faults = sum(1 for r in records if r["end_reason"] in SERVER_FAULTS)
     if faults:
-        print(f"gate: {faults} of {len(records)} rollouts ended on an API error or timeout (no credit); "
-              f"the same --run-id {run_id} retries only those", file=sys.stderr)
-    # the report tables take one grade per case: every rollout is an episode of its case
-    by_key = {(r["case_id"], r["rollout"]): r for r in records}
+        print(f"gate: {faults} of {len(records)} rollouts ended on an API error or timeout and are left out of "
+              f"the tables; the same --run-id {run_id} retries only those", file=sys.stderr)
+    if faults == len(records):
+        print("gate: error: no rollout reached the model: nothing to tabulate", file=sys.stderr)
+        return 1
+    # the report tables take one grade per case: every rollout that reached the model is an episode of its case
+    by_key = {(r["case_id"], r["rollout"]): r for r in records if r["end_reason"] not in SERVER_FAULTS}
     played = [(c, by_key[(c["case_id"], i)]) for i in range(rollouts) for c in cases if (c["case_id"], i) in by_key]
     grades = {settings.model: [r["grade"] for _, r in played]}  # the model's name, as on every surface
+    split = split_of(path)
+    tables = baseline_tables([c for c, _ in played], grades,
+                             split=split if rollouts == 1 else f"{split} x {rollouts} rollouts")
+    save_html(target, grades, title=f"gate run {run_id}", subtitle=f"{settings.model} on {len(cases)} cases "
+              f"({path}), {rollouts} rollout(s) each", tables=[("Tables", tables)],
+              pass_k={settings.model: pass_rates(records, rollouts)})  # first: whatever happens to stdout
     if a.json:
         print(json.dumps({"run_id": run_id, "summary": summary([c for c, _ in played], grades),
                           "pass": pass_rates(records, rollouts),
                           "transcripts": str(run_dir / TRANSCRIPTS)}))
-        return 1 if faults == len(records) else 0
-    split = split_of(path)
+        return 0
     print("\n".join(_summary_lines(records, out["new"], out["kept"], run_dir / TRANSCRIPTS)))
     print()
-    tables = baseline_tables([c for c, _ in played], grades,
-                             split=split if rollouts == 1 else f"{split} x {rollouts} rollouts")
     print(tables)
     print()
     print(pass_table(records, rollouts))
-    save_html(target, grades, title=f"gate run {run_id}", subtitle=f"{settings.model} on {len(cases)} cases "
-              f"({path}), {rollouts} rollout(s) each", tables=[("Tables", tables)],
-              pass_k={settings.model: pass_rates(records, rollouts)})
-    return 1 if faults == len(records) else 0  # nothing was measured: the endpoint never answered
+    return 0
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("run", help="run a model (OpenAI-compatible endpoint) on the cases")
+    p = subparsers.add_parser(
+        "run", help="run a model (OpenAI-compatible endpoint) on the cases",
+        description="A model plays the cases through an OpenAI-compatible chat-completions endpoint; transcripts "
+                    "go to RUNS_DIR/RUN_ID/transcripts.jsonl and the same --run-id resumes a run.",
+        epilog="examples:\n  gate run --model Qwen/Qwen2.5-7B-Instruct --base-url http://127.0.0.1:8000/v1 -r 3 -c 32\n"
+               "  gate run --model gpt-4o-mini --base-url https://api.openai.com/v1 -n 8 --json")
     p.add_argument("--model", required=True, help="model name as the server knows it")
-    p.add_argument("--base-url", required=True, help="e.g. https://api.openai.com/v1 or http://127.0.0.1:8000/v1")
-    p.add_argument("--cases", default=None, help="case file (default: the classic eval split)")
-    p.add_argument("-n", default=None, help="only the first N cases")
+    p.add_argument("--base-url", required=True, help="the API root, e.g. https://api.openai.com/v1 or "
+                                                     "http://127.0.0.1:8000/v1")
+    p.add_argument("--cases", default=None, help=CASES_HELP)
+    p.add_argument("-n", default=None, help="only the first N cases (default: all)")
     p.add_argument("-r", "--rollouts", default="1", help="rollouts per case (pass^k uses k = this)")
     p.add_argument("-c", "--concurrency", default="8", help="rollouts in flight at once")
     p.add_argument("--run-id", default=None, help="runs/<run-id>/; the same id resumes (default: time-model)")
-    p.add_argument("--runs-dir", default="runs")
+    p.add_argument("--runs-dir", default="runs", help="where run directories go, from the working directory")
     p.add_argument("--api-key-env", default=None, help=f"variable holding the key (default {DEFAULT_KEY_ENV}; "
                                                         "unset is fine for local servers)")
-    p.add_argument("--max-turns", default="30")
+    p.add_argument("--max-turns", default="30", help="model turns per episode")
     p.add_argument("--timeout", default="60", help="seconds per request")
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature")
     p.add_argument("--retries", type=int, default=3, help="the client's retries per request on 408/409/429/5xx "
                                                           "and connection errors, with its backoff")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the summary, pass rates and transcript path as JSON")
     p.add_argument("--html", default=None, metavar="FILE", help="also write a self-contained HTML report")
     p.set_defaults(fn=cmd_run)

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from ..settings import Settings
+from .common import cli_settings
 from .errors import UsageError
 
 START_TIMEOUT_S = 300
@@ -58,7 +59,7 @@ def cmd_ui(a) -> int:
     if port_in_use(a.port):
         raise UsageError(f"port {a.port} on 127.0.0.1 is already in use: stop what listens there, "
                          f"or pass --port with a free one")
-    settings = Settings.from_env()
+    settings = cli_settings()
     home = dagster_home(settings)
     try:
         warnings = prepare_instance_dir(home)
@@ -119,7 +120,10 @@ def cmd_ui(a) -> int:
 
 
 def register(subparsers) -> None:
-    u = subparsers.add_parser("ui", help="start the Dagster UI and daemon on 127.0.0.1")
+    u = subparsers.add_parser("ui", help="start the Dagster UI and daemon on 127.0.0.1",
+                              description="dagster dev over gate's code location, on the instance in DAGSTER_HOME "
+                                          "(default: GATE_HOME/dagster); Ctrl-C or SIGTERM stops all of it.",
+                              epilog="examples:\n  gate ui\n  gate ui --port 3001 --no-daemon")
     u.add_argument("--port", type=_port, default=3000, help="port on 127.0.0.1 (default 3000)")
     u.add_argument("--no-daemon", action="store_true", help="webserver only (no sensors, schedules or queued runs)")
     u.set_defaults(fn=cmd_ui)

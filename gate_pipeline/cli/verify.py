@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..settings import Settings
+from .common import cli_settings
 from .errors import UsageError
 
 
@@ -22,7 +22,7 @@ def cmd_verify(a) -> int:
             raise UsageError(f"--run {a.run}: no such run directory")
         run_id = run_dir.name
     try:
-        store = RunStore(Settings.from_env())
+        store = RunStore(cli_settings())
     except StoreError as exc:
         raise UsageError(str(exc))
     try:
@@ -48,7 +48,10 @@ def cmd_verify(a) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("verify", help="grade every stored episode again and check it was not altered")
+    p = subparsers.add_parser("verify", help="grade every stored episode again and check it was not altered",
+                              description="Every stored episode (under GATE_HOME, or GATE_DB_URL) graded again from "
+                                          "its stored ledger and warehouse; one line per failed check; exit 1 if any.",
+                              epilog="examples:\n  gate verify\n  gate verify --run runs/20261130T120000Z-my-model")
     p.add_argument("--run", default=None, metavar="DIR", help="only the episodes of this `gate run` directory "
                                                                "(runs/<run-id>), and its transcripts")
     p.add_argument("--json", action="store_true", help="print the result as JSON")

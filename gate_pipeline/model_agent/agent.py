@@ -149,13 +149,22 @@ def _retried(exc) -> bool:
     return isinstance(exc, openai.APIStatusError) and (status in (408, 409, 429) or (status or 0) >= 500)
 
 
-def _describe(exc) -> str:
+def describe_error(exc) -> str:
     import openai
     if isinstance(exc, openai.APITimeoutError):
         return "request timed out"
     status = getattr(exc, "status_code", None)
     text = " ".join(str(exc).split())[:300]
-    return f"HTTP {status}: {text}" if status else f"{type(exc).__name__}: {text}"
+    if status:
+        return f"HTTP {status}: {text}"
+    if isinstance(exc, openai.APIConnectionError):  # the innermost cause says why: refused, unresolvable...
+        inner, seen = exc, set()
+        while (inner.__cause__ or inner.__context__) is not None and id(inner) not in seen:
+            seen.add(id(inner))
+            inner = inner.__cause__ or inner.__context__
+        if inner is not exc and str(inner):
+            text = f"{text} ({type(inner).__name__}: {' '.join(str(inner).split())[:200]})"
+    return f"{type(exc).__name__}: {text}"
 
 
 def _add_usage(total: dict, usage) -> None:
@@ -261,10 +270,10 @@ class ModelAgent:
                 reply = await self._complete(client, convo)
                 message = _message_of(reply)
             except openai.APITimeoutError as exc:
-                convo.end_reason, convo.error = TIMEOUT, _describe(exc)
+                convo.end_reason, convo.error = TIMEOUT, describe_error(exc)
                 return
             except Exception as exc:  # API errors, and replies too broken to read
-                convo.end_reason, convo.error = API_ERROR, _describe(exc)
+                convo.end_reason, convo.error = API_ERROR, describe_error(exc)
                 return
             _add_usage(convo.usage, reply.get("usage"))
             assistant = _assistant_message(message)

@@ -62,6 +62,37 @@ class RunError(ValueError):
     """A run directory that cannot be used (bad id, corrupt transcript, other settings); one line."""
 
 
+class EndpointError(RuntimeError):
+    """The model endpoint cannot serve the run (unreachable, wrong URL, key refused); one line with the cause."""
+
+
+PREFLIGHT_TIMEOUT_S = 10.0
+ABORT_AFTER = 8  # rollouts in a row ending on an API error: the endpoint is down, stop asking it
+
+
+async def preflight(client, settings: ModelSettings) -> None:
+    """One request before the run, that the server must refuse without generating anything: an empty
+    conversation. A 400 or 422 says the route exists and reads requests; no retries, at most
+    PREFLIGHT_TIMEOUT_S. Raises EndpointError with the cause."""
+    import openai
+
+    from .agent import describe_error
+    url = f"{settings.base_url.rstrip('/')}/chat/completions"
+    probe = client.with_options(max_retries=0, timeout=min(settings.timeout, PREFLIGHT_TIMEOUT_S))
+    try:
+        await probe.chat.completions.create(model=settings.model, messages=[])
+    except openai.APIConnectionError as exc:  # refused, unresolvable, timed out
+        raise EndpointError(f"cannot reach {url}: {describe_error(exc)}") from None
+    except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
+        raise EndpointError(f"{url} refused the API key ({describe_error(exc)}); the key is read from "
+                            f"${settings.api_key_env}") from None
+    except openai.NotFoundError as exc:
+        raise EndpointError(f"{url} answered {describe_error(exc)}: check --base-url (an API root, usually ending "
+                            f"in /v1) and --model") from None
+    except openai.APIStatusError:
+        return  # the server read the request and refused the empty conversation: it is there
+
+
 def rollout_key(case_id: str, index: int) -> str:
     return f"{case_id}#{index}"
 
@@ -255,9 +286,10 @@ async def _run(cases, settings, rollouts, concurrency, run_dir, store, on_done) 
     played: dict[str, EpisodeResult] = {}
     client = make_client(settings)
     spec = model_spec(settings, client)
+    failing: list[str] = []  # the errors of the latest rollouts, while they keep ending on an API error
 
     async def worker(sinks):
-        while True:
+        while len(failing) < ABORT_AFTER:
             try:
                 case, index = queue.get_nowait()
             except asyncio.QueueEmpty:
@@ -267,9 +299,19 @@ async def _run(cases, settings, rollouts, concurrency, run_dir, store, on_done) 
                 prepared[cid] = PreparedCase(case)
             result = await play_async(prepared[cid], spec, sinks=sinks, run_id=run_id, rollout=index)
             played[result.episode_id] = result
+            if result.end_reason == API_ERROR:
+                failing.append(result.error)
+            else:
+                failing.clear()
             if on_done:
                 on_done(result)
 
+    if todo:
+        try:
+            await preflight(client, settings)
+        except BaseException:
+            await client.close()
+            raise
     drop_torn_tail(path)
     # a cut-off rollout, or one not yet written, is played again on resume: episodes are written as
     # they end, STORE_BATCH to a transaction
@@ -289,6 +331,9 @@ async def _run(cases, settings, rollouts, concurrency, run_dir, store, on_done) 
                 keep.flush()
     finally:
         await client.close()
+    if len(failing) >= ABORT_AFTER:
+        raise EndpointError(f"stopped after {len(failing)} rollouts in a row ended on an API error (the last: "
+                            f"{failing[-1]}); {len(played)} played, the same run id resumes the rest")
     counts = {eid: r.agent_log or {} for eid, r in played.items()}
     if kept:  # the counters of rollouts kept from before are in their transcript lines
         counts = {**{r.get("episode_id"): r for r in read_transcripts(path)}, **counts}
