@@ -21,7 +21,7 @@ from .common import (Parser, agent_list, cases_arg, grades_json, grades_of, play
 from .errors import UsageError
 
 # Subcommands that live in their own modules: each has register(subparsers).
-EXTENSIONS: tuple[str, ...] = ("experiment", "nightly", "run", "verify")
+EXTENSIONS: tuple[str, ...] = ("experiment", "nightly", "run", "serve", "verify")
 
 REPORT_AGENTS = ["naive", "careful", "refuse-all"]
 REWARD_CHOICES = ("terminal", "dense", "potential")  # rewards.REWARD_MODES, without importing it here
