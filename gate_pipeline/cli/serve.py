@@ -39,11 +39,15 @@ def cmd_serve(a) -> int:
     # tells Python that gradio is absent before importing openenv-core.
     if "gradio" not in sys.modules:
         sys.modules["gradio"] = None
+    from ..cases import read_cases
+    from ..settings import Settings
+    # a missing or malformed file is a CaseError: one line, in main (read before the server's imports)
+    cases = read_cases(a.cases if a.cases else Settings.from_env().cases_file("train"))
     try:
         from ..integrations.openenv_server import CasePool, ServeError, serve
     except ModuleNotFoundError as exc:
         raise UsageError(f"gate serve needs openenv-core ({exc}); install it with pip install -e '.[serve]'")
-    pool = CasePool.from_file(a.cases)  # a missing or malformed file is a CaseError: one line, in main
+    pool = CasePool(cases)
     where = a.cases or "the train split"
 
     def ready(url: str) -> None:
