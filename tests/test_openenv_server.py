@@ -96,10 +96,26 @@ class WireTools:
         return json.loads(result.observation.result)
 
 
-def actions_of(result) -> list:
-    """The calls an in-process episode made, as actions (careful-sql makes no refused calls)."""
-    assert all(e["executed"] for e in result.ledger)
-    return [{"tool": e["action"], "args": e["args"]} for e in result.ledger]
+class Recording:
+    """What an agent gets in process (`tools(name, **args)` on an engine Session), keeping each call."""
+
+    def __init__(self, session):
+        self.session, self.actions = session, []
+        self.episode_seed = session.episode_seed
+
+    def __call__(self, name, **args):
+        self.actions.append({"tool": name, "args": json.loads(json.dumps(args))})
+        return self.session.call(name, args)
+
+
+def careful_sql(case) -> tuple[list, dict]:
+    """careful-sql's calls on a case, played in process, and the grade `engine.play` gives it."""
+    session = engine.Session(PreparedCase(case), "careful-sql")
+    tools = Recording(session)
+    make_agent("careful-sql").play(tools)
+    grade = session.finish().grade.as_dict()
+    assert grade == engine.play(PreparedCase(case), "careful-sql").grade.as_dict() and grade["reward"] == 1.0
+    return tools.actions, grade
 
 
 # -- the grade over the wire is the engine's grade ------------------------------------------------
@@ -124,8 +140,9 @@ def test_careful_sql_through_the_client_grades_as_in_process(server):
 @pytest.mark.parametrize("mode", ["terminal", "dense", "potential"])
 def test_each_reward_mode_pays_what_the_engine_pays(server, mode):
     case = BY_ID["eval-amount-bounds-0"]
-    actions = actions_of(engine.play(PreparedCase(case), "careful-sql"))
+    actions, grade = careful_sql(case)
     _, episode = engine.replay(PreparedCase(case), actions, reward=mode)
+    assert episode.grade.as_dict() == grade
     with GateEnvClient(base_url=server).sync() as env:
         env.reset(case_id=case["case_id"], reward=mode)
         rewards = [env.step(GateAction(action=json.dumps(a))).reward for a in actions]
@@ -143,16 +160,18 @@ def test_each_reward_mode_pays_what_the_engine_pays(server, mode):
 
 def test_two_concurrent_sessions_on_different_cases_are_isolated(server):
     a_case, b_case = BY_ID["eval-resent-rows-0"], BY_ID["eval-blank-amount-1"]
-    plays = {c["case_id"]: actions_of(engine.play(PreparedCase(c), "careful-sql")) for c in (a_case, b_case)}
+    plays = {c["case_id"]: careful_sql(c) for c in (a_case, b_case)}
 
     async def episode(case_id, started: asyncio.Event, other: asyncio.Event):
         async with GateEnvClient(base_url=server) as env:
             await env.reset(case_id=case_id, reward="potential")
             started.set()
             await other.wait()  # both episodes are open before either steps
-            listing = json.loads((await env.call("list_batches")).observation.result)
-            for action in plays[case_id][1:]:
-                await env.step(action)
+            listing = None
+            for action in plays[case_id][0]:
+                result = await env.step(action)
+                if action["tool"] == "list_batches":
+                    listing = json.loads(result.observation.result)
                 await asyncio.sleep(0)  # interleave the two sessions' steps
             return listing, await env.state()
 
@@ -165,8 +184,9 @@ def test_two_concurrent_sessions_on_different_cases_are_isolated(server):
     assert {b["batch_id"] for b in a_list} == set(PreparedCase(a_case).batches)
     assert {b["batch_id"] for b in b_list} == set(PreparedCase(b_case).batches)
     for case, state in ((a_case, a_state), (b_case, b_state)):
-        _, want = engine.replay(PreparedCase(case), plays[case["case_id"]], reward="potential")
-        assert state.case_id == case["case_id"] and state.grade == want.grade.as_dict()
+        actions, grade = plays[case["case_id"]]
+        _, want = engine.replay(PreparedCase(case), actions, reward="potential")
+        assert state.case_id == case["case_id"] and state.grade == grade == want.grade.as_dict()
         assert state.rewards == want.rewards
 
 
