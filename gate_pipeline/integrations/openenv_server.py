@@ -272,8 +272,10 @@ def serve(pool: CasePool, host: str = "127.0.0.1", port: int = 8000, max_session
     sock = bind(host, port)
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+    # no per-message compression: a step's messages are a few hundred bytes, and deflating them cost
+    # a fifth of the server's time per step in a profile of the load test (benchmarks/bench_serve.py)
     config = uvicorn.Config(app, log_level="warning", access_log=False, ws_max_size=WS_MAX_BYTES,
-                            timeout_graceful_shutdown=5, lifespan="on")
+                            ws_per_message_deflate=False, timeout_graceful_shutdown=5, lifespan="on")
     server = uvicorn.Server(config)
     stopped: list[int] = []
 
