@@ -243,6 +243,37 @@ def test_sessions_beyond_max_sessions_are_refused_and_a_closed_one_frees_its_pla
     assert run(fill()).case_id == CASES[1]["case_id"]
 
 
+def test_a_slow_query_in_one_session_does_not_hold_up_another(server):
+    slow = {"tool": "run_sql", "args": {"query": "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) "
+                                                 "SELECT count(*) FROM c"}}  # stopped by the sandbox's budget
+
+    async def both():
+        async with GateEnvClient(base_url=server) as a, GateEnvClient(base_url=server) as b:
+            await a.reset(case_id=CASES[0]["case_id"])
+            await b.reset(case_id=CASES[1]["case_id"])
+            events = []
+
+            async def cheap():
+                for _ in range(5):
+                    await b.call("list_batches")
+                    events.append("cheap")
+
+            async def expensive():
+                result = await a.step(slow)
+                events.append("slow")
+                return result
+
+            slow_task = asyncio.create_task(expensive())
+            await asyncio.sleep(0.005)  # the slow query is on its way first
+            await cheap()
+            result = await slow_task
+            return events, json.loads(result.observation.result)
+
+    events, slow_result = run(both())
+    assert slow_result == {"error": "interrupted"}
+    assert events == ["cheap"] * 5 + ["slow"], events
+
+
 def test_the_seed_picks_the_case_the_gymnasium_env_picks(server):
     from gate_pipeline.integrations.gymnasium_env import GateEnv
     gym = GateEnv(CASES)

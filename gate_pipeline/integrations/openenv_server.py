@@ -25,11 +25,13 @@ in-memory copy of its case's database, so sessions never see each other.
 """
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import signal
 import socket
 import threading
+from concurrent.futures import Executor, ThreadPoolExecutor
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Callable
@@ -49,6 +51,7 @@ from .openenv_models import GateAction, GateObservation, GateState
 DEFAULT_MAX_TURNS = 64
 MAX_TURNS_LIMIT = 1024
 DEFAULT_MAX_SESSIONS = 64
+STEP_THREADS = 8  # more than the slow queries likely at once, few enough to keep GIL handoffs cheap
 WS_MAX_BYTES = 1 << 20  # one message; a tool call is far smaller (a query is at most 20,000 characters)
 RESET_OPTIONS = ("case_id", "seed", "reward", "max_turns", "episode_id")
 AGENT = "openenv"
@@ -111,14 +114,16 @@ class GateServerEnv(Environment[GateAction, GateObservation, GateState]):
 
     SUPPORTS_CONCURRENT_SESSIONS = True
     # openenv-core gives every session a thread of its own for building, resetting and closing its
-    # environment unless this is set; gate's sessions need no thread affinity (each episode's
-    # SQLite connection may be used from any thread, one at a time), so one shared thread does,
-    # and steps run on the event loop (step_async) without a thread hop.
+    # environment unless this is set (about 30 KiB per session in the load test); gate's sessions
+    # need no thread affinity (each episode's SQLite connection may be used from any thread, one
+    # call at a time), so one shared thread does that, and steps go to the server's step threads.
     REQUIRES_SINGLE_THREAD_EXECUTOR = True
 
-    def __init__(self, pool: CasePool):
+    def __init__(self, pool: CasePool, steps: Executor | None = None):
         super().__init__()
         self.pool = pool
+        self.steps = steps
+        self.busy = threading.Lock()  # held by a step; close() leaves an episode alone while one runs
         self.session: Session | None = None
         self.case_id: str | None = None
         self.reward_mode = "terminal"
@@ -171,7 +176,8 @@ class GateServerEnv(Environment[GateAction, GateObservation, GateState]):
         an error result."""
         if self.session is None:
             return GateObservation(result=_text({"error": NO_EPISODE}), turn=0, done=False, reward=0.0)
-        step = self.session.step(action.action if isinstance(action, GateAction) else action)
+        with self.busy:
+            step = self.session.step(action.action if isinstance(action, GateAction) else action)
         self.parts = step.parts
         self.terminated = self.terminated or step.terminated
         self.truncated = self.truncated or step.truncated
@@ -180,8 +186,12 @@ class GateServerEnv(Environment[GateAction, GateObservation, GateState]):
                                reward=float(step.reward))
 
     async def step_async(self, action: GateAction, timeout_s: float | None = None, **kwargs: Any) -> GateObservation:
-        # a step is a fraction of a millisecond of CPU: run it on the event loop, not through a thread
-        return self.step(action)
+        """The step on one of the server's step threads (inline without them). A step is a fraction
+        of a millisecond, but a query may run up to the sandbox's budget (about 0.1 s of CPU), and
+        SQLite lets go of the GIL while it runs: on a thread, other sessions' steps go on meanwhile."""
+        if self.steps is None:
+            return self.step(action)
+        return await asyncio.get_running_loop().run_in_executor(self.steps, self.step, action)
 
     # -- state, metadata, close -----------------------------------------------------------------
     @property
@@ -205,10 +215,14 @@ class GateServerEnv(Environment[GateAction, GateObservation, GateState]):
                         "quarantine each, submit a report; graded from the warehouse and a hash-chained ledger.")
 
     def close(self) -> None:
-        """End the episode in play, if any (abandoned: graded 0), as the gymnasium env does."""
-        if self.session is not None and not self.session.done:
-            self.session.abandon("the session was reset or closed before the episode ended")
-        self.session = None
+        """End the episode in play, if any (abandoned: graded 0), as the gymnasium env does. (Only a
+        server stopping mid-step closes a session while its step still runs: that episode is dropped.)"""
+        session, self.session = self.session, None
+        if session is not None and not session.done and self.busy.acquire(timeout=5):
+            try:
+                session.abandon("the session was reset or closed before the episode ended")
+            finally:
+                self.busy.release()
 
 
 # -- the app and the server ---------------------------------------------------------------------
@@ -230,11 +244,14 @@ class _ClosedByClient:
             pass
 
 
-def create_gate_app(pool: CasePool, max_sessions: int = DEFAULT_MAX_SESSIONS):
-    """The FastAPI app: openenv-core's routes over `GateServerEnv` sessions on `pool`."""
+def create_gate_app(pool: CasePool, max_sessions: int = DEFAULT_MAX_SESSIONS, step_threads: int = STEP_THREADS):
+    """The FastAPI app: openenv-core's routes over `GateServerEnv` sessions on `pool`, their steps on
+    `step_threads` shared threads (`app.state.gate_steps`; shut it down when the app is done)."""
     from fastapi.responses import JSONResponse
-    app = create_fastapi_app(functools.partial(GateServerEnv, pool), GateAction, GateObservation,
+    steps = ThreadPoolExecutor(step_threads, thread_name_prefix="gate-step")
+    app = create_fastapi_app(functools.partial(GateServerEnv, pool, steps), GateAction, GateObservation,
                              max_concurrent_envs=max_sessions)
+    app.state.gate_steps = steps
     app.add_middleware(_ClosedByClient)
 
     async def refused(request, exc: ResetOptionError):  # a bad reset over HTTP: 422 with the reason, no traceback
@@ -293,6 +310,7 @@ def serve(pool: CasePool, host: str = "127.0.0.1", port: int = 8000, max_session
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         sock.close()
+        app.state.gate_steps.shutdown(wait=False)
     if not stopped and not server.started:
         raise ServeError("the server did not start (uvicorn's log above says why)")
     return signal.Signals(stopped[0]).name if stopped else None
