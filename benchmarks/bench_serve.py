@@ -33,7 +33,8 @@ sys.path.insert(0, str(ROOT))
 from gate_pipeline.cases import read_cases  # noqa: E402
 from gate_pipeline.agents import make_agent  # noqa: E402
 from gate_pipeline.engine import Session, play  # noqa: E402
-from gate_pipeline.integrations.openenv_client import GateEnvClient  # noqa: E402
+from gate_pipeline.integrations.openenv_client import GateAction, GateEnvClient  # noqa: E402
+from gate_pipeline.integrations.openenv_server import CasePool, GateServerEnv  # noqa: E402
 from gate_pipeline.world import PreparedCase  # noqa: E402
 
 OPENENV_RPS_PER_CORE = 932 / 8  # OpenEnv's tutorial/03-scaling.md: local-uvicorn, 8 cores, 932 requests/s
@@ -62,6 +63,35 @@ def record(cases: list[dict]) -> dict[str, tuple[list, dict]]:
         assert grade == play(PreparedCase(case), "careful-sql").grade.as_dict()
         out[case["case_id"]] = (tools.actions, grade)
     return out
+
+
+def in_process(cases: list[dict], plays: dict, rounds: int = 3) -> tuple[float, float]:
+    """Seconds per step of careful-sql's calls in this process: through `GateServerEnv.step` (what the
+    server runs per step, without the server) and through the engine's `Session.step` alone; the
+    fastest of `rounds` rounds each."""
+    pool = CasePool(cases)
+    env = GateServerEnv(pool)
+    steps = sum(len(actions) for actions, _ in plays.values())
+    adapter = engine = float("inf")
+    for _ in range(rounds):
+        t = 0.0
+        for case_id, (actions, _) in plays.items():
+            env.reset(case_id=case_id)
+            start = time.perf_counter()
+            for action in actions:
+                env.step(GateAction(action=action))
+            t += time.perf_counter() - start
+        adapter = min(adapter, t / steps)
+        t = 0.0
+        for case_id, (actions, _) in plays.items():
+            session = Session(pool.prepared(case_id), "bench", stop_at_report=True, max_steps=64)
+            start = time.perf_counter()
+            for action in actions:
+                session.step(action)
+            t += time.perf_counter() - start
+        engine = min(engine, t / steps)
+    env.close()
+    return adapter, engine
 
 
 def proc_status(pid: int) -> dict[str, int]:
@@ -250,10 +280,11 @@ def main() -> int:
                     help="K more sessions sending the slowest query the sandbox allows, all run long (default: 0)")
     a = ap.parse_args()
     counts = [int(x) for x in a.sessions.split(",")]
+    load1, load5, _ = os.getloadavg()  # before this benchmark's own work
     cases = read_cases(a.cases)
     plays = record(cases)
+    adapter, engine = in_process(cases, plays)
     cores = len(os.sched_getaffinity(0))
-    load1, load5, _ = os.getloadavg()
     print(f"gate serve load test: careful-sql's episodes on {len(cases)} cases ({Path(a.cases).name}), "
           f"{a.episodes} episodes per run, terminal reward; server and clients on this machine's {cores} CPUs "
           f"(load average before: {load1:.2f} over 1 min, {load5:.2f} over 5)")
@@ -280,6 +311,8 @@ def main() -> int:
             print(f"    slow-query steps: {len(out['slow'])}, median {1000 * statistics.median(out['slow']):.0f} ms")
     print(f"steps/s and latency: careful-sql's steps only; per CPU = steps/s / {cores} (the clients run on them too); "
           f"OpenEnv's published figure: {OPENENV_RPS_PER_CORE:.1f} requests/s per core (932 on 8 cores)")
+    print(f"in process, per step: GateServerEnv.step {1000 * adapter:.3f} ms, of which the engine's Session.step "
+          f"{1000 * engine:.3f} ms (careful-sql's calls on every case, fastest of 3 rounds)")
     print("every episode's grade equal to the in-process grade" if bad == 0 else f"{bad} problems")
     return 0 if bad == 0 else 1
 
