@@ -137,6 +137,31 @@ def test_careful_sql_through_the_client_grades_as_in_process(server):
             assert [s.observation.turn for s in tools.steps] == list(range(1, len(want.ledger) + 1))
 
 
+WIRE_AGENTS = ("naive", "careful", "refuse-all", "profile-only", "report-liar", "report-only",
+               "load-then-quarantine", "citation-spray", "sql-write", "inspect-theatre", "double-load",
+               "orders-first")
+
+
+def test_agents_that_fail_grade_over_the_wire_as_in_process(server):
+    """careful-sql earns 1.0 on every case, so its equality alone would not show a wrong grade: the
+    baselines and attackers, whose grades differ from 1 and from each other, grade over the wire as
+    `engine.play` grades them (the oracles get the case from the trainer's side, as in process)."""
+    families = {}
+    for case in CASES:
+        families.setdefault(case["case_id"].rsplit("-", 1)[0], case)
+    grades = set()
+    with GateEnvClient(base_url=server).sync() as env:
+        for case in list(families.values())[:4]:
+            for name in WIRE_AGENTS:
+                env.reset(case_id=case["case_id"], max_turns=256)  # citation-spray makes 88 calls
+                agent = make_agent(name)
+                agent.play(WireTools(env), case if getattr(agent, "oracle", False) else None)
+                want = engine.play(PreparedCase(case), name).grade.as_dict()
+                assert env.state().grade == want, (case["case_id"], name)
+                grades.add(want["reward"])
+    assert len(grades) >= 4 and min(grades) < 0.5, grades
+
+
 @pytest.mark.parametrize("mode", ["terminal", "dense", "potential"])
 def test_each_reward_mode_pays_what_the_engine_pays(server, mode):
     case = BY_ID["eval-amount-bounds-0"]
@@ -397,8 +422,9 @@ def test_hostile_messages_do_not_hurt_the_server(server):
     async def too_big():
         async with connect(ws_url) as ws:
             await ws.send(json.dumps({"type": "step", "data": {"action": "x" * (2 << 20)}}))
-            with pytest.raises(Exception):  # the server closes a connection that sends over 1 MiB
+            with pytest.raises(ConnectionClosed) as closed:  # the server closes a connection that sends over 1 MiB
                 await asyncio.wait_for(ws.recv(), 10)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009  # "message too big"
 
     reset = json.dumps({"type": "reset", "data": {"case_id": CASES[0]["case_id"]}})
     answers = run(send(reset, "{not json", json.dumps({"type": "step", "data": {}}),
@@ -425,7 +451,7 @@ def test_hostile_messages_do_not_hurt_the_server(server):
 
 def gate_serve(*args, timeout=60):
     return subprocess.run([sys.executable, "-m", "gate_pipeline.cli.main", "serve", *args],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def test_a_busy_port_and_bad_flags_are_one_line_errors(server):
@@ -444,8 +470,9 @@ def test_ctrl_c_stops_the_server_cleanly_with_the_train_split_by_default():
     proc, url, err = start_server()
     try:
         assert http(url, "/health")[0] == 200
-        status, body = http(url, "/reset", {"case_id": read_cases(TRAIN)[0]["case_id"]})
-        assert status == 200
+        first = read_cases(TRAIN)[0]
+        status, body = http(url, "/reset", {"case_id": first["case_id"]})
+        assert status == 200 and body["observation"]["prompt"] == first["prompt"]  # the train split by default
     finally:
         code = stop_server(proc, signal.SIGINT)
     time.sleep(0.2)
