@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 
+from .common import count_arg
 from .errors import UsageError
 
 
@@ -20,16 +21,6 @@ def _port(text: str) -> int:
         raise UsageError(f"--port must be a whole number, not {text!r}") from None
     if not 0 <= value <= 65535:
         raise UsageError(f"--port must be from 0 to 65535, not {value}")
-    return value
-
-
-def _sessions(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise UsageError(f"--max-sessions must be a whole number, not {text!r}") from None
-    if value < 1:
-        raise UsageError(f"--max-sessions must be at least 1, not {value}")
     return value
 
 
@@ -67,6 +58,6 @@ def register(subparsers) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--port", type=_port, default=8000, help="port (default: 8000; 0 picks a free one)")
     p.add_argument("--cases", default=None, metavar="FILE", help="case file (default: the classic train split)")
-    p.add_argument("--max-sessions", type=_sessions, default=64, metavar="N",
+    p.add_argument("--max-sessions", type=count_arg("--max-sessions"), default=64, metavar="N",
                    help="concurrent WebSocket sessions (default: 64)")
     p.set_defaults(fn=cmd_serve)
