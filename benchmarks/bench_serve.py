@@ -66,9 +66,10 @@ def record(cases: list[dict]) -> dict[str, tuple[list, dict]]:
 
 
 def in_process(cases: list[dict], plays: dict, rounds: int = 3) -> tuple[float, float]:
-    """Seconds per step of careful-sql's calls in this process: through `GateServerEnv.step` (what the
-    server runs per step, without the server) and through the engine's `Session.step` alone; the
-    fastest of `rounds` rounds each."""
+    """CPU seconds per step of careful-sql's calls in this process (this thread's CPU time, the
+    measure the server's column uses): through `GateServerEnv.step` (what the server runs per
+    step, without the server) and through the engine's `Session.step` alone; the least of
+    `rounds` rounds each."""
     pool = CasePool(cases)
     env = GateServerEnv(pool)
     steps = sum(len(actions) for actions, _ in plays.values())
@@ -77,18 +78,18 @@ def in_process(cases: list[dict], plays: dict, rounds: int = 3) -> tuple[float, 
         t = 0.0
         for case_id, (actions, _) in plays.items():
             env.reset(case_id=case_id)
-            start = time.perf_counter()
+            start = time.thread_time()
             for action in actions:
                 env.step(GateAction(action=action))
-            t += time.perf_counter() - start
+            t += time.thread_time() - start
         adapter = min(adapter, t / steps)
         t = 0.0
         for case_id, (actions, _) in plays.items():
             session = Session(pool.prepared(case_id), "bench", stop_at_report=True, max_steps=64)
-            start = time.perf_counter()
+            start = time.thread_time()
             for action in actions:
                 session.step(action)
-            t += time.perf_counter() - start
+            t += time.thread_time() - start
         engine = min(engine, t / steps)
     env.close()
     return adapter, engine
@@ -286,12 +287,12 @@ def main() -> int:
     adapter, engine = in_process(cases, plays)
     cores = len(os.sched_getaffinity(0))
     print(f"gate serve load test: careful-sql's episodes on {len(cases)} cases ({Path(a.cases).name}), "
-          f"{a.episodes} episodes per run, terminal reward; server and clients on this machine's {cores} CPUs "
-          f"(load average before: {load1:.2f} over 1 min, {load5:.2f} over 5)")
+          f"{a.episodes} episodes per run, terminal reward; server and clients on this machine's {cores} CPUs")
+    print(f"(load average before the benchmark: {load1:.2f} over 1 min, {load5:.2f} over 5)", file=sys.stderr)
     if a.slow_sessions:
         print(f"and {a.slow_sessions} more sessions sending a query that runs until the sandbox's step budget stops it")
     print(f"{'sessions':>8} {'episodes':>8} {'steps':>6} {'steps/s':>7} {'per CPU':>7} {'p50 ms':>7} {'p99 ms':>7} "
-          f"{'errors':>6} {'KiB/session':>11} {'server CPU ms/step':>18}")
+          f"{'errors':>6} {'KiB/session':>11} {'server CPU ms/step':>18} {'gate share':>10}")
     bad = 0
     for n in counts:
         out = run_one(a.cases, n, a.episodes, plays, a.time_limit, a.slow_sessions)
@@ -302,7 +303,8 @@ def main() -> int:
         per_session = (out["rss_peak"] - out["rss_before"]) / (n + a.slow_sessions)
         print(f"{n:>8} {out['episodes']:>8} {steps:>6} {rate:>7.0f} {rate / cores:>7.0f} "
               f"{1000 * statistics.median(out['step']):>7.1f} {1000 * percentile(out['step'], 0.99):>7.1f} "
-              f"{errors:>6} {per_session:>11.0f} {1000 * out['server_cpu'] / steps:>18.3f}")
+              f"{errors:>6} {per_session:>11.0f} {1000 * out['server_cpu'] / steps:>18.3f} "
+              f"{adapter / (out['server_cpu'] / steps):>10.2f}")
         for line in (out["errors"] + [f"grade differs from in process: {c}" for c in out["mismatches"]])[:5]:
             print(f"    {line}")
         if out["skipped"]:
@@ -311,8 +313,9 @@ def main() -> int:
             print(f"    slow-query steps: {len(out['slow'])}, median {1000 * statistics.median(out['slow']):.0f} ms")
     print(f"steps/s and latency: careful-sql's steps only; per CPU = steps/s / {cores} (the clients run on them too); "
           f"OpenEnv's published figure: {OPENENV_RPS_PER_CORE:.1f} requests/s per core (932 on 8 cores)")
-    print(f"in process, per step: GateServerEnv.step {1000 * adapter:.3f} ms, of which the engine's Session.step "
-          f"{1000 * engine:.3f} ms (careful-sql's calls on every case, fastest of 3 rounds)")
+    print(f"in process, CPU per step: GateServerEnv.step {1000 * adapter:.3f} ms, of which the engine's Session.step "
+          f"{1000 * engine:.3f} ms (careful-sql's calls on every case, least of 3 rounds); gate share = "
+          f"GateServerEnv.step's CPU / the server's CPU per step (the rest: uvicorn, WebSocket, openenv-core, JSON)")
     print("every episode's grade equal to the in-process grade" if bad == 0 else f"{bad} problems")
     return 0 if bad == 0 else 1
 
