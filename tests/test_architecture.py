@@ -13,7 +13,7 @@ CORE = ("records", "actions", "contract", "rules", "settings", "cases", "generat
         "tools", "grader", "rewards", "gold", "schemas", "tables", "variants", "agents", "engine", "experiments",
         "html_report")
 TOP = ("model_agent", "integrations", "dagster_defs", "cli")
-FRAMEWORKS = ("dagster", "gymnasium", "verifiers", "openai", "sqlalchemy")
+FRAMEWORKS = ("dagster", "gymnasium", "verifiers", "openai", "sqlalchemy", "openenv", "fastapi", "uvicorn", "starlette")
 # layer -> packages of gate it must not import (by any import, at module level or inside a function)
 FORBIDDEN = {
     "core": ("store", *TOP),
@@ -107,15 +107,16 @@ def test_no_import_cycles():
 def test_the_core_imports_no_dagster_when_loaded():
     modules = [m for m in graph() if layer(m) in ("core", "store")]
     code = ("import sys\n" + "".join(f"import {m}\n" for m in modules)
-            + "print(sorted(m for m in sys.modules if m.split('.')[0] in ('dagster', 'gymnasium', 'verifiers')))\n")
+            + "print(sorted(m for m in sys.modules if m.split('.')[0] in ('dagster', 'gymnasium', 'verifiers', 'openenv')))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
 
 
-def test_the_cli_starts_without_pandas_pandera_or_dagster():
+def test_the_cli_starts_without_pandas_pandera_dagster_or_openenv():
     code = ("import sys, gate_pipeline.cli.main\n"
             "gate_pipeline.cli.main.build_parser()  # imports every subcommand module\n"
-            "print(sorted(m for m in ('pandas', 'pandera', 'dagster', 'openai') if m in sys.modules))\n")
+            "print(sorted(m for m in ('pandas', 'pandera', 'dagster', 'openai', 'openenv', 'fastapi', 'uvicorn')\n"
+            "             if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr[-1000:]

@@ -134,14 +134,20 @@ def play_with_progress(cases: list[dict], specs: list, reward: str = "terminal",
                           workers=workers_for(workers, len(cases) * len(specs)))
 
 
-def workers_arg(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise UsageError(f"--workers must be a whole number, not {text!r}") from None
-    if value < 1:
-        raise UsageError(f"--workers must be at least 1, not {value}")
-    return value
+def count_arg(flag: str):
+    """An argparse type for `flag`: a whole number of at least 1, else a one-line UsageError."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise UsageError(f"{flag} must be a whole number, not {text!r}") from None
+        if value < 1:
+            raise UsageError(f"{flag} must be at least 1, not {value}")
+        return value
+    return parse
+
+
+workers_arg = count_arg("--workers")
 
 
 def grades_of(results: dict) -> dict:

@@ -33,7 +33,7 @@ from .common import (
 from .errors import UsageError
 
 # Subcommands that live in their own modules: each has register(subparsers).
-EXTENSIONS: tuple[str, ...] = ("experiment", "nightly", "run", "ui", "verify")
+EXTENSIONS: tuple[str, ...] = ("experiment", "nightly", "run", "serve", "ui", "verify")
 
 REPORT_AGENTS = ["naive", "careful", "refuse-all"]
 REWARD_CHOICES = ("terminal", "dense", "potential")  # rewards.REWARD_MODES, without importing it here

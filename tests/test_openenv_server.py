@@ -1,0 +1,481 @@
+"""`gate serve` as a real server process on 127.0.0.1, played through `GateEnvClient` over
+OpenEnv's protocol: careful-sql's episodes grade as in process, sessions are isolated, malformed
+actions are error observations, every reward mode pays what the engine pays, bad resets and bad
+input are clear errors, and the server stops cleanly without a traceback in its log."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from conftest import EVAL, TRAIN
+from gate_pipeline import engine
+from gate_pipeline.agents import make_agent
+from gate_pipeline.cases import read_cases
+from gate_pipeline.world import PreparedCase
+
+pytest.importorskip("openenv.core", reason="needs the serve extra (openenv-core)")
+from websockets.asyncio.client import connect  # noqa: E402  (openenv-core's dependency)
+from websockets.exceptions import ConnectionClosed  # noqa: E402
+
+from gate_pipeline.integrations.openenv_client import GateAction, GateEnvClient  # noqa: E402
+
+CASES = read_cases(EVAL)
+BY_ID = {c["case_id"]: c for c in CASES}
+MAX_SESSIONS = 6
+
+
+def start_server(*args: str, timeout: float = 60.0):
+    """`gate serve --port 0 ...` in a process group of its own; (process, base URL, stderr lines)."""
+    proc = subprocess.Popen([sys.executable, "-m", "gate_pipeline.cli.main", "serve", "--port", "0", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    lines: queue.Queue = queue.Queue()
+    err: list[str] = []
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True).start()
+    try:
+        first = lines.get(timeout=timeout)
+    except queue.Empty:
+        stop_server(proc)
+        raise AssertionError(f"gate serve printed nothing in {timeout} s: {''.join(err)[-2000:]}")
+    url = first.split(" on ", 1)[1].split(" ", 1)[0]
+    assert url.startswith("http://127.0.0.1:"), first
+    return proc, url, err
+
+
+def stop_server(proc, sig=signal.SIGTERM) -> int:
+    """Signal the server's process group and wait; kill it if it does not stop."""
+    try:
+        os.killpg(proc.pid, sig)
+        return proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise AssertionError("gate serve did not stop within 20 s of the signal")
+    except ProcessLookupError:
+        return proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server():
+    proc, url, err = start_server("--cases", str(EVAL), "--max-sessions", str(MAX_SESSIONS))
+    try:
+        yield url
+    finally:
+        code = stop_server(proc)
+        time.sleep(0.2)  # let the reader thread take the last lines
+        log = "".join(err)
+        assert code == 0 and "stopped (SIGTERM)" in log, log[-3000:]
+        assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+class WireTools:
+    """What an agent gets (`tools(name, **args)`), over a sync GateEnvClient: each call one step."""
+
+    def __init__(self, env):
+        self.env, self.steps = env, []
+
+    def __call__(self, name, **args):
+        result = self.env.call(name, **args)
+        self.steps.append(result)
+        return json.loads(result.observation.result)
+
+
+class Recording:
+    """What an agent gets in process (`tools(name, **args)` on an engine Session), keeping each call."""
+
+    def __init__(self, session):
+        self.session, self.actions = session, []
+        self.episode_seed = session.episode_seed
+
+    def __call__(self, name, **args):
+        self.actions.append({"tool": name, "args": json.loads(json.dumps(args))})
+        return self.session.call(name, args)
+
+
+def careful_sql(case) -> tuple[list, dict]:
+    """careful-sql's calls on a case, played in process, and the grade `engine.play` gives it."""
+    session = engine.Session(PreparedCase(case), "careful-sql")
+    tools = Recording(session)
+    make_agent("careful-sql").play(tools)
+    grade = session.finish().grade.as_dict()
+    assert grade == engine.play(PreparedCase(case), "careful-sql").grade.as_dict() and grade["reward"] == 1.0
+    return tools.actions, grade
+
+
+# -- the grade over the wire is the engine's grade ------------------------------------------------
+
+def test_careful_sql_through_the_client_grades_as_in_process(server):
+    with GateEnvClient(base_url=server).sync() as env:
+        for case in CASES:
+            first = env.reset(case_id=case["case_id"])
+            assert first.observation.turn == 0 and first.observation.result == "" and not first.done
+            assert first.observation.prompt == case["prompt"]
+            tools = WireTools(env)
+            make_agent("careful-sql").play(tools)
+            want = engine.play(PreparedCase(case), "careful-sql")
+            state = env.state()
+            assert tools.steps[-1].done and not any(s.done for s in tools.steps[:-1])
+            assert state.terminated and not state.truncated and state.case_id == case["case_id"]
+            assert state.grade == want.grade.as_dict()
+            assert tools.steps[-1].reward == want.grade.reward == state.rewards[-1]
+            assert [s.observation.turn for s in tools.steps] == list(range(1, len(want.ledger) + 1))
+
+
+WIRE_AGENTS = ("naive", "careful", "refuse-all", "profile-only", "report-liar", "report-only",
+               "load-then-quarantine", "citation-spray", "sql-write", "inspect-theatre", "double-load",
+               "orders-first")
+
+
+def test_agents_that_fail_grade_over_the_wire_as_in_process(server):
+    """careful-sql earns 1.0 on every case, so its equality alone would not show a wrong grade: the
+    baselines and attackers, whose grades differ from 1 and from each other, grade over the wire as
+    `engine.play` grades them (the oracles get the case from the trainer's side, as in process)."""
+    families = {}
+    for case in CASES:
+        families.setdefault(case["case_id"].rsplit("-", 1)[0], case)
+    grades = set()
+    with GateEnvClient(base_url=server).sync() as env:
+        for case in list(families.values())[:4]:
+            for name in WIRE_AGENTS:
+                env.reset(case_id=case["case_id"], max_turns=256)  # citation-spray makes 88 calls
+                agent = make_agent(name)
+                agent.play(WireTools(env), case if getattr(agent, "oracle", False) else None)
+                want = engine.play(PreparedCase(case), name).grade.as_dict()
+                assert env.state().grade == want, (case["case_id"], name)
+                grades.add(want["reward"])
+    assert len(grades) >= 4 and min(grades) < 0.5, grades
+
+
+@pytest.mark.parametrize("mode", ["terminal", "dense", "potential"])
+def test_each_reward_mode_pays_what_the_engine_pays(server, mode):
+    case = BY_ID["eval-amount-bounds-0"]
+    actions, grade = careful_sql(case)
+    _, episode = engine.replay(PreparedCase(case), actions, reward=mode)
+    assert episode.grade.as_dict() == grade
+    with GateEnvClient(base_url=server).sync() as env:
+        env.reset(case_id=case["case_id"], reward=mode)
+        rewards = [env.step(GateAction(action=json.dumps(a))).reward for a in actions]
+        state = env.state()
+    assert state.reward_mode == mode and state.terminated
+    assert rewards == episode.rewards == state.rewards
+    assert state.grade == episode.grade.as_dict()
+    if mode == "terminal":
+        assert rewards[:-1] == [0.0] * (len(rewards) - 1) and state.step_parts is None
+    else:
+        assert any(r != 0.0 for r in rewards[:-1])
+
+
+# -- sessions ------------------------------------------------------------------------------------
+
+def test_two_concurrent_sessions_on_different_cases_are_isolated(server):
+    a_case, b_case = BY_ID["eval-resent-rows-0"], BY_ID["eval-blank-amount-1"]
+    plays = {c["case_id"]: careful_sql(c) for c in (a_case, b_case)}
+
+    async def episode(case_id, started: asyncio.Event, other: asyncio.Event):
+        async with GateEnvClient(base_url=server) as env:
+            await env.reset(case_id=case_id, reward="potential")
+            started.set()
+            await other.wait()  # both episodes are open before either steps
+            listing = None
+            for action in plays[case_id][0]:
+                result = await env.step(action)
+                if action["tool"] == "list_batches":
+                    listing = json.loads(result.observation.result)
+                await asyncio.sleep(0)  # interleave the two sessions' steps
+            return listing, await env.state()
+
+    async def both():
+        a_started, b_started = asyncio.Event(), asyncio.Event()
+        return await asyncio.gather(episode(a_case["case_id"], a_started, b_started),
+                                    episode(b_case["case_id"], b_started, a_started))
+
+    (a_list, a_state), (b_list, b_state) = run(both())
+    assert {b["batch_id"] for b in a_list} == set(PreparedCase(a_case).batches)
+    assert {b["batch_id"] for b in b_list} == set(PreparedCase(b_case).batches)
+    for case, state in ((a_case, a_state), (b_case, b_state)):
+        actions, grade = plays[case["case_id"]]
+        _, want = engine.replay(PreparedCase(case), actions, reward="potential")
+        assert state.case_id == case["case_id"] and state.grade == grade == want.grade.as_dict()
+        assert state.rewards == want.rewards
+
+
+def test_a_load_in_one_session_is_not_seen_by_another_on_the_same_case(server):
+    case = BY_ID["eval-clean-control-0"]
+    prepared = PreparedCase(case)
+    count = {"tool": "run_sql", "args": {"query": "SELECT COUNT(*) AS n FROM wh_orders"}}
+
+    async def both():
+        async with GateEnvClient(base_url=server) as a, GateEnvClient(base_url=server) as b:
+            await a.reset(case_id=case["case_id"])
+            await b.reset(case_id=case["case_id"])
+            before = json.loads((await b.step(count)).observation.result)["rows"]
+            for bid in prepared.order:
+                await a.call("load_batch", batch_id=bid)
+            a_after = json.loads((await a.step(count)).observation.result)["rows"]
+            b_after = json.loads((await b.step(count)).observation.result)["rows"]
+            return before, a_after, b_after
+
+    before, a_after, b_after = run(both())
+    assert b_after == before and a_after != before
+
+
+async def open_session(url, case_id, wait=10.0):
+    """A client with an episode open, waiting while the server is full (it frees a place once it has
+    closed a session a client left)."""
+    deadline = time.monotonic() + wait
+    while True:
+        client = GateEnvClient(base_url=url)
+        try:
+            await client.reset(case_id=case_id)
+            return client
+        except (RuntimeError, ConnectionClosed) as exc:  # a full server says so, then hangs up
+            await client.close()
+            assert isinstance(exc, ConnectionClosed) or "CAPACITY_REACHED" in str(exc), exc
+            assert time.monotonic() < deadline, exc
+            await asyncio.sleep(0.05)
+
+
+def test_sessions_beyond_max_sessions_are_refused_and_a_closed_one_frees_its_place(server):
+    async def fill():
+        clients = [await open_session(server, CASES[0]["case_id"]) for _ in range(MAX_SESSIONS)]
+        async with connect(server.replace("http://", "ws://") + "/ws") as extra:  # what a full server answers
+            refusal = json.loads(await asyncio.wait_for(extra.recv(), 10))
+        assert refusal["type"] == "error" and refusal["data"]["code"] == "CAPACITY_REACHED"
+        assert refusal["data"]["max_sessions"] == MAX_SESSIONS
+        await clients[0].close()
+        again = await open_session(server, CASES[1]["case_id"])
+        state = await again.state()
+        for c in [again, *clients[1:]]:
+            await c.close()
+        return state
+
+    assert run(fill()).case_id == CASES[1]["case_id"]
+
+
+def test_a_slow_query_in_one_session_does_not_hold_up_another(server):
+    slow = {"tool": "run_sql", "args": {"query": "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) "
+                                                 "SELECT count(*) FROM c"}}  # stopped by the sandbox's budget
+
+    async def both():
+        async with GateEnvClient(base_url=server) as a, GateEnvClient(base_url=server) as b:
+            await a.reset(case_id=CASES[0]["case_id"])
+            await b.reset(case_id=CASES[1]["case_id"])
+            events = []
+
+            async def cheap():
+                for _ in range(5):
+                    await b.call("list_batches")
+                    events.append("cheap")
+
+            async def expensive():
+                result = await a.step(slow)
+                events.append("slow")
+                return result
+
+            slow_task = asyncio.create_task(expensive())
+            await asyncio.sleep(0.005)  # the slow query is on its way first
+            await cheap()
+            result = await slow_task
+            return events, json.loads(result.observation.result)
+
+    events, slow_result = run(both())
+    assert slow_result == {"error": "interrupted"}
+    assert events == ["cheap"] * 5 + ["slow"], events
+
+
+def test_the_seed_picks_the_case_the_gymnasium_env_picks(server):
+    from gate_pipeline.integrations.gymnasium_env import GateEnv
+    gym = GateEnv(CASES)
+    with GateEnvClient(base_url=server).sync() as env:
+        for seed in (0, 1, 7, 123, 2**40):
+            env.reset(seed=seed)
+            assert env.state().case_id == gym.reset(seed=seed)[1]["case_id"]
+        env.reset(seed=5)  # then resets without a seed go on drawing from the seeded generator
+        drawn = []
+        for _ in range(3):
+            env.reset()
+            drawn.append(env.state().case_id)
+        gym.reset(seed=5)
+        assert drawn == [gym.reset()[1]["case_id"] for _ in range(3)]
+
+
+# -- what the policy sees, the end of an episode -----------------------------------------------
+
+def test_a_malformed_action_is_an_error_observation_and_the_episode_goes_on(server):
+    case = CASES[3]
+    with GateEnvClient(base_url=server).sync() as env:
+        env.reset(case_id=case["case_id"], reward="dense")
+        for bad in ("not json", '{"tool": "no_such_tool"}', 5, ["run_sql", "{bad"], {"tool": "run_sql", "x": 1},
+                    '{"tool": "run_sql", "args": {"query": "DELETE FROM wh_orders"}}'):
+            result = env.step(GateAction(action=bad))
+            assert "error" in json.loads(result.observation.result), bad
+            assert not result.done
+        listing = json.loads(env.call("list_batches").observation.result)
+        assert {b["batch_id"] for b in listing} == set(PreparedCase(case).batches)
+        assert env.state().step_count == 7
+
+
+def test_the_observation_carries_no_label_information(server):
+    with GateEnvClient(base_url=server).sync() as env:
+        result = env.reset(case_id="eval-amount-bounds-0", reward="dense")
+        step = env.call("list_batches")
+        state = env.state()
+    for obs in (result.observation, step.observation):
+        fields = set(obs.model_dump(exclude={"reward", "done", "metadata"}))
+        assert fields == {"prompt", "result", "turn"}
+        assert "amount-bounds" not in obs.model_dump_json() and "truth" not in obs.result
+    assert state.case_id == "eval-amount-bounds-0" and state.step_parts is not None  # the trainer's view
+
+
+def test_max_turns_truncates_and_steps_after_the_end_are_errors(server):
+    with GateEnvClient(base_url=server).sync() as env:
+        env.reset(case_id=CASES[0]["case_id"], max_turns=2)
+        assert not env.call("list_batches").done
+        last = env.call("read_contract")
+        state = env.state()
+        assert last.done and state.truncated and not state.terminated
+        assert state.grade["reward"] == 0.0 and last.reward == 0.0
+        after = env.call("list_batches")
+        assert after.done and "error" in json.loads(after.observation.result)
+
+
+def test_a_step_before_any_reset_is_an_error_observation(server):
+    with GateEnvClient(base_url=server).sync() as env:
+        result = env.call("list_batches")
+    assert "reset first" in json.loads(result.observation.result)["error"] and not result.done
+
+
+# -- bad input -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("options, words", [
+    ({"bogus": 1}, "unknown reset option 'bogus'"),
+    ({"reward": "sparse"}, "'reward' must be one of terminal, dense, potential"),
+    ({"case_id": "no-such-case"}, "no case 'no-such-case'"),
+    ({"case_id": 7}, "no case 7"),
+    ({"seed": -1}, "'seed' must be a whole number"),
+    ({"seed": "7"}, "'seed' must be a whole number"),
+    ({"max_turns": 0}, "'max_turns' must be a whole number from 1 to 1024"),
+    ({"max_turns": True}, "'max_turns' must be a whole number"),
+    ({"episode_id": ""}, "'episode_id' must be text"),
+])
+def test_a_bad_reset_is_a_clear_error_and_leaves_the_episode_alone(server, options, words):
+    with GateEnvClient(base_url=server).sync() as env:
+        env.reset(case_id=CASES[2]["case_id"])
+        env.call("list_batches")
+        with pytest.raises(RuntimeError, match=words.replace("(", r"\(")):
+            env.reset(**options)
+        state = env.state()
+    assert state.case_id == CASES[2]["case_id"] and state.step_count == 1
+
+
+def http(url, path, body=None):
+    request = urllib.request.Request(url + path, data=None if body is None else json.dumps(body).encode(),
+                                     headers={"content-type": "application/json"}, method="POST" if body is not None else "GET")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_the_http_endpoints(server):
+    assert http(server, "/health") == (200, {"status": "healthy"})
+    status, body = http(server, "/reset", {"case_id": CASES[0]["case_id"]})
+    assert status == 200 and body["observation"]["prompt"] == CASES[0]["prompt"] and body["done"] is False
+    assert http(server, "/reset", {"reward": "sparse"})[0] == 422
+    status, body = http(server, "/reset", {"bogus": 1})
+    assert status == 422 and "unknown reset option 'bogus'" in body["detail"]
+    status, body = http(server, "/step", {"action": {"action": '{"tool": "list_batches"}'}})
+    assert status == 200 and "reset first" in json.loads(body["observation"]["result"])["error"]
+    status, schema = http(server, "/schema")
+    assert status == 200 and "action" in schema["action"]["properties"]
+    assert http(server, "/metadata")[1]["name"] == "gate"
+
+
+def test_hostile_messages_do_not_hurt_the_server(server):
+    ws_url = server.replace("http://", "ws://") + "/ws"
+
+    async def send(*messages):
+        answers = []
+        async with connect(ws_url, max_size=None) as ws:
+            for message in messages:
+                await ws.send(message)
+                answers.append(json.loads(await asyncio.wait_for(ws.recv(), 10)))
+        return answers
+
+    async def too_big():
+        async with connect(ws_url) as ws:
+            await ws.send(json.dumps({"type": "step", "data": {"action": "x" * (2 << 20)}}))
+            with pytest.raises(ConnectionClosed) as closed:  # the server closes a connection that sends over 1 MiB
+                await asyncio.wait_for(ws.recv(), 10)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009  # "message too big"
+
+    reset = json.dumps({"type": "reset", "data": {"case_id": CASES[0]["case_id"]}})
+    answers = run(send(reset, "{not json", json.dumps({"type": "step", "data": {}}),
+                       json.dumps({"type": "step", "data": {"action": "[" * 100_000}}),
+                       json.dumps({"type": "step", "data": {"action": {"tool": "run_sql", "args": {"query": "x" * 500_000}}}}),
+                       json.dumps({"type": "nope"}), json.dumps({"type": "state"})))
+    assert [a["type"] for a in answers] == ["observation", "error", "error", "observation", "observation", "error",
+                                            "state"]
+    assert "error" in json.loads(answers[3]["data"]["observation"]["result"])
+    assert "error" in json.loads(answers[4]["data"]["observation"]["result"])
+    assert answers[-1]["data"]["step_count"] == 2
+    run(too_big())
+    deep = "[" * 200_000 + "]" * 200_000  # nested too deep for the server's JSON decoder
+
+    async def deep_message():
+        async with connect(ws_url) as ws:
+            await ws.send(deep)
+            return json.loads(await asyncio.wait_for(ws.recv(), 10))
+    assert run(deep_message())["type"] == "error"
+    assert http(server, "/health") == (200, {"status": "healthy"})
+
+
+# -- the command line ----------------------------------------------------------------------------
+
+def gate_serve(*args, timeout=60):
+    return subprocess.run([sys.executable, "-m", "gate_pipeline.cli.main", "serve", *args],
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_a_busy_port_and_bad_flags_are_one_line_errors(server):
+    port = server.rsplit(":", 1)[1]
+    for args, words in ((("--port", port), "cannot listen on 127.0.0.1:" + port),
+                        (("--port", "70000"), "--port must be from 0 to 65535"),
+                        (("--max-sessions", "0"), "--max-sessions must be at least 1"),
+                        (("--cases", "no/such/file.jsonl"), "no such case file"),
+                        (("--host", "no-such-host.invalid"), "--host no-such-host.invalid: cannot resolve it")):
+        out = gate_serve(*args)
+        assert out.returncode == 2 and out.stdout == "", (args, out.stdout, out.stderr)
+        assert out.stderr.startswith("gate: error: ") and words in out.stderr and out.stderr.count("\n") == 1, out.stderr
+
+
+def test_ctrl_c_stops_the_server_cleanly_with_the_train_split_by_default():
+    proc, url, err = start_server()
+    try:
+        assert http(url, "/health")[0] == 200
+        first = read_cases(TRAIN)[0]
+        status, body = http(url, "/reset", {"case_id": first["case_id"]})
+        assert status == 200 and body["observation"]["prompt"] == first["prompt"]  # the train split by default
+    finally:
+        code = stop_server(proc, signal.SIGINT)
+    time.sleep(0.2)
+    assert code == 0 and "stopped (SIGINT)" in "".join(err) and "Traceback" not in "".join(err)
+    with pytest.raises(OSError):  # nothing listens there any more
+        socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=2).close()
