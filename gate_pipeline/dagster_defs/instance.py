@@ -41,7 +41,8 @@ REQUIRED = {"run_monitoring": "runs whose worker died stay STARTED",
 
 
 def postgres_url(db_url: str | None) -> str | None:
-    """dagster-postgres's URL (its own driver, psycopg2) for a PostgreSQL GATE_DB_URL; else None."""
+    """dagster-postgres's URL for a PostgreSQL GATE_DB_URL, else None. It names psycopg2, the driver
+    dagster-postgres is written for (SQLAlchemy 2.1 takes psycopg 3 for a bare `postgresql://`)."""
     if not db_url:
         return None
     from sqlalchemy.engine import make_url
@@ -51,7 +52,7 @@ def postgres_url(db_url: str | None) -> str | None:
         return None
     if url.get_backend_name() != "postgresql":
         return None
-    return url.set(drivername="postgresql").render_as_string(hide_password=False)
+    return url.set(drivername="postgresql+psycopg2").render_as_string(hide_password=False)
 
 
 def instance_yaml(db_url: str | None = None) -> str:
