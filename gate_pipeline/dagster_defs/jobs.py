@@ -46,14 +46,21 @@ def celery_config(broker: str) -> dict:
     return {"broker": broker, "backend": backend}
 
 
+def _broker_at_launch(config: dict) -> dict:
+    """The executor's config when a run starts: the broker given at launch, else GATE_CELERY_BROKER."""
+    return celery_config(config.get("broker") or Settings.from_env().celery_broker)
+
+
 def _celery_job() -> dg.JobDefinition | None:
     try:
         from dagster_celery import celery_executor
     except ImportError:  # the `celery` extra is not installed: no Celery job
         return None
+    executor = celery_executor.configured(
+        _broker_at_launch, config_schema={"broker": dg.Field(str, is_required=False,
+                                                             description="default: GATE_CELERY_BROKER")})
     return dg.define_asset_job(
-        "nightly_benchmark_celery", selection=dg.AssetSelection.groups(NIGHTLY_GROUP),
-        executor_def=celery_executor.configured(celery_config(Settings.from_env().celery_broker)),
+        "nightly_benchmark_celery", selection=dg.AssetSelection.groups(NIGHTLY_GROUP), executor_def=executor,
         tags={"dagster/max_runtime": str(NIGHTLY_MAX_RUNTIME_S)},
         description="The nightly benchmark with each step (chunk of cases) a Celery task, run by the "
                     "workers listening on the broker at GATE_CELERY_BROKER.")
