@@ -80,12 +80,20 @@ def main() -> int:
         return bench(a, Path(tmp))
 
 
+SAME = ("grades", "summary", "tables")
+
+
 def bench(a: argparse.Namespace, work: Path) -> int:
     cases = read_cases(TRAIN)[:a.cases or None]
     night, warm = work / "cases.jsonl", work / "warm_up.jsonl"
     write_cases(night, cases)
     write_cases(warm, cases[:8])
-    load_before = os.getloadavg()[0]
+    names = list(EXECUTORS)
+    base, others = names[0], names[1:]
+    print(f"nightly: {len(cases)} train cases x {', '.join(AGENTS)} = {len(cases) * len(AGENTS)} episodes, "
+          f"chunks of {a.chunk_size} cases ({-(-len(cases) // a.chunk_size)} play steps); multiprocess: 2 "
+          f"processes at once; celery: Redis, {WORKERS} workers of 1 process; PostgreSQL on 127.0.0.1 for all "
+          f"three; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the start", flush=True)
     with postgres() as pg, redis() as broker:
         url = pg.create_database(f"gate_{uuid.uuid4().hex[:12]}")
         for name, value in {"GATE_HOME": str(work / "orchestrator"), "GATE_DB_URL": url, "GATE_STORE_KEY": KEY,
@@ -99,35 +107,29 @@ def bench(a: argparse.Namespace, work: Path) -> int:
             for job_fn in EXECUTORS.values():
                 run_night(job_fn, instance, nightly_run_config(str(warm), AGENTS, chunk_size=a.chunk_size))
             config = nightly_run_config(str(night), AGENTS, chunk_size=a.chunk_size)
-            names = list(EXECUTORS)
+            print("wall seconds from launch to the run's end; ratio: over in process's seconds in the same round; "
+                  "same: the scoreboard (grades, summary, tables) equals in process's")
+            print("round " + "".join(f"{n:>14}" for n in names) + "".join(f"{n + ' ratio':>20}" for n in others)
+                  + "   same  load", flush=True)
             times: dict[str, list[float]] = {n: [] for n in names}
-            boards: dict[str, list[dict]] = {n: [] for n in names}
+            same, reference = True, None
             for r in range(a.rounds):
+                boards = {}
                 for name in names[r % len(names):] + names[:r % len(names)]:
-                    seconds, board = run_night(EXECUTORS[name], instance, config)
+                    seconds, boards[name] = run_night(EXECUTORS[name], instance, config)
                     times[name].append(seconds)
-                    boards[name].append(board)
-
-    steps = -(-len(cases) // a.chunk_size)
-    base, others = names[0], names[1:]
-    print(f"nightly: {len(cases)} train cases x {', '.join(AGENTS)} = {len(cases) * len(AGENTS)} episodes, "
-          f"chunks of {a.chunk_size} cases ({steps} play steps); multiprocess: 2 processes at once; celery: "
-          f"Redis, {WORKERS} workers of 1 process; PostgreSQL on 127.0.0.1 for all three; {os.cpu_count()} CPUs")
-    print("wall seconds from launch to the run's end; ratio: over in process's seconds in the same round")
-    print("round " + "".join(f"{n:>14}" for n in names) + "".join(f"{n + ' ratio':>20}" for n in others))
-    for r in range(a.rounds):
-        print(f"{r + 1:>5} " + "".join(f"{times[n][r]:>12.1f} s" for n in names)
-              + "".join(f"{times[n][r] / times[base][r]:>20.2f}" for n in others))
+                reference = reference or boards[base]
+                equal = all(b[k] == reference[k] for b in boards.values() for k in SAME)
+                same = same and equal
+                print(f"{r + 1:>5} " + "".join(f"{times[n][r]:>12.1f} s" for n in names)
+                      + "".join(f"{times[n][r] / times[base][r]:>20.2f}" for n in others)
+                      + f"   {'yes' if equal else 'NO':>4}  {os.getloadavg()[0]:4.2f}", flush=True)
     ratios = {n: statistics.median(t / b for t, b in zip(times[n], times[base], strict=True)) for n in others}
     print("median" + "".join(f"{statistics.median(times[n]):>12.1f} s" for n in names)
           + "".join(f"{ratios[n]:>20.2f}" for n in others))
-    reference = boards[base][0]
-    same = {n: all(b[k] == reference[k] for b in boards[n] for k in ("grades", "summary", "tables")) for n in names}
     rewards = ", ".join(f"{agent} {s['reward']:.4f}" for agent, s in reference["summary"]["agents"].items())
-    print(f"every scoreboard equal to the first in-process one (grades, summary, tables): "
-          f"{', '.join(f'{n} {same[n]}' for n in names)}; rewards: {rewards}")
-    print(f"load average (1 min): {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
-    return 0 if all(same.values()) else 1
+    print(f"scoreboards equal on every executor in every round: {'yes' if same else 'NO'}; rewards: {rewards}")
+    return 0 if same else 1
 
 
 if __name__ == "__main__":
