@@ -106,6 +106,6 @@ class StoredEpisode:
     entries: list[dict]
     ledger_digest: str
     mart: float | None
-    problems: tuple[str, ...] = ()  # what could not be read (a missing warehouse file...)
+    problems: tuple[str, ...] = ()  # what could not be read (a missing warehouse...)
     case_json: str = ""  # the case as stored (its text)
     case_id: str = ""

@@ -9,6 +9,7 @@
 | `GATE_STORE_KEY` | the key sealing stored episodes (HMAC)        | a random key in `$GATE_HOME/store.key`    |
 | `GATE_AGENTS`    | more agent names Dagster runs may use         | none (built-ins, plugins, variants)       |
 | `GATE_NIGHTLY_SCHEDULE` | `off`: the 02:00 schedule starts stopped | on                                     |
+| `GATE_CELERY_BROKER` | the broker of `nightly_benchmark_celery` (and its result backend) | `redis://127.0.0.1:6379/0` |
 
 Environment variables are read here only, by `Settings.from_env()`, which the command line,
 the Dagster definitions and the gymnasium factory call; the core takes explicit paths. The
@@ -27,7 +28,8 @@ SHIPPED_CASES = Path(__file__).resolve().parent / "data" / "cases"
 DEFAULT_SUITE = "classic"
 SPLIT_FILES = {"eval": "eval_curated.jsonl", "train": "train_procedural.jsonl"}
 VARIABLES = ("GATE_HOME", "GATE_DB_URL", "GATE_CASES_DIR", "GATE_CONTRACTS", "GATE_STORE_KEY", "GATE_AGENTS",
-             "GATE_NIGHTLY_SCHEDULE")
+             "GATE_NIGHTLY_SCHEDULE", "GATE_CELERY_BROKER")
+DEFAULT_CELERY_BROKER = "redis://127.0.0.1:6379/0"
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class Settings:
     store_key: str | None = None
     extra_agents: tuple[str, ...] = ()
     nightly_schedule: bool = True
+    celery_broker: str = DEFAULT_CELERY_BROKER
 
     @classmethod
     def from_env(cls, environ=None) -> Settings:
@@ -54,7 +57,8 @@ class Settings:
                    contracts_dir=path("GATE_CONTRACTS", SHIPPED_CONTRACTS),
                    store_key=env.get("GATE_STORE_KEY") or None,
                    extra_agents=tuple(a.strip() for a in (env.get("GATE_AGENTS") or "").split(",") if a.strip()),
-                   nightly_schedule=(env.get("GATE_NIGHTLY_SCHEDULE") or "on").strip().lower() != "off")
+                   nightly_schedule=(env.get("GATE_NIGHTLY_SCHEDULE") or "on").strip().lower() != "off",
+                   celery_broker=(env.get("GATE_CELERY_BROKER") or "").strip() or DEFAULT_CELERY_BROKER)
 
     @property
     def store_url(self) -> str:

@@ -1,11 +1,13 @@
 """The run store: episodes played under orchestration, kept so another process can grade them.
 
 Persistence only: it plays nothing and grades nothing. `StoreSink` (an engine sink) writes
-an episode's row when it opens, and when it ends, in one transaction, its ledger and how it
-ended, with its final warehouse as a SQLite file under GATE_HOME.
+an episode's row when it opens, and when it ends, in one transaction, its ledger, how it
+ended and its final warehouse (the SQLite image, a row of the `warehouses` table): everything
+an episode leaves is in the database, so any machine with the database's URL (and the store's
+key) can grade, verify and report it.
 
 Stored data is verified, never trusted. When an episode ends its row records the case's
-SHA-256, the ledger's length and last hash, the warehouse file's SHA-256, and a seal: an
+SHA-256, the ledger's length and last hash, the warehouse image's SHA-256, and a seal: an
 HMAC-SHA256 over all of these and how the episode ended, under the store's key (GATE_STORE_KEY,
 else a random key made once in GATE_HOME/store.key, readable by its owner only). `load` checks
 every one of them and lists what does not hold in `StoredEpisode.problems`; the grader grades
@@ -15,7 +17,14 @@ database (GATE_STORE_KEY on machines that share a database). `load` gives a `Sto
 for the grader (`grader.grade_stored`); grades are kept once per episode, with a sequence
 number, so a consumer (the grading sensor) can emit each one once across restarts. Nightly
 summaries are kept too, as the scoreboard's history. The database is any SQLAlchemy URL
-(default a SQLite file in GATE_HOME).
+(default a SQLite file in GATE_HOME; `postgresql+psycopg://...` for a PostgreSQL server that
+several machines share). Dagster's step outputs of the nightly job can be kept here too
+(`put_output`/`get_output`, used by the Dagster project's IO manager), so a step on another
+machine reads what the step before it wrote.
+
+Schema 4 (this one) keeps warehouses in the database; a schema-3 store (warehouse files under
+GATE_HOME/warehouses) is migrated when first opened: each file is copied into the database,
+once, and its row's seal still holds (the warehouse's name and hash are unchanged).
 """
 from __future__ import annotations
 
@@ -33,6 +42,7 @@ from sqlalchemy import (
     Column,
     Float,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -45,6 +55,7 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import (
     IntegrityError,
     OperationalError,
@@ -58,9 +69,11 @@ from .records import ABANDONED, EpisodeResult, Grade, StoredEpisode
 from .settings import Settings
 from .world import mart_revenue
 
-SCHEMA_VERSION = "3"
+SCHEMA_VERSION = "4"
+MIGRATES_FROM = "3"  # warehouses as files under GATE_HOME; copied into the database when first opened
 KEY_FILE = "store.key"
 CREATE_ATTEMPTS = 20
+CONNECT_TIMEOUT_S = 10  # an unreachable database server is one error after this, not a hang
 RUNNING, ENDED = "running", "ended"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -76,11 +89,11 @@ episodes = Table(
     Column("run_id", String(200), index=True, nullable=False),  # a Dagster run id, or a `gate run` id
     Column("rollout", Integer, nullable=False),
     Column("case_id", String(200), index=True, nullable=False),
-    Column("agent", String(200), nullable=False),
+    Column("agent", Text, nullable=False),  # open-ended (module:Class, careful@variant, model names)
     Column("agent_options", Text, nullable=False),
     Column("case_json", Text, nullable=False),
     Column("case_sha256", String(64), nullable=False),
-    Column("warehouse", Text, nullable=False),  # path relative to GATE_HOME
+    Column("warehouse", Text, nullable=False),  # the warehouse's name (its image is in `warehouses`)
     Column("warehouse_sha256", String(64)),
     Column("status", String(16), nullable=False),
     Column("end_reason", String(32)),
@@ -100,12 +113,17 @@ ledger_rows = Table(
     Column("seq", Integer, primary_key=True),
     Column("entry", Text, nullable=False),
 )
+warehouses = Table(
+    "warehouses", _meta,
+    Column("episode_id", String(64), primary_key=True),
+    Column("image", LargeBinary, nullable=False),  # the episode's final SQLite database, serialized
+)
 grades = Table(
     "grades", _meta,
     Column("grade_seq", Integer, primary_key=True, autoincrement=True),
     Column("episode_id", String(64), unique=True, nullable=False),
     Column("case_id", String(200), index=True, nullable=False),
-    Column("agent", String(200), nullable=False),
+    Column("agent", Text, nullable=False),
     Column("grade", Text, nullable=False),
     Column("graded_at", Float, nullable=False),
 )
@@ -115,6 +133,13 @@ nightly = Table(
     Column("run_id", String(200)),
     Column("at", Float, nullable=False),
     Column("summary", Text, nullable=False),
+)
+step_outputs = Table(  # Dagster step outputs of the nightly job (JSON), readable from any machine
+    "step_outputs", _meta,
+    Column("run_id", String(200), primary_key=True),
+    Column("step_key", String(400), primary_key=True),
+    Column("output", String(200), primary_key=True),
+    Column("value", Text, nullable=False),
 )
 
 
@@ -130,38 +155,33 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur.close()
 
 
-def save_warehouse(image: bytes, path: Path) -> None:
-    """Write an episode's final database image to its warehouse file (whole, then renamed into place)."""
-    tmp = path.with_suffix(".partial")
-    try:
-        tmp.write_bytes(image)
-    except FileNotFoundError:  # its folder went away since it was made
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_bytes(image)
-    os.replace(tmp, path)
-
-
 def sha256(data: bytes | str) -> str:
     return hashlib.sha256(data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data).hexdigest()
 
 
-def read_mart(path: Path, expected_sha256: str | None = None) -> float:
-    """The revenue mart of a stored warehouse file (checked against its hash when one is given),
+def read_mart(image: bytes | None, name: str, expected_sha256: str | None = None) -> float:
+    """The revenue mart of a stored warehouse image (checked against its hash when one is given),
     read from an in-memory copy; StoreError if it is missing, altered or unreadable."""
-    try:
-        image = path.read_bytes()
-    except OSError:
-        raise StoreError(f"warehouse file {path} is missing or unreadable") from None
+    if image is None:
+        raise StoreError(f"warehouse {name} is missing from the run store")
     if expected_sha256 is not None and sha256(image) != expected_sha256:
-        raise StoreError(f"warehouse file {path} was altered (its SHA-256 differs from the one recorded)")
+        raise StoreError(f"warehouse {name} was altered (its SHA-256 differs from the one recorded)")
     conn = sqlite3.connect(":memory:")
     try:
         conn.deserialize(image)
         return mart_revenue(conn)
     except sqlite3.Error as exc:
-        raise StoreError(f"warehouse file {path} is unreadable ({exc})") from None
+        raise StoreError(f"warehouse {name} is unreadable ({exc})") from None
     finally:
         conn.close()
+
+
+def display_url(url: str) -> str:
+    """A database URL as it may be printed: the password hidden."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy can parse: hide what sits where a password would
+        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
 
 
 def _store_key(settings: Settings) -> bytes:
@@ -197,15 +217,17 @@ class RunStore:
     def __init__(self, settings: Settings | None = None):
         settings = settings or Settings.from_env()
         self.home = settings.home
-        self.url = settings.store_url
+        self.url = display_url(settings.store_url)  # for messages: never the password
         try:
             self.home.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"GATE_HOME {self.home}: cannot create it ({exc.strerror or exc})") from None
         try:
-            self.engine = create_engine(self.url)
+            url = make_url(settings.store_url)
+            connect = {"connect_timeout": CONNECT_TIMEOUT_S} if url.get_backend_name() == "postgresql" else {}
+            self.engine = create_engine(url, connect_args=connect, pool_pre_ping=bool(connect))
         except (SQLAlchemyError, ValueError, ImportError) as exc:
-            raise StoreError(f"run store URL {self.url!r}: {exc}") from None
+            raise StoreError(f"run store URL {self.url!r}: {_first_line(exc)}") from None
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
         self._create()
@@ -214,7 +236,6 @@ class RunStore:
         except OSError as exc:
             raise StoreError(f"GATE_HOME {self.home}: cannot make the store key ({exc.strerror or exc})") from None
         self._cases: dict[int, tuple[dict, str]] = {}
-        self._folders: set[Path] = set()
 
     def _create(self) -> None:
         """Make the tables if they are missing; any number of processes may do this at once on a new
@@ -232,18 +253,38 @@ class RunStore:
                                                       or "duplicate" in text or "unique" in text):
                     time.sleep(0.02 * (attempt + 1))
                     continue
-                raise StoreError(f"run store {self.url!r}: {str(exc).splitlines()[0]}") from None
+                raise StoreError(f"run store {self.url!r}: {_first_line(exc)}") from None
             except SQLAlchemyError as exc:
-                raise StoreError(f"run store {self.url!r}: {str(exc).splitlines()[0]}") from None
+                raise StoreError(f"run store {self.url!r}: {_first_line(exc)}") from None
 
     def _check_version(self) -> None:
         with self.engine.begin() as c:
             version = c.execute(select(store_meta.c.value).where(store_meta.c.key == "schema")).scalar()
             if version is None:
                 c.execute(insert(store_meta).values(key="schema", value=SCHEMA_VERSION))
+            elif version == MIGRATES_FROM:
+                self._migrate_warehouse_files(c)
             elif version != SCHEMA_VERSION:
                 raise StoreError(f"run store {self.url} has schema {version}; this gate reads {SCHEMA_VERSION}: "
                                  f"move it away or set GATE_HOME / GATE_DB_URL to a new place")
+
+    def _migrate_warehouse_files(self, c) -> None:
+        """Schema 3 to 4: copy each ended episode's warehouse file under GATE_HOME into the database.
+        The first process to claim the version does it, in the same transaction; a missing file
+        stays missing (reading the episode says so)."""
+        claimed = c.execute(update(store_meta).where(store_meta.c.key == "schema", store_meta.c.value == MIGRATES_FROM)
+                            .values(value=SCHEMA_VERSION)).rowcount
+        if claimed != 1:
+            return
+        done = set(c.execute(select(warehouses.c.episode_id)).scalars())
+        for episode_id, name in c.execute(select(episodes.c.episode_id, episodes.c.warehouse)
+                                          .where(episodes.c.warehouse_sha256.is_not(None))).all():
+            try:
+                image = (self.home / name).read_bytes()
+            except OSError:
+                continue
+            if episode_id not in done:
+                c.execute(insert(warehouses).values(episode_id=episode_id, image=image))
 
     def seal(self, row: dict) -> str:
         """The HMAC of an episode row's sealed fields, under the store's key."""
@@ -254,8 +295,9 @@ class RunStore:
         self.engine.dispose()
 
     # -- writing an episode (StoreSink calls these) ---------------------------------------------
-    def warehouse_relpath(self, case_id: str, episode_id: str) -> Path:
-        return Path("warehouses") / _UNSAFE.sub("_", case_id) / f"{episode_id}.sqlite"
+    def warehouse_name(self, case_id: str, episode_id: str) -> str:
+        """An episode's warehouse name (sealed with its row; a schema-3 store kept the file there)."""
+        return str(Path("warehouses") / _UNSAFE.sub("_", case_id) / f"{episode_id}.sqlite")
 
     def _case_text(self, case: dict) -> str:
         """The case as stored (sorted JSON), made once per case object: rollouts of a case share it."""
@@ -267,15 +309,12 @@ class RunStore:
         return known[1]
 
     def _row(self, start: EpisodeStart) -> dict:
-        rel = self.warehouse_relpath(start.case["case_id"], start.episode_id)
-        if rel.parent not in self._folders:
-            (self.home / rel.parent).mkdir(parents=True, exist_ok=True)
-            self._folders.add(rel.parent)
         case_json = self._case_text(start.case)
         return {"episode_id": start.episode_id, "run_id": start.run_id, "rollout": start.rollout,
                 "case_id": start.case["case_id"], "agent": start.agent,
                 "agent_options": json.dumps(start.options, sort_keys=True, default=repr),
-                "case_json": case_json, "case_sha256": sha256(case_json), "warehouse": str(rel),
+                "case_json": case_json, "case_sha256": sha256(case_json),
+                "warehouse": self.warehouse_name(start.case["case_id"], start.episode_id),
                 "warehouse_sha256": None, "status": RUNNING, "started_at": start.started_at, "end_reason": None,
                 "error": None, "ledger_digest": None, "ledger_entries": None, "ended_at": None, "seal": None}
 
@@ -297,13 +336,13 @@ class RunStore:
             with self.engine.connect() as c:
                 rows = {r["episode_id"]: dict(r) for r in c.execute(
                     select(episodes).where(episodes.c.episode_id.in_(announced))).mappings()}
-        new, updates, ledgers = [], [], []
+        new, updates, ledgers, images = [], [], [], []
         for result, start in ended:
             end = {"status": ENDED, "end_reason": result.end_reason, "error": result.error or None,
                    "ledger_digest": last_hash(result.ledger), "ledger_entries": len(result.ledger),
                    "ended_at": time.time(), "warehouse_sha256": None}
             if result.warehouse is not None:
-                save_warehouse(result.warehouse, self.home / self.warehouse_relpath(result.case_id, result.episode_id))
+                images.append({"episode_id": result.episode_id, "image": result.warehouse})
                 end["warehouse_sha256"] = sha256(result.warehouse)
             if start is not None:
                 row = {**self._row(start), **end}
@@ -321,6 +360,8 @@ class RunStore:
                                                  episodes.c.status == RUNNING), updates)
             if ledgers:
                 c.execute(insert(ledger_rows), ledgers)
+            if images:
+                c.execute(insert(warehouses), images)
 
     def close_abandoned(self, episode_id: str, reason: str) -> bool:
         """End an episode whose process died before it did (its warehouse may never have been
@@ -379,13 +420,15 @@ class RunStore:
             entries.append(entry)
         return entries, problems
 
-    def warehouse_path(self, episode: dict) -> Path:
-        return self.home / episode["warehouse"]
+    def warehouse_image(self, episode_id: str) -> bytes | None:
+        """An episode's final warehouse as stored (a SQLite database image), or None."""
+        with self.engine.connect() as c:
+            return c.execute(select(warehouses.c.image).where(warehouses.c.episode_id == episode_id)).scalar()
 
     def load(self, episode_id: str) -> StoredEpisode:
         """The episode as stored, checked: its seal, its case against the case's hash, its ledger
         (readable, its chain intact, as long and ending on the hash recorded when it ended) and its
-        warehouse file against its hash. Whatever does not hold is listed in `problems`."""
+        warehouse image against its hash. Whatever does not hold is listed in `problems`."""
         row = self.episode(episode_id)
         problems: list[str] = []
         if row["status"] != ENDED:
@@ -413,7 +456,7 @@ class RunStore:
         mart = None
         if row["status"] == ENDED and row["end_reason"] != ABANDONED:
             try:
-                mart = read_mart(self.warehouse_path(row), row["warehouse_sha256"])
+                mart = read_mart(self.warehouse_image(episode_id), row["warehouse"], row["warehouse_sha256"])
             except StoreError as exc:
                 problems.append(str(exc))
         return StoredEpisode(
@@ -482,6 +525,26 @@ class RunStore:
             rows = c.execute(select(nightly).order_by(nightly.c.night_seq.desc()).limit(limit)).mappings().all()
         return [{"night": r["night_seq"], "run_id": r["run_id"], "at": r["at"],
                  "summary": json.loads(r["summary"])} for r in reversed(rows)]
+
+
+    # -- Dagster step outputs (the nightly job's IO manager) ----------------------------------
+    def put_output(self, run_id: str, step_key: str, output: str, value: str) -> None:
+        """Keep one step output (JSON text); a step that runs again replaces what it wrote."""
+        key = (step_outputs.c.run_id == run_id) & (step_outputs.c.step_key == step_key) & (step_outputs.c.output == output)
+        with self.engine.begin() as c:
+            c.execute(step_outputs.delete().where(key))
+            c.execute(insert(step_outputs).values(run_id=run_id, step_key=step_key, output=output, value=value))
+
+    def get_output(self, run_id: str, step_key: str, output: str) -> str | None:
+        with self.engine.connect() as c:
+            return c.execute(select(step_outputs.c.value).where(
+                step_outputs.c.run_id == run_id, step_outputs.c.step_key == step_key,
+                step_outputs.c.output == output)).scalar()
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+    return lines[0] if lines else type(exc).__name__
 
 
 def _grade_json(text: str, episode_id: str, case_id: str, agent: str) -> dict:

@@ -2,7 +2,7 @@
 
 For each episode in the run store (or in one run): the store's own checks (`RunStore.load`:
 the record's seal, the case against its hash, the ledger readable, its chain intact, as long
-and ending on the hash recorded when the episode ended, the warehouse file against its hash),
+and ending on the hash recorded when the episode ended, the warehouse image against its hash),
 then a fresh grade from the stored ledger and warehouse (`grader.grade_stored`) against the
 grade kept for it, if any. For a `gate run` directory, each transcript line is also checked
 against the stored episode it names: a transcript is an export, and a line that claims another

@@ -154,16 +154,19 @@ def test_editing_the_stored_truth_labels_is_caught(home, capsys):
 
 def test_editing_the_saved_warehouse_is_caught(home, capsys):
     store, result = stored_episode("naive")
-    path = store.warehouse_path(store.episode(result.episode_id))
-    conn = sqlite3.connect(path)
+    name = store.episode(result.episode_id)["warehouse"]
+    conn = sqlite3.connect(":memory:")
+    conn.deserialize(store.warehouse_image(result.episode_id))
     conn.execute("DELETE FROM wh_orders WHERE amount > 50000")  # take the bad rows back out
     conn.commit()
+    edited = conn.serialize()
     conn.close()
+    db(home).execute("UPDATE warehouses SET image = ? WHERE episode_id = ?", (edited, result.episode_id))
     problems = store.load(result.episode_id).problems
-    assert problems == (f"warehouse file {path} was altered (its SHA-256 differs from the one recorded)",)
+    assert problems == (f"warehouse {name} was altered (its SHA-256 differs from the one recorded)",)
     g = grade_stored(store.load(result.episode_id))
     assert g.reward == 0.0 and g.failed and "warehouse" in g.reason
-    path.unlink()
+    db(home).execute("DELETE FROM warehouses WHERE episode_id = ?", (result.episode_id,))
     assert "missing" in " ".join(store.load(result.episode_id).problems)
     code, out = verify(capsys, "--json")
     assert code == 1 and json.loads(out)["episodes_with_problems"] == 1
@@ -234,3 +237,28 @@ def test_a_second_gate_run_with_the_same_id_is_refused(tmp_path):
                 pass
     with run_lock(run_dir):  # free again once the first is done
         pass
+
+
+def test_a_schema_3_store_is_migrated_with_its_warehouse_files(home, capsys):
+    """Schema 3 kept warehouses as files under GATE_HOME: opening it copies them into the database,
+    once; the seals still hold, a file that was lost stays a problem, an older schema is refused."""
+    store, result = stored_episode("naive")
+    _, other = stored_episode("careful")
+    for ep in (result, other):  # make it the store schema 3 wrote
+        path = home / store.episode(ep.episode_id)["warehouse"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(store.warehouse_image(ep.episode_id))
+    (home / store.episode(other.episode_id)["warehouse"]).unlink()  # one file lost before the upgrade
+    db(home).execute("DELETE FROM warehouses")
+    db(home).execute("UPDATE gate_store SET value = '3' WHERE key = 'schema'")
+    store.dispose()
+    migrated = RunStore()
+    assert db(home).execute("SELECT value FROM gate_store WHERE key = 'schema'").fetchone()[0] == "4"
+    assert migrated.load(result.episode_id).problems == ()
+    assert grade_stored(migrated.load(result.episode_id)) == result.grade
+    assert "missing from the run store" in " ".join(migrated.load(other.episode_id).problems)
+    RunStore().dispose()  # opening it again migrates nothing twice
+    assert db(home).execute("SELECT COUNT(*) FROM warehouses").fetchone()[0] == 1
+    db(home).execute("UPDATE gate_store SET value = '2' WHERE key = 'schema'")
+    with pytest.raises(Exception, match="has schema 2; this gate reads 4"):
+        RunStore()

@@ -60,9 +60,14 @@ def cmd_ui(a) -> int:
         raise UsageError(f"port {a.port} on 127.0.0.1 is already in use: stop what listens there, "
                          f"or pass --port with a free one")
     settings = cli_settings()
+    from ..store import RunStore, StoreError
+    try:  # a bad GATE_DB_URL or an unreachable database server is one line, before Dagster starts
+        RunStore(settings).dispose()
+    except StoreError as exc:
+        raise UsageError(str(exc))
     home = dagster_home(settings)
     try:
-        warnings = prepare_instance_dir(home)
+        warnings = prepare_instance_dir(home, settings.db_url)
         workspace = write_workspace(home)
     except OSError as exc:
         raise UsageError(f"cannot prepare the Dagster instance directory {home}: {exc}")

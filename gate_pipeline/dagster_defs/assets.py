@@ -126,7 +126,7 @@ def agent_episode(context: dg.AssetExecutionContext, config: EpisodeConfig, gate
     yield dg.MaterializeResult(asset_key="agent_report", metadata={
         **common, "ledger_digest": ep["ledger_digest"], "tool_calls": len(result.ledger),
         "report": dg.MetadataValue.json(report), "end_reason": result.end_reason, "error": result.error,
-        "warehouse": str(store.warehouse_path(ep))})
+        "warehouse": ep["warehouse"], "run_store": store.url})
     if result.error:
         raise dg.Failure(description=f"agent {result.agent!r} failed ({result.error}); the stored episode grades 0",
                          metadata=common)

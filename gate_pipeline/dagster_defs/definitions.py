@@ -8,7 +8,7 @@ import dagster as dg
 
 from .assets import agent_episode, staging_batches
 from .checks import contract_check
-from .jobs import nightly_job, nightly_multiprocess_job, play_case_job
+from .jobs import NIGHTLY_JOBS, play_case_job
 from .resources import default_resources
 from .schedules import nightly_schedule
 from .scoreboard import scoreboard
@@ -22,7 +22,7 @@ defs = dg.Definitions.merge(
                            scoreboard.map_asset_specs(lambda spec: dg.apply_freshness_policy(spec,
                                                                                              SCOREBOARD_FRESHNESS))],
                    asset_checks=[contract_check]),
-    dg.Definitions(jobs=[play_case_job, nightly_job, nightly_multiprocess_job]),
+    dg.Definitions(jobs=[play_case_job, *NIGHTLY_JOBS]),
     dg.Definitions(sensors=[grading_sensor, failed_run_sensor, case_partitions_sensor], schedules=[nightly_schedule]),
     dg.Definitions(resources=default_resources(), executor=dg.in_process_executor),
 )
@@ -31,3 +31,8 @@ defs = dg.Definitions.merge(
 def nightly_multiprocess_job() -> dg.JobDefinition:
     """The multiprocess nightly job, as `dg.reconstructable` needs it (a module-level function)."""
     return defs.resolve_job_def("nightly_benchmark_multiprocess")
+
+
+def nightly_celery_job() -> dg.JobDefinition:
+    """The Celery nightly job, as `dg.reconstructable` needs it (the `celery` extra installed)."""
+    return defs.resolve_job_def("nightly_benchmark_celery")

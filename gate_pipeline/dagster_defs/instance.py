@@ -1,4 +1,8 @@
-"""The Dagster instance `gate ui` runs on: SQLite storage in DAGSTER_HOME, run monitoring on, telemetry off.
+"""The Dagster instance `gate ui` runs on: run monitoring on, telemetry off; its storage (runs,
+events, schedules) in SQLite files in DAGSTER_HOME, or, when GATE_DB_URL names a PostgreSQL
+database, in that database, through dagster-postgres (the `postgres` extra): then every machine
+whose dagster.yaml points there sees the same runs, and the file is readable by its owner only,
+since it holds the URL (password included).
 
 `gate ui` writes `dagster.yaml` when the directory has none, or when the one there is gate's
 own (its first line is MARKER); a `dagster.yaml` someone wrote by hand is left as it is, and
@@ -12,6 +16,8 @@ cannot ask a worker's health. Both are checked every POLL_INTERVAL_S. When such 
 """
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 MARKER = "# written by gate ui: delete this line to keep your own edits"
@@ -19,9 +25,9 @@ POLL_INTERVAL_S = 15
 START_TIMEOUT_S = 180
 CANCEL_TIMEOUT_S = 180
 
+SQLITE_STORAGE = "# SQLite run, event and schedule storage in this directory (Dagster's default).\n"
 INSTANCE_YAML = f"""{MARKER}
-# SQLite run, event and schedule storage in this directory (Dagster's default).
-telemetry:
+{{storage}}telemetry:
   enabled: false
 run_monitoring:
   enabled: true
@@ -34,7 +40,33 @@ REQUIRED = {"run_monitoring": "runs whose worker died stay STARTED",
             "telemetry": "Dagster's telemetry is on"}
 
 
-def prepare_instance_dir(home: Path) -> list[str]:
+def postgres_url(db_url: str | None) -> str | None:
+    """dagster-postgres's URL for a PostgreSQL GATE_DB_URL, else None. It names psycopg2, the driver
+    dagster-postgres is written for (SQLAlchemy 2.1 takes psycopg 3 for a bare `postgresql://`)."""
+    if not db_url:
+        return None
+    from sqlalchemy.engine import make_url
+    try:
+        url = make_url(db_url)
+    except Exception:  # noqa: BLE001 - not a URL: the run store says what is wrong with it
+        return None
+    if url.get_backend_name() != "postgresql":
+        return None
+    return url.set(drivername="postgresql+psycopg2").render_as_string(hide_password=False)
+
+
+def instance_yaml(db_url: str | None = None) -> str:
+    """gate's dagster.yaml: Dagster's storage in PostgreSQL when `db_url` is a PostgreSQL URL."""
+    pg = postgres_url(db_url)
+    if pg is None:
+        return INSTANCE_YAML.replace("{storage}", SQLITE_STORAGE)
+    storage = ("# runs, events and schedules in the run store's PostgreSQL database (GATE_DB_URL), through\n"
+               "# dagster-postgres\n"
+               f"storage:\n  postgres:\n    postgres_url: {json.dumps(pg)}\n")
+    return INSTANCE_YAML.replace("{storage}", storage)
+
+
+def prepare_instance_dir(home: Path, db_url: str | None = None) -> list[str]:
     """Write gate's dagster.yaml into `home` unless someone else's is there; return warnings."""
     home.mkdir(parents=True, exist_ok=True)
     path = home / "dagster.yaml"
@@ -43,8 +75,13 @@ def prepare_instance_dir(home: Path) -> list[str]:
     except (OSError, UnicodeDecodeError) as exc:
         return [f"cannot read {path} ({exc}); Dagster will report what is wrong with it"]
     if existing is None or existing.startswith(MARKER):
-        if existing != INSTANCE_YAML:
-            path.write_text(INSTANCE_YAML, encoding="utf-8")
+        wanted = instance_yaml(db_url)
+        if existing != wanted:
+            tmp = path.with_name(f".dagster.yaml.{os.getpid()}")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it may hold a password
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(wanted)
+            os.replace(tmp, path)
         return []
     return [f"{path} is not gate's, so it is kept as it is; it has no `{key}` section: {why}"
             for key, why in REQUIRED.items() if not _has_section(existing, key)]

@@ -2,7 +2,10 @@
 
 Both run their steps in one process by default (`in_process_executor`: Dagster's per-step
 process costs about 2 s here, an episode a few milliseconds). `nightly_benchmark_multiprocess`
-is the same nightly job on Dagster's multiprocess executor, one process per chunk of cases.
+is the same nightly job on Dagster's multiprocess executor, one process per chunk of cases, and
+`nightly_benchmark_celery` the same on a Celery cluster (dagster-celery's executor: each step a
+task on the broker at GATE_CELERY_BROKER, run by whichever `dagster-celery worker` takes it; the
+`celery` extra). See docs/many-machines.md.
 
 Every run carries a maximum runtime (the `dagster/max_runtime` tag, in seconds): with the run
 monitoring `gate ui` turns on, a run whose worker is gone (a crash, a reboot) is failed once it
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import dagster as dg
 
+from ..settings import Settings
 from .assets import CASE_GROUP
 from .scoreboard import NIGHTLY_GROUP
 
@@ -34,6 +38,36 @@ nightly_multiprocess_job = dg.define_asset_job(
     executor_def=dg.multiprocess_executor.configured({"max_concurrent": 2}),
     tags={"dagster/max_runtime": str(NIGHTLY_MAX_RUNTIME_S)},
     description="The nightly benchmark with one process per step (chunk of cases).")
+
+
+def celery_config(broker: str) -> dict:
+    """dagster-celery's executor config for a broker URL: a Redis broker is also the result backend."""
+    backend = broker if broker.startswith(("redis://", "rediss://")) else "rpc://"
+    return {"broker": broker, "backend": backend}
+
+
+def _broker_at_launch(config: dict) -> dict:
+    """The executor's config when a run starts: the broker given at launch, else GATE_CELERY_BROKER."""
+    return celery_config(config.get("broker") or Settings.from_env().celery_broker)
+
+
+def _celery_job() -> dg.JobDefinition | None:
+    try:
+        from dagster_celery import celery_executor
+    except ImportError:  # the `celery` extra is not installed: no Celery job
+        return None
+    executor = celery_executor.configured(
+        _broker_at_launch, config_schema={"broker": dg.Field(str, is_required=False,
+                                                             description="default: GATE_CELERY_BROKER")})
+    return dg.define_asset_job(
+        "nightly_benchmark_celery", selection=dg.AssetSelection.groups(NIGHTLY_GROUP), executor_def=executor,
+        tags={"dagster/max_runtime": str(NIGHTLY_MAX_RUNTIME_S)},
+        description="The nightly benchmark with each step (chunk of cases) a Celery task, run by the "
+                    "workers listening on the broker at GATE_CELERY_BROKER.")
+
+
+nightly_celery_job = _celery_job()
+NIGHTLY_JOBS = [j for j in (nightly_job, nightly_multiprocess_job, nightly_celery_job) if j is not None]
 
 
 def nightly_run_config(cases_file: str | None = None, agents: list[str] | None = None,

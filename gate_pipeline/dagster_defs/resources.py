@@ -7,6 +7,7 @@ the daemon and an in-process run share one store and one case library.
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Optional
 
@@ -18,7 +19,7 @@ from .partitions import CaseIndex, CaseRef, case_index, load_case
 
 
 class GateStore(dg.ConfigurableResource):
-    """The run store: warehouses as SQLite files under `home`, ledgers and grades at `db_url`."""
+    """The run store at `db_url` (episodes, ledgers, warehouses, grades); `home` holds its key and pages."""
 
     home: Optional[str] = None
     db_url: Optional[str] = None
@@ -54,5 +55,46 @@ class CaseLibrary(dg.ConfigurableResource):
         return load_case(case_id, self.settings().cases_dir)
 
 
+STEP_OUTPUTS = "gate_step_outputs"
+
+
+class StepOutputs(dg.IOManager):
+    """The nightly job's step outputs (plans, chunks, what each chunk played, the scoreboard) as JSON
+    in the run store's database, so a step on one machine reads what a step on another wrote: a
+    cluster's workers share the database and nothing else (no shared file system)."""
+
+    def __init__(self, gate_store: GateStore):
+        self.gate_store = gate_store
+
+    @staticmethod
+    def _key(identifier) -> tuple[str, str, str]:
+        run_id, step_key, name, *mapping = identifier
+        return run_id, step_key, f"{name}[{mapping[0]}]" if mapping else name
+
+    def handle_output(self, context: dg.OutputContext, obj) -> None:
+        store = self.gate_store.open()
+        try:
+            store.put_output(*self._key(context.get_identifier()), json.dumps(obj, sort_keys=True))
+        finally:
+            store.dispose()
+
+    def load_input(self, context: dg.InputContext):
+        key = self._key(context.upstream_output.get_identifier())
+        store = self.gate_store.open()
+        try:
+            text = store.get_output(*key)
+        finally:
+            store.dispose()
+        if text is None:
+            raise dg.Failure(description=f"no stored output {key[2]!r} of step {key[1]!r} in run {key[0]}")
+        return json.loads(text)
+
+
+@dg.io_manager(required_resource_keys={"gate_store"},
+               description="The nightly job's step outputs, as JSON in the run store's database.")
+def step_outputs(init_context) -> StepOutputs:
+    return StepOutputs(init_context.resources.gate_store)
+
+
 def default_resources() -> dict:
-    return {"gate_store": GateStore(), "case_library": CaseLibrary()}
+    return {"gate_store": GateStore(), "case_library": CaseLibrary(), STEP_OUTPUTS: step_outputs}

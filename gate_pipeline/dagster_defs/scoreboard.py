@@ -8,6 +8,9 @@ observations: the nightly materializes only the scoreboard), and `build_scoreboa
 stored episodes (stored warehouse + ledger + truth) and renders exactly the tables `gate report`
 prints, as markdown and JSON, with the history of past nights so a regression shows.
 
+Step outputs go to the run store's database (resources.StepOutputs), so the chunks may run on
+other machines (`nightly_benchmark_celery`) that share only that database.
+
 Re-executing a failed nightly from failure works: `build_scoreboard` gets the plan from
 `plan_nightly` and plays, itself, the chunks that did not run in this run or its parent (a
 re-execution from failure skips steps that never started), so the scoreboard is complete.
@@ -28,7 +31,7 @@ from .bridge import ToolBridge
 from .catalog import CODE_VERSION, OWNERS
 from .markdown import md_code, md_table
 from .partitions import cases_partitions
-from .resources import CaseLibrary, GateStore
+from .resources import STEP_OUTPUTS, CaseLibrary, GateStore
 
 NIGHTLY_GROUP = "gate_nightly"
 DEFAULT_AGENTS = ["naive", "careful", "refuse-all"]
@@ -59,7 +62,8 @@ def _specs(chunk: dict, case_library: CaseLibrary) -> list:
         raise dg.Failure(description=f"nightly: {exc}") from None
 
 
-@dg.op(ins={"after": dg.In(dg.Nothing)}, out={"chunks": dg.DynamicOut(dict), "plan": dg.Out(dict)},
+@dg.op(ins={"after": dg.In(dg.Nothing)},
+       out={"chunks": dg.DynamicOut(dict, io_manager_key=STEP_OUTPUTS), "plan": dg.Out(dict, io_manager_key=STEP_OUTPUTS)},
        description="Check the agents, add missing case partitions, split into chunks.")
 def plan_nightly(context: dg.OpExecutionContext, config: NightlyConfig, case_library: CaseLibrary):
     if not config.agents:
@@ -102,7 +106,8 @@ def _play(context, chunk: dict, gate_store: GateStore, case_library: CaseLibrary
             for agent, rs in results.items() for k, index in enumerate(chunk["indices"])]
 
 
-@dg.op(description="Play a chunk of cases x agents through the engine; every episode is stored and bridged.")
+@dg.op(out=dg.Out(dict, io_manager_key=STEP_OUTPUTS),
+       description="Play a chunk of cases x agents through the engine; every episode is stored and bridged.")
 def play_chunk(context: dg.OpExecutionContext, chunk: dict, gate_store: GateStore, case_library: CaseLibrary) -> dict:
     return {"cases_file": chunk["cases_file"], "played": _play(context, chunk, gate_store, case_library)}
 
@@ -130,7 +135,8 @@ def _write_page(path: Path, grades: dict, tables: str, night) -> Path:
                       subtitle=f"night {night}: {', '.join(grades)}", tables=[("Tables", tables)])
 
 
-@dg.op(description="Grade the stored episodes and render the report tables, with history.")
+@dg.op(out=dg.Out(io_manager_key=STEP_OUTPUTS),
+       description="Grade the stored episodes and render the report tables, with history.")
 def build_scoreboard(context: dg.OpExecutionContext, parts: list, plan: dict, gate_store: GateStore,
                      case_library: CaseLibrary):
     played = [p for part in parts for p in part["played"]]

@@ -13,7 +13,7 @@ import dagster as dg
 
 from ..grader import TERMS, grade_stored, zero_grade
 from ..store import RUNNING
-from .jobs import nightly_job, nightly_multiprocess_job, play_case_job
+from .jobs import NIGHTLY_JOBS, play_case_job
 from .markdown import md_table
 from .partitions import cases_partitions, partition_changes
 from .resources import CaseLibrary, GateStore
@@ -97,7 +97,7 @@ def grading_sensor(context: dg.SensorEvaluationContext, gate_store: GateStore):
         store.dispose()
 
 
-@dg.run_failure_sensor(monitored_jobs=[play_case_job, nightly_job, nightly_multiprocess_job], minimum_interval_seconds=15,
+@dg.run_failure_sensor(monitored_jobs=[play_case_job, *NIGHTLY_JOBS], minimum_interval_seconds=15,
                        default_status=dg.DefaultSensorStatus.RUNNING,
                        description="Closes the open episodes of a failed run with Dagster's failure message, "
                                    "so the grading sensor grades them 0 with that reason.")
