@@ -93,7 +93,8 @@ def bench(a: argparse.Namespace, work: Path) -> int:
     print(f"nightly: {len(cases)} train cases x {', '.join(AGENTS)} = {len(cases) * len(AGENTS)} episodes, "
           f"chunks of {a.chunk_size} cases ({-(-len(cases) // a.chunk_size)} play steps); multiprocess: 2 "
           f"processes at once; celery: Redis, {WORKERS} workers of 1 process; PostgreSQL on 127.0.0.1 for all "
-          f"three; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the start", flush=True)
+          f"three; {os.cpu_count()} CPUs", flush=True)
+    print(f"load average {os.getloadavg()[0]:.2f} at the start", file=sys.stderr, flush=True)
     with postgres() as pg, redis() as broker:
         url = pg.create_database(f"gate_{uuid.uuid4().hex[:12]}")
         for name, value in {"GATE_HOME": str(work / "orchestrator"), "GATE_DB_URL": url, "GATE_STORE_KEY": KEY,
@@ -110,7 +111,7 @@ def bench(a: argparse.Namespace, work: Path) -> int:
             print("wall seconds from launch to the run's end; ratio: over in process's seconds in the same round; "
                   "same: the scoreboard (grades, summary, tables) equals in process's")
             print("round " + "".join(f"{n:>14}" for n in names) + "".join(f"{n + ' ratio':>20}" for n in others)
-                  + "   same  load", flush=True)
+                  + "   same", flush=True)
             times: dict[str, list[float]] = {n: [] for n in names}
             same, reference = True, None
             for r in range(a.rounds):
@@ -123,7 +124,8 @@ def bench(a: argparse.Namespace, work: Path) -> int:
                 same = same and equal
                 print(f"{r + 1:>5} " + "".join(f"{times[n][r]:>12.1f} s" for n in names)
                       + "".join(f"{times[n][r] / times[base][r]:>20.2f}" for n in others)
-                      + f"   {'yes' if equal else 'NO':>4}  {os.getloadavg()[0]:4.2f}", flush=True)
+                      + f"   {'yes' if equal else 'NO':>4}", flush=True)
+                print(f"load average {os.getloadavg()[0]:.2f} after round {r + 1}", file=sys.stderr, flush=True)
     ratios = {n: statistics.median(t / b for t, b in zip(times[n], times[base], strict=True)) for n in others}
     print("median" + "".join(f"{statistics.median(times[n]):>12.1f} s" for n in names)
           + "".join(f"{ratios[n]:>20.2f}" for n in others))

@@ -82,7 +82,8 @@ def main() -> int:
 
     per_case_ms = (nightly_s - core_s) / n * 1000
     print(f"nightly benchmark: {n} eval cases x {', '.join(AGENTS)} = {n * len(AGENTS)} episodes "
-          f"(median of {a.repeats}; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the end)")
+          f"(median of {a.repeats}; {os.cpu_count()} CPUs)")
+    print(f"load average {os.getloadavg()[0]:.2f} at the end", file=sys.stderr)
     print(f"  import dagster + gate definitions        {import_s:7.2f} s")
     print(f"  bare core (engine.play_cases)            {core_s:7.2f} s")
     print(f"  stored episodes, no Dagster (StoreSink)  {stored_s:7.2f} s")

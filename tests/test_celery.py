@@ -14,12 +14,12 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+from servers import celery_workers, postgres, redis
 
 from gate_pipeline.dagster_defs import definitions
 from gate_pipeline.dagster_defs.instance import prepare_instance_dir
 from gate_pipeline.dagster_defs.jobs import nightly_run_config
 from gate_pipeline.store import RunStore
-from servers import celery_workers, postgres, redis
 
 ROOT = Path(__file__).resolve().parents[1]
 EVAL = ROOT / "cases" / "classic" / "eval_curated.jsonl"
