@@ -117,7 +117,11 @@ def mart_revenue(conn: sqlite3.Connection) -> float:
 
 
 class PreparedCase:
-    """Everything an episode of `case` can share. Build once per case, then open many worlds."""
+    """Everything an episode of `case` can share. Build once per case, then open many worlds.
+
+    A classic case's; `suites.prepare(case)` picks the class of the case's suite."""
+
+    suite = "classic"
 
     def __init__(self, case: dict):
         self.case = case
