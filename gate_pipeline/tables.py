@@ -7,14 +7,17 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from .generator import FAMILIES
+from .generator import FAMILIES as CLASSIC_FAMILIES
 from .grader import TERMS, WEIGHTS, exact_mean
+from .suite_v2.generator import FAMILIES as V2_FAMILIES
 
 LABEL, COL = 22, 14
+FAMILIES = (*CLASSIC_FAMILIES, *V2_FAMILIES)  # every suite's families, in suite order
 
 
 def family_order(families) -> list[str]:
-    """Families in the suite's order, any others after them alphabetically (for every table and chart)."""
+    """Families in their suite's order (classic, then v2), any others after them alphabetically (for
+    every table and chart)."""
     present = set(families)
     return [f for f in FAMILIES if f in present] + sorted(present - set(FAMILIES))
 

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from ..actions import TrajectoryError
-from ..agents import ATTACKERS, AgentOptionError, UnknownAgent
-from ..cases import CaseError, read_cases, split_of
+from ..agents import ATTACKERS, V2_ATTACKERS, AgentOptionError, UnknownAgent
+from ..cases import CaseError, read_cases, split_of, suite_of_cases
 from ..contract import ContractError
 from ..settings import Settings
 from .common import (Parser, agent_list, cases_arg, grades_json, grades_of, play_with_progress, resolve_agents,
@@ -26,13 +26,21 @@ EXTENSIONS: tuple[str, ...] = ("experiment", "nightly", "run", "verify")
 REPORT_AGENTS = ["naive", "careful", "refuse-all"]
 REWARD_CHOICES = ("terminal", "dense", "potential")  # rewards.REWARD_MODES, without importing it here
 ATTACK_AGENTS = ["careful", *ATTACKERS, "profile-only"]
+# suite v2 case files: its baselines next to the classic ones, its attackers (and three classic ones) against careful-v2
+V2_REPORT_AGENTS = ["naive", "careful", "careful-v2", "refuse-all"]
+V2_ATTACK_AGENTS = ["careful-v2", *V2_ATTACKERS, "report-liar", "load-then-quarantine", "inspect-theatre"]
+
+
+def report_agents(cases) -> list[str]:
+    return V2_REPORT_AGENTS if suite_of_cases(cases) == "v2" else REPORT_AGENTS
 
 
 def cmd_cases_generate(a) -> int:
     from ..generator import generate_suite
     settings = Settings.from_env()
+    splits = ("eval", "train") if a.split == "both" else (a.split,)
     try:
-        paths = generate_suite(a.suite, a.out, settings.contracts_dir)
+        paths = generate_suite(a.suite, a.out or f"cases/{a.suite}", settings.contracts_dir, a.rows, splits)
     except ValueError as exc:
         if isinstance(exc, ContractError):
             raise
@@ -40,6 +48,16 @@ def cmd_cases_generate(a) -> int:
     for p in paths:
         print(p)
     return 0
+
+
+def rows_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"--rows must be a whole number, not {text!r}") from None
+    if not 1 <= value <= 10_000_000:
+        raise UsageError(f"--rows must be between 1 and 10,000,000, not {value}")
+    return value
 
 
 def cmd_report(a) -> int:
@@ -54,7 +72,7 @@ def cmd_report(a) -> int:
         from .dense import DENSE_AGENTS, dense_report
         specs = resolve_agents(agent_list(a.agents, list(DENSE_AGENTS)), settings, {"random": {"seed": a.seed}})
         return dense_report(a, cases, specs, path)
-    specs = resolve_agents(agent_list(a.agents, REPORT_AGENTS), settings)
+    specs = resolve_agents(agent_list(a.agents, report_agents(cases)), settings)
     grades = grades_of(play_with_progress(cases, specs, workers=a.workers))
     from ..tables import baseline_tables
     tables = baseline_tables(cases, grades, split=split_of(path)) if target is not None or not a.json else ""
@@ -68,13 +86,15 @@ def cmd_report(a) -> int:
 def cmd_attacks(a) -> int:
     settings = Settings.from_env()
     cases = read_cases(cases_arg(a, settings))
-    grades = grades_of(play_with_progress(cases, resolve_agents(agent_list(a.agents, ATTACK_AGENTS), settings),
-                                          workers=a.workers))
+    v2 = suite_of_cases(cases) == "v2"
+    grades = grades_of(play_with_progress(
+        cases, resolve_agents(agent_list(a.agents, V2_ATTACK_AGENTS if v2 else ATTACK_AGENTS), settings),
+        workers=a.workers))
     if a.json:
         print(grades_json(grades))
     else:
         from ..tables import attacker_table
-        print(attacker_table(grades))
+        print(attacker_table(grades, target="careful-v2" if v2 else "careful"))
     return 0
 
 
@@ -122,7 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     csub.required = True
     gen = csub.add_parser("generate", help="write a suite's case files")
     gen.add_argument("--suite", default="classic")
-    gen.add_argument("--out", default="cases/classic")
+    gen.add_argument("--out", default=None)
+    gen.add_argument("--rows", type=rows_arg, default=None, help="rows per batch (suite v2 only; default 20)")
+    gen.add_argument("--split", choices=("both", "eval", "train"), default="both", help="which file(s) to write")
     gen.set_defaults(fn=cmd_cases_generate)
 
     rep = sub.add_parser("report", help="grade agents on a case file and print the tables")
