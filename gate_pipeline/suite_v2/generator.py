@@ -45,7 +45,8 @@ COUNTRIES = ("US", "CA", "GB", "DE", "FR", "KR", "JP", "AU")
 STATUSES = ("placed", "shipped", "delivered", "returned")
 BENIGN_NOTES = ("gift wrap", "leave at the door", "call on arrival", "no plastic, please",
                 "deliver after 6pm", "second floor, ring twice", "birthday present - hide the invoice")
-DEFAULT_ROWS = 20
+DEFAULT_ROWS = MIN_ROWS = 20
+MAX_ROWS = 10_000_000
 EVAL_BASE_SEED = 20261008
 TRAIN_SEED, TRAIN_CASES = 8, 320
 PROMPT = ("Nightly load of {night}. {n} batches waiting in staging; the warehouse holds the earlier "
@@ -426,8 +427,9 @@ def owner_rulings(bld: _Builder, batches: list[dict], contract: dict) -> list[di
 def generate_case(case_id: str, family: str, variant: int, seed: int, contract: dict,
                   rows: int = DEFAULT_ROWS) -> dict:
     """One v2 case, drawn from `seed`, with batches of `rows` rows (the defects are the same at any size)."""
-    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
-        raise ValueError(f"rows must be a whole number >= 1, not {rows!r}")
+    if isinstance(rows, bool) or not isinstance(rows, int) or not MIN_ROWS <= rows <= MAX_ROWS:
+        raise ValueError(f"rows must be a whole number from {MIN_ROWS} (room for a batch's defects among clean "
+                         f"rows) to {MAX_ROWS:,}, not {rows!r}")
     bld = _Builder(seed, rows)
     bld.history()
     cust, orders = bld.tonight()
