@@ -30,6 +30,23 @@ def prepare(case: dict):
     return _PREPARED[suite_of(case)](case)
 
 
+def warehouse_row_counts(case: dict) -> dict[str, int]:
+    """Rows per warehouse table of a case's seed warehouse ({"customers": n, "orders": m})."""
+    if suite_of(case) == "v2":
+        from .suite_v2.files import rows_of
+        return {t: sum(1 for _ in rows_of(case["warehouse"][t])) for t in ("customers", "orders")}
+    return {t: len(rows) for t, rows in case["warehouse"].items()}
+
+
+def contract_failures(prepared, table: str) -> list[tuple[str, int, list, object]]:
+    """(batch id, rows, rules that failed, pandera failure cases or None) per batch of `table` of a v2 case
+    (the classic case's are computed by the Dagster asset check itself)."""
+    from .suite_v2.gold import case_findings
+    found = case_findings(prepared)
+    return [(bid, prepared.row_counts[bid], found[bid].rules, found[bid].failure_cases)
+            for bid in prepared.order if prepared.batches[bid]["table"] == table]
+
+
 def suite_of_prepared(prepared) -> str:
     return getattr(prepared, "suite", "classic")
 

@@ -159,6 +159,12 @@ class PreparedCase:
         finally:
             conn.close()
 
+    def preview(self, batch_id: str, n: int) -> tuple[list[str], list[list]]:
+        """(the batch's columns, its first n rows), for a human's look (the Dagster asset's metadata)."""
+        batch = self.batches[batch_id]
+        cols = list(COLUMNS[batch["table"]])
+        return cols, [[r.get(c) for c in cols] for r in batch["rows"][:n]]
+
     def profile(self, batch_id: str) -> dict:
         if batch_id not in self._profiles:
             self._profiles[batch_id] = profile(self.batches[batch_id])

@@ -101,6 +101,7 @@ def cmd_attacks(a) -> int:
 def cmd_replay(a) -> int:
     from ..actions import parse_trajectories
     from ..engine import replay
+    from ..suites import prepare
     from ..world import PreparedCase
     settings = Settings.from_env()
     path = cases_arg(a, settings)
@@ -116,7 +117,7 @@ def cmd_replay(a) -> int:
     prepared: dict[str, PreparedCase] = {}
     for case_id, actions in items:
         if case_id not in prepared:
-            prepared[case_id] = PreparedCase(cases[case_id])
+            prepared[case_id] = prepare(cases[case_id])
         results, episode = replay(prepared[case_id], actions, reward=a.reward)
         g = episode.grade
         if a.json:

@@ -14,9 +14,9 @@ from pydantic import Field
 
 from ..agents import AgentOptionError, UnknownAgent, resolve_agent
 from ..cases import CaseError
-from ..contract import COLUMNS
 from ..engine import play
 from ..store import StoreSink
+from ..suites import prepare
 from ..world import PreparedCase
 from .bridge import ToolBridge
 from .checks import CHECKED_TABLES, contract_check, contract_check_specs
@@ -42,12 +42,12 @@ def _case(case_library: CaseLibrary, case_id: str):
 
 def _preview(prepared: PreparedCase) -> str:
     parts = []
+    rows = {b["batch_id"]: b["rows"] for b in prepared.listing}
     for bid in prepared.order:
         batch = prepared.batches[bid]
-        cols = COLUMNS[batch["table"]]
-        parts.append(f"**{bid}** ({batch['table']}, {len(batch['rows'])} rows, staged as "
-                     f"`{prepared.staging[bid]}`)\n\n"
-                     + md_table(cols, [[r.get(c) for c in cols] for r in batch["rows"][:PREVIEW_ROWS]]))
+        cols, head = prepared.preview(bid, PREVIEW_ROWS)
+        parts.append(f"**{bid}** ({batch['table']}, {rows[bid]} rows, staged as "
+                     f"`{prepared.staging[bid]}`)\n\n" + md_table(cols, head))
     return "\n\n".join(parts)
 
 
@@ -57,11 +57,12 @@ def _preview(prepared: PreparedCase) -> str:
                       "contract checks.")
 def staging_batches(context: dg.AssetExecutionContext, case_library: CaseLibrary):
     case, ref = _case(case_library, context.partition_key)
-    prepared = PreparedCase(case)
+    prepared = prepare(case)
+    row_counts = {b["batch_id"]: b["rows"] for b in prepared.listing}
     yield dg.MaterializeResult(asset_key="staging_batches", metadata={
         "suite": ref.suite, "split": ref.split, "family": case["family"], "case_file": str(ref.path),
-        "row_counts": dg.MetadataValue.json({bid: len(prepared.batches[bid]["rows"]) for bid in prepared.order}),
-        "rows": sum(len(b["rows"]) for b in prepared.batches.values()),
+        "row_counts": dg.MetadataValue.json(row_counts),
+        "rows": sum(row_counts.values()),
         "preview": dg.MetadataValue.md(_preview(prepared)),
     })
     for table in CHECKED_TABLES:
@@ -90,7 +91,7 @@ def agent_episode(context: dg.AssetExecutionContext, config: EpisodeConfig, gate
         raise dg.Failure(description=str(exc)) from None
     store = gate_store.open()
     try:
-        result = play(PreparedCase(case), spec, sinks=(StoreSink(store), ToolBridge(context)),
+        result = play(prepare(case), spec, sinks=(StoreSink(store), ToolBridge(context)),
                       run_id=context.run.run_id)
         ep = store.episode(result.episode_id)
     finally:

@@ -40,6 +40,9 @@ def warehouse_keys(prepared: PreparedCase, table: str) -> dict[str, set]:
 
 def contract_failures(prepared: PreparedCase, table: str) -> list[tuple[str, int, list, object]]:
     """(batch id, rows, rules that failed, pandera failure cases or None) per batch of `table`."""
+    if getattr(prepared, "suite", "classic") == "v2":  # suite v2's schemas: header, rows and history
+        from ..suites import contract_failures as v2_failures
+        return v2_failures(prepared, table)
     contract = prepared.contract
     rules = rules_for(contract, table)
     schema = build_schema(contract, table, warehouse_keys(prepared, table))
@@ -50,6 +53,13 @@ def contract_failures(prepared: PreparedCase, table: str) -> list[tuple[str, int
             failed, cases = failing_rules(schema, frame(batch["rows"], COLUMNS[table]), rules)
             out.append((bid, len(batch["rows"]), failed, cases))
     return out
+
+
+def _rules(prepared, table: str) -> list:
+    if getattr(prepared, "suite", "classic") == "v2":
+        from ..suite_v2.rules import rules_for as v2_rules
+        return v2_rules(prepared.contract, table)
+    return rules_for(prepared.contract, table)
 
 
 def contract_check(prepared: PreparedCase, table: str) -> dg.AssetCheckResult:
@@ -63,7 +73,7 @@ def contract_check(prepared: PreparedCase, table: str) -> dg.AssetCheckResult:
     metadata = {
         "batches_checked": len(per_batch),
         "batches_failing": len(bad),
-        "rules": dg.MetadataValue.json([r.key for r in rules_for(prepared.contract, table)]),
+        "rules": dg.MetadataValue.json([r.key for r in _rules(prepared, table)]),
         "per_batch": dg.MetadataValue.md(md_table(["batch", "rows", "failed rules"], per_batch)),
     }
     if failures:

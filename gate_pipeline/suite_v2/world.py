@@ -137,6 +137,15 @@ class PreparedCaseV2:
         return self._db
 
     # -- what the tools and the grader read ------------------------------------------------
+    def preview(self, batch_id: str, n: int) -> tuple[list[str], list[list]]:
+        """(the file's header, its first n rows), for a human's look (the Dagster asset's metadata)."""
+        rows = []
+        for row in rows_of(self.batches[batch_id]["csv"]):
+            if len(rows) >= n:
+                break
+            rows.append(row)
+        return list(self.headers[batch_id]), rows
+
     def profile(self, batch_id: str) -> dict:
         if batch_id not in self._profiles:
             self._profiles[batch_id] = profile(self._reader(), self.batches[batch_id], self.staging[batch_id],
