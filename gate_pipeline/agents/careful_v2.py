@@ -95,9 +95,11 @@ class CarefulV2:
     # ----------------------------------------------------------------------------------------
     def play(self, tools: Tools, case=None) -> None:
         contract = tools("read_contract")
+        # the case's own contract says its suite: a v2 contract (its row-quarantine policy) comes with v2's
+        # tools (rows, citations, the owner); asked before a variant's view, which never adds a section
+        self.v2_tools = isinstance(contract, dict) and "row_quarantine" in contract
         if self.contract_view is not None:
             contract = self.contract_view(contract)
-        self.v2_tools = {"quarantine_rows", "cite_defect", "ask_owner"} <= set(getattr(tools, "tool_names", ()))
         loaded, quarantined = [], []
         listing = tools("list_batches")
         self.prepare(tools, listing, contract)
