@@ -224,19 +224,14 @@ def careful_factory(variant: Variant):
     option adds to the variant's removed rules."""
     name = variant_agent_name(variant)
     if variant.suite == "v2":
-        from .agents.careful_v2 import CarefulV2, rule_keys_v2
-
-        def careful_v2_under_variant(without=()):
-            agent = CarefulV2(without=rule_keys_v2(without) + tuple(variant.remove_rules),
-                              contract_view=variant.apply)
-            agent.name = name
-            return agent
-        return careful_v2_under_variant
-    from .agents.careful import CarefulPandera, rule_keys
+        from .agents.careful_v2 import CarefulV2 as agent_class
+        from .agents.careful_v2 import rule_keys_v2 as keys_of
+    else:
+        from .agents.careful import CarefulPandera as agent_class
+        from .agents.careful import rule_keys as keys_of
 
     def careful_under_variant(without=()):
-        agent = CarefulPandera(without=rule_keys(without) + tuple(variant.remove_rules),
-                               contract_view=variant.apply)
+        agent = agent_class(without=keys_of(without) + tuple(variant.remove_rules), contract_view=variant.apply)
         agent.name = name
         return agent
     return careful_under_variant
