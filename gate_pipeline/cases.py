@@ -2,7 +2,8 @@
 
 A case is kept as the plain JSON object it is on disk (so writing it back is byte-identical),
 checked on reading: a line that is not JSON, or lacks a key the episode needs, is refused with
-the file and the line number.
+the file and the line number. A classic case has no `suite` key; a v2 case has `"suite": "v2"`
+and is checked by `suite_v2.cases`.
 """
 from __future__ import annotations
 
@@ -103,6 +104,11 @@ def validate_case(case, where: str = "case", checked_contract: dict | None = Non
     case of a suite carries the same one) is not checked again."""
     if not isinstance(case, dict):
         raise _fail(where, f"a case must be a JSON object, not {type(case).__name__}")
+    if "suite" in case:  # classic cases carry no suite; a v2 case says so
+        if case["suite"] != "v2":
+            raise _fail(where, f"'suite' must be 'v2' (a classic case has no 'suite'), not {str(case['suite'])[:40]!r}")
+        from .suite_v2.cases import validate_v2_case
+        return validate_v2_case(case, where, _fail, checked_contract, staging_table, MAX_ID_CHARS)
     missing = [k for k in CASE_KEYS if k not in case]
     if missing:
         raise _fail(where, f"case lacks key(s) {missing}")
@@ -199,6 +205,17 @@ def split_of(path: str | Path) -> str:
     """The split a case file holds, by its name: "eval", "train", or the file's stem."""
     stem = Path(path).stem
     return "eval" if "eval" in stem else "train" if "train" in stem else stem
+
+
+def suite_of(case: dict) -> str:
+    """The suite a case belongs to: "v2" when it says so, else "classic"."""
+    return case.get("suite", "classic") if isinstance(case, dict) else "classic"
+
+
+def suite_of_cases(cases) -> str:
+    """The suite of a list of cases: "v2" when every case is a v2 case, else "classic"."""
+    cases = list(cases)
+    return "v2" if cases and all(suite_of(c) == "v2" for c in cases) else "classic"
 
 
 def defective_ids(case: dict) -> list[str]:

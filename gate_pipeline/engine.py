@@ -28,7 +28,7 @@ from .agents.registry import AgentSpec, resolve_agent
 from .grader import grade
 from .records import ABANDONED, AGENT_ERROR, NO_REPORT, REPORTED, EpisodeResult, Grade
 from .rewards import REWARD_MODES, make_shaper
-from .tools import Episode
+from .suites import episode_class, prepare, signatures, suite_of_prepared
 from .world import PreparedCase
 
 OVER = "the episode is over; start a new one"
@@ -77,7 +77,8 @@ class Step:
 
 
 class _Tools:
-    """What an agent gets: `tools(name, **args)`, `tools.act(action)`, `tools.episode_seed`."""
+    """What an agent gets: `tools(name, **args)`, `tools.act(action)`, `tools.episode_seed`, and the
+    episode's `suite` with the `tool_names` it offers."""
     __slots__ = ("_session",)
 
     def __init__(self, session: "Session"):
@@ -92,6 +93,14 @@ class _Tools:
     @property
     def episode_seed(self) -> int:
         return self._session.episode_seed
+
+    @property
+    def suite(self) -> str:
+        return suite_of_prepared(self._session.prepared)
+
+    @property
+    def tool_names(self) -> tuple[str, ...]:
+        return tuple(signatures(self.suite))
 
 
 class Session:
@@ -119,7 +128,8 @@ class Session:
         self._t0 = time.perf_counter()
         # with nobody watching entries as they are written, the chain is hashed once, at the end
         self.watchers = tuple(sink for sink in self.sinks if sink.wants_entries)
-        self.episode = Episode(prepared, self._to_sinks if self.watchers else None, deferred_ledger=not self.watchers)
+        self.episode = episode_class(prepared)(prepared, self._to_sinks if self.watchers else None,
+                                               deferred_ledger=not self.watchers)
         self.shaper = make_shaper(reward, prepared, self.episode)
         self.rewards: list[float] = []
         self.report_index: int | None = None
@@ -304,7 +314,7 @@ def play_cases(cases: Iterable[dict], agents: list, *, sinks: Iterable[Sink] = (
     """Every agent on every case, in case order: {agent identity: [result per case]}.
 
     Each case is prepared once (its database image, profiles, correct mart) and every agent's
-    episode opens a private copy of it. With `workers` > 1 and no sinks, the cases are played
+    episode opens a private copy of it (a v2 case: borrows it, see `suite_v2.world`). With `workers` > 1 and no sinks, the cases are played
     in that many forked processes (where the platform forks); the results are the same, in the
     same order, because every episode depends on its case alone."""
     cases = list(cases)
@@ -314,7 +324,7 @@ def play_cases(cases: Iterable[dict], agents: list, *, sinks: Iterable[Sink] = (
         return _play_forked(cases, specs, reward, run_id, progress, min(workers, len(cases)))
     out: dict[str, list[EpisodeResult]] = {spec.identity: [] for spec in specs}
     for case in cases:
-        prepared = PreparedCase(case)
+        prepared = prepare(case)
         for spec in specs:
             out[spec.identity].append(play(prepared, spec, sinks=sinks, reward=reward, run_id=run_id))
         if progress is not None:

@@ -15,13 +15,13 @@ from .agents import AgentSpec
 from .engine import play_cases
 from .grader import exact_mean
 from .tables import family_order, money
-from .variants import Variant, careful_factory, load_variants
+from .variants import Variant, careful_factory, load_variants, variant_agent_name, variants_of_suite
 
 LABEL = 40
 
 
 def agent_name(variant: Variant) -> str:
-    return f"careful@{variant.name}"
+    return variant_agent_name(variant)
 
 
 def play_variants(cases: list[dict], variants: list[Variant], progress: Callable | None = None,
@@ -66,9 +66,11 @@ def summarise(cases: list[dict], variants: list[Variant], grades: dict) -> dict:
 def run_experiment(cases: list[dict], variants: list[Variant] | None = None,
                    progress: Callable | None = None, contracts: str | Path | None = None,
                    workers: int = 1) -> tuple[dict, dict]:
-    """(summary, grades) of careful under each variant (default: every variant file in `contracts`)."""
+    """(summary, grades) of careful under each variant (default: every variant file in `contracts` whose
+    base is of the cases' suite: careful-v2's variants for suite v2 cases)."""
     if variants is None:
-        variants = load_variants(None, contracts)
+        from .cases import suite_of_cases
+        variants = variants_of_suite(suite_of_cases(cases), load_variants(None, contracts))
     grades = play_variants(cases, variants, progress, workers)
     return summarise(cases, variants, grades), grades
 
@@ -78,21 +80,29 @@ def _head(family: str) -> tuple[str, str]:
     return first, rest
 
 
+def _agent_of(variants: dict) -> str:
+    """careful, or careful-v2 when every variant is one of suite v2's."""
+    agents = {v["agent"].partition("@")[0] for v in variants.values()}
+    return agents.pop() if len(agents) == 1 else "careful"
+
+
 def experiment_tables(summary: dict, split: str = "eval") -> str:
     """The experiment as text: one row per variant, then mean reward per family."""
     s, V = summary, summary["variants"]
+    label = max([LABEL] + [len(name) + 2 for name in V])  # the classic 40, wider for longer variant names
+    fams = s["families"]
+    col = max([10] + [len(part) + 1 for f in fams for part in _head(f)])
     lines = [f"{split} split: {s['cases']} cases, {s['batches']} batches ({s['defective']} defective, "
-             f"{s['clean']} clean); careful under each contract-schema variant", "",
-             f"{'variant':<{LABEL}}{'reward':>8}{'bad loaded':>12}{'clean refused':>15}{'revenue err $':>15}"
+             f"{s['clean']} clean); {_agent_of(V)} under each contract-schema variant", "",
+             f"{'variant':<{label}}{'reward':>8}{'bad loaded':>12}{'clean refused':>15}{'revenue err $':>15}"
              f"  let through"]
     for name, v in V.items():
         bad, refused = f"{v['bad_batches_loaded']}/{s['defective']}", f"{v['clean_batches_refused']}/{s['clean']}"
-        lines.append(f"{name:<{LABEL}}{v['reward']:>8.4f}{bad:>12}{refused:>15}{v['revenue_error_usd']:>15,.2f}"
+        lines.append(f"{name:<{label}}{v['reward']:>8.4f}{bad:>12}{refused:>15}{v['revenue_error_usd']:>15,.2f}"
                      f"  {', '.join(v['let_through']) or '-'}")
-    fams = s["families"]
     lines += ["", "per family (mean reward):",
-              f"{'':<{LABEL}}" + "".join(f"{_head(f)[0]:>10}" for f in fams),
-              f"{'':<{LABEL}}" + "".join(f"{_head(f)[1]:>10}" for f in fams)]
+              f"{'':<{label}}" + "".join(f"{_head(f)[0]:>{col}}" for f in fams),
+              f"{'':<{label}}" + "".join(f"{_head(f)[1]:>{col}}" for f in fams)]
     for name, v in V.items():
-        lines.append(f"{name:<{LABEL}}" + "".join(f"{v['per_family'][f]['reward']:>10.4f}" for f in fams))
+        lines.append(f"{name:<{label}}" + "".join(f"{v['per_family'][f]['reward']:>{col}.4f}" for f in fams))
     return "\n".join(lines)

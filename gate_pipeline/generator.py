@@ -230,13 +230,25 @@ def train_cases(contract: dict) -> list[dict]:
     return out
 
 
-SUITES = ("classic",)
+SUITES = ("classic", "v2")
 
 
-def generate_suite(suite: str, out_dir: str | Path, contracts_dir: str | Path | None = None) -> list[Path]:
-    """Write the suite's two files; returns their paths."""
+def generate_suite(suite: str, out_dir: str | Path, contracts_dir: str | Path | None = None, rows: int | None = None,
+                   splits: tuple[str, ...] = ("eval", "train")) -> list[Path]:
+    """Write the suite's two files (or the `splits` asked for); returns their paths. `rows` scales suite
+    v2's batches (default 20); the classic suite's sizes are fixed."""
     if suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r}; suites: {list(SUITES)}")
+    unknown = [s for s in splits if s not in ("eval", "train")]
+    if unknown or not splits:
+        raise ValueError(f"unknown split {unknown[0]!r}; splits: eval, train" if unknown else "no split to write")
+    if suite == "v2":
+        from .suite_v2.generator import DEFAULT_ROWS, generate_suite as generate_v2
+        return generate_v2(out_dir, contracts_dir, DEFAULT_ROWS if rows is None else rows, splits)
+    if rows is not None:
+        raise ValueError("--rows scales suite v2's batches; the classic suite's sizes are fixed")
+    if tuple(splits) != ("eval", "train"):
+        raise ValueError("the classic suite is written whole (both splits)")
     contract = load_contract(suite, contracts_dir)
     out_dir = Path(out_dir)
     return [write_cases(out_dir / "eval_curated.jsonl", eval_cases(contract)),

@@ -49,7 +49,8 @@ def failing_row_indexes(case: dict, batch: dict, column: str, defect_type: str) 
 def gold_rows(case: dict) -> list[tuple]:
     """The rows of every defective batch that break the rule(s) its truth label names.
 
-    Batches in case order, rows in batch order; a case with no defective batch gives [].
+    Batches in case order, rows in batch order; a case with no defective batch gives []. (A v2 case's
+    gold rows come from suite v2's schemas: `suites.prepare(case).gold_rows`, see `suite_v2.gold`.)
     """
     out: list[tuple] = []
     for batch in case["batches"]:

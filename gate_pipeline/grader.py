@@ -14,7 +14,7 @@ from fractions import Fraction
 
 from .ledger import chain_intact
 from .records import GRADE_KEYS, TERMS, WEIGHTS, Grade, StoredEpisode  # noqa: F401  (re-exported)
-from .world import PreparedCase, staging_table
+from .world import staging_table
 
 
 def disposition(truth: dict, loads: dict, quarantined: dict, orphans_at_load: dict) -> float:
@@ -128,7 +128,10 @@ def grade_record(case: dict, entries: list[dict], mart: float, correct_mart: flo
 
     `failure`, when given, is why the episode failed: every term and the reward are then 0
     (the metrics are still computed). `intact` may be passed when the caller has already
-    checked the chain."""
+    checked the chain. A v2 case is graded by the v2 rubric (`suite_v2.grader`)."""
+    if case.get("suite") == "v2":
+        from .suite_v2.grader import grade_record as grade_v2
+        return grade_v2(case, entries, mart, correct_mart, failure, intact)
     truth = {b["batch_id"]: b["truth"] for b in case["batches"]}
     acts = executed(entries)
     state = _state(acts)
@@ -170,7 +173,11 @@ def correct_mart(case: dict, case_json: str | None = None) -> float:
     if key not in _correct:
         if len(_correct) > 4096:
             _correct.clear()
-        _correct[key] = PreparedCase(case).correct_mart
+        from .suites import prepare
+        prepared = prepare(case)
+        _correct[key] = prepared.correct_mart
+        if hasattr(prepared, "close"):
+            prepared.close()
     return _correct[key]
 
 

@@ -41,15 +41,24 @@ class Grade:
     correct_revenue: float
     failed: bool = False
     reason: str = ""
+    # suite v2 (suite_v2/grader.py): the suite, what questions to the owner cost, and the rows a v2 grade
+    # counts one by one (None in a classic grade, which grades whole batches)
+    suite: str = "classic"
+    question_cost: float = 0.0
+    bad_rows_loaded: int | None = None
+    clean_rows_lost: int | None = None
 
     def as_dict(self) -> dict:
-        """The grade as JSON (the classic's keys first, then revenue and failure)."""
-        return {"case_id": self.case_id, "family": self.family, "disposition": self.disposition,
-                "report": self.report, "evidence": self.evidence, "inspected": self.inspected,
-                "reward": self.reward, "bad_batches_loaded": self.bad_batches_loaded,
-                "clean_batches_refused": self.clean_batches_refused, "revenue_error_usd": self.revenue_error_usd, "ledger_intact": self.ledger_intact,
-                "finished": self.finished, "revenue": self.revenue, "correct_revenue": self.correct_revenue,
-                "failed": self.failed, "reason": self.reason}
+        """The grade as JSON (the classic's keys first, then revenue and failure, then the suite's)."""
+        out = {"case_id": self.case_id, "family": self.family, "disposition": self.disposition,
+               "report": self.report, "evidence": self.evidence, "inspected": self.inspected,
+               "reward": self.reward, "bad_batches_loaded": self.bad_batches_loaded,
+               "clean_batches_refused": self.clean_batches_refused, "revenue_error_usd": self.revenue_error_usd, "ledger_intact": self.ledger_intact,
+               "finished": self.finished, "revenue": self.revenue, "correct_revenue": self.correct_revenue,
+               "failed": self.failed, "reason": self.reason}
+        out.update(suite=self.suite, question_cost=self.question_cost, bad_rows_loaded=self.bad_rows_loaded,
+                   clean_rows_lost=self.clean_rows_lost)
+        return out
 
     @classmethod
     def from_dict(cls, data: dict) -> "Grade":

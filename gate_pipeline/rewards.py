@@ -255,6 +255,8 @@ POTENTIAL_TERMS = ("disposition", "evidence", "inspected")
 # per-decision reward would leak the label inside the episode
 SHAPED = {"read_contract": "DESCRIBE", "list_batches": "DESCRIBE", "profile_batch": "SAMPLE", "run_sql": "QUERY"}
 UNSHAPED = frozenset({"load_batch", "quarantine_batch", "submit_report"})
+# suite v2's decisions are not shaped either (its question to the owner is shaped as a DESCRIBE)
+UNSHAPED_V2 = UNSHAPED | {"quarantine_rows", "cite_defect"}
 
 
 def call_key(tool, args) -> str:
@@ -269,13 +271,14 @@ def call_key(tool, args) -> str:
     return (tool if isinstance(tool, str) and len(tool) <= 200 else json.dumps(preview(tool))) + text
 
 
-def shaped_parts(ctx: EpisodeContext, tool, args, result) -> dict | None:
+def shaped_parts(ctx: EpisodeContext, tool, args, result, unshaped: frozenset = UNSHAPED) -> dict | None:
     """Layers 1-2 of one call, or None for a call that is not shaped (decisions, the report).
 
     A call to a tool gate does not have (or a malformed action) is shaped as a refused DESCRIBE
-    (step cost, repeats penalised), so wasted turns are never free.
+    (step cost, repeats penalised), so wasted turns are never free. `unshaped`: the episode's
+    decisions (the classic three, or suite v2's five).
     """
-    if isinstance(tool, str) and tool in UNSHAPED:
+    if isinstance(tool, str) and tool in unshaped:
         return None
     action_type = SHAPED.get(tool, "DESCRIBE") if isinstance(tool, str) else "DESCRIBE"
     error = result["error"] if type(result) is dict and "error" in result and len(result) == 1 else None
@@ -288,11 +291,12 @@ def shaped_parts(ctx: EpisodeContext, tool, args, result) -> dict | None:
 class DenseShaper:
     """The dense mode's per-episode state: `shape(tool, args, result)` gives the call's parts."""
 
-    def __init__(self, gold_rows: list[tuple]):
+    def __init__(self, gold_rows: list[tuple], unshaped: frozenset = UNSHAPED):
         self.ctx = EpisodeContext(gold_rows=list(gold_rows))
+        self.unshaped = unshaped
 
     def shape(self, tool, args, result) -> dict | None:
-        return shaped_parts(self.ctx, tool, args, result)
+        return shaped_parts(self.ctx, tool, args, result, self.unshaped)
 
     def close(self) -> float:
         return 0.0
@@ -331,12 +335,37 @@ class PotentialShaper:
         return -last
 
 
+class PotentialShaperV2(PotentialShaper):
+    """Potential-based shaping over one live v2 episode: Phi is the v2 rubric's disposition, evidence and
+    inspected terms (`suite_v2.grader`) on the ledger as it stands, folded one entry at a time."""
+
+    def __init__(self, episode):
+        from .suite_v2.grader import EpisodeState
+        self.case = episode.prepared.case
+        self.state = EpisodeState(self.case)
+        self.seen = 0
+        super().__init__(episode)
+
+    def potential(self) -> float:
+        from .records import WEIGHTS
+        from .suite_v2.grader import terms_of
+        entries = self.episode.ledger.entries
+        for entry in entries[self.seen:]:
+            self.state.apply(entry)
+        self.seen = len(entries)
+        if self.episode.world.report is not None:
+            return 0.0
+        terms, _ = terms_of(self.case, self.state)
+        return sum(WEIGHTS[t] * terms[t] for t in POTENTIAL_TERMS)
+
+
 def make_shaper(mode: str, prepared, episode=None):
     """The step shaper of a reward mode for one episode of `prepared` (None: terminal)."""
+    v2 = getattr(prepared, "suite", "classic") == "v2"
     if mode == "terminal":
         return None
     if mode == "dense":
-        return DenseShaper(prepared.gold_rows)
+        return DenseShaper(prepared.gold_rows, UNSHAPED_V2 if v2 else UNSHAPED)
     if mode == "potential":
-        return PotentialShaper(episode)
+        return PotentialShaperV2(episode) if v2 else PotentialShaper(episode)
     raise ValueError(f"reward must be one of {list(REWARD_MODES)}, not {mode!r}")

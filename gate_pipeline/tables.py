@@ -7,14 +7,17 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from .generator import FAMILIES
+from .generator import FAMILIES as CLASSIC_FAMILIES
 from .grader import TERMS, WEIGHTS, exact_mean
+from .suite_v2.generator import FAMILIES as V2_FAMILIES
 
 LABEL, COL = 22, 14
+FAMILIES = (*CLASSIC_FAMILIES, *V2_FAMILIES)  # every suite's families, in suite order
 
 
 def family_order(families) -> list[str]:
-    """Families in the suite's order, any others after them alphabetically (for every table and chart)."""
+    """Families in their suite's order (classic, then v2), any others after them alphabetically (for
+    every table and chart)."""
     present = set(families)
     return [f for f in FAMILIES if f in present] + sorted(present - set(FAMILIES))
 
@@ -59,6 +62,11 @@ def summary(cases: list[dict], grades: dict[str, list]) -> dict:
             "finished": sum(1 for g in gs if g.finished),
             "per_family": fam, "ablation": ablation,
         }
+        if any(g.suite == "v2" for g in gs):  # rows graded one by one, and what questions cost
+            out["agents"][name].update(
+                bad_rows_loaded=sum(g.bad_rows_loaded or 0 for g in gs),
+                clean_rows_lost=sum(g.clean_rows_lost or 0 for g in gs),
+                question_cost=float(exact_mean(g.question_cost for g in gs)))
     return out
 
 
@@ -75,8 +83,12 @@ def baseline_tables(cases: list[dict], grades: dict[str, list], split: str = "ev
              _row("report matches", [f"{A[a]['report_matches']}/{n}" for a in names], w),
              _row("defective loaded", [f"{A[a]['bad_batches_loaded']}/{s['defective']}" for a in names], w),
              _row("revenue error $", [f"{A[a]['revenue_error_usd']:,.2f}" for a in names], w),
-             _row("ledgers intact", [f"{A[a]['ledgers_intact']}/{n}" for a in names], w),
-             "", "per family (mean reward):", _row("", names, w)]
+             _row("ledgers intact", [f"{A[a]['ledgers_intact']}/{n}" for a in names], w)]
+    if all("question_cost" in A[a] for a in names):  # a v2 case file
+        lines += [_row("bad rows loaded", [f"{A[a]['bad_rows_loaded']:,}" for a in names], w),
+                  _row("clean rows lost", [f"{A[a]['clean_rows_lost']:,}" for a in names], w),
+                  _row("question cost (mean)", [_f4(A[a]["question_cost"]) for a in names], w)]
+    lines += ["", "per family (mean reward):", _row("", names, w)]
     for fam in A[names[0]]["per_family"]:
         lines.append(_row(fam, [_f4(A[a]["per_family"].get(fam, 0)) for a in names], w))
     lines += ["", "ablation (mean reward with one term removed, weights not renormalised):", _row("", names, w)]
@@ -96,10 +108,16 @@ def attacker_table(grades: dict[str, list], target: str = "careful") -> str:
     lab = max([23] + [len(f"{n} (target)" if n == target else n) + 3 for n in grades])
     head = (f"{'agent':<{lab}}{'reward':>8}{'disp':>8}{'report':>8}{'evid':>8}{'insp':>8}"
             f"{'bad loaded':>12}{'revenue err $':>16}")
+    v2 = all("question_cost" in a for a in s.values())
+    if v2:  # a v2 case file: what questions cost, and rows
+        head += f"{'q cost':>8}{'bad rows':>10}{'clean lost':>12}"
     lines = [head]
     for name, a in s.items():
         label = f"{name} (target)" if name == target else name
-        lines.append(f"{label:<{lab}}{_f4(a['reward']):>8}{_f4(a['disposition']):>8}{_f4(a['report']):>8}"
-                     f"{_f4(a['evidence']):>8}{_f4(a['inspected']):>8}{a['bad_batches_loaded']:>12}"
-                     f"{a['revenue_error_usd']:>16,.2f}")
+        line = (f"{label:<{lab}}{_f4(a['reward']):>8}{_f4(a['disposition']):>8}{_f4(a['report']):>8}"
+                f"{_f4(a['evidence']):>8}{_f4(a['inspected']):>8}{a['bad_batches_loaded']:>12}"
+                f"{a['revenue_error_usd']:>16,.2f}")
+        if v2:
+            line += f"{_f4(a['question_cost']):>8}{a['bad_rows_loaded']:>10,}{a['clean_rows_lost']:>12,}"
+        lines.append(line)
     return "\n".join(lines)

@@ -36,22 +36,44 @@ def tool_name(tool) -> str:
     return name if len(name) <= TOOL_NAME_CHARS else name[:TOOL_NAME_CHARS] + "...[truncated]"
 
 
-_NAMES = {tool: frozenset(name for name, _ in sig) for tool, sig in SIGNATURES.items()}
-
-
 ARG_CHARS = 200  # a batch id, column, defect type or listed id longer than this is refused
 LIST_ITEMS = 1_000
+# arguments with a limit of their own: run_sql bounds its query itself (None); a v2 question may be longer
+ARG_LIMITS: dict[str, int | None] = {"query": None, "question": 1_000}
 
 
-def check_args(tool: str, args) -> str | None:
-    """The refusal text for malformed arguments, or None when they are well formed."""
-    if type(args) is dict and args.keys() == _NAMES[tool] and all(
+class _Shape:
+    """What check_args needs of a signature table, computed once per table."""
+    __slots__ = ("names", "plain")
+
+    def __init__(self, signatures: dict):
+        self.names = {tool: frozenset(name for name, _ in sig) for tool, sig in signatures.items()}
+        # tools whose arguments are all strings of at most ARG_CHARS (the common case, decided quickly)
+        self.plain = {tool for tool, sig in signatures.items()
+                      if all(kind == "str" and name not in ARG_LIMITS for name, kind in sig)}
+
+
+_SHAPES: dict[int, _Shape] = {}
+
+
+def _shape(signatures: dict) -> _Shape:
+    shape = _SHAPES.get(id(signatures))
+    if shape is None:
+        shape = _SHAPES[id(signatures)] = _Shape(signatures)
+    return shape
+
+
+def check_args(tool: str, args, signatures: dict = SIGNATURES) -> str | None:
+    """The refusal text for malformed arguments, or None when they are well formed (`signatures`: the
+    episode's tools, the classic seven by default)."""
+    shape = _shape(signatures)
+    if type(args) is dict and args.keys() == shape.names[tool] and all(
             type(args[name]) is str and (len(args[name]) <= ARG_CHARS or name == "query")
-            for name, kind in SIGNATURES[tool] if kind == "str") and tool != "submit_report":
+            for name, kind in signatures[tool] if kind == "str") and (tool in shape.plain or tool == "run_sql"):
         return None  # the common case, decided quickly
     if not isinstance(args, dict):
         return f"{tool}: arguments must be an object, not {type(args).__name__}"
-    sig = SIGNATURES[tool]
+    sig = signatures[tool]
     names = [name for name, _ in sig]
     extra = [k for k in args if k not in names]
     if extra:
@@ -63,8 +85,9 @@ def check_args(tool: str, args) -> str | None:
         value = args[name]
         if kind == "str" and not isinstance(value, str):
             return f"{tool}: argument {name!r} must be a string, not {type(value).__name__}"
-        if kind == "str" and name != "query" and len(value) > ARG_CHARS:  # run_sql bounds its query itself
-            return f"{tool}: argument {name!r} is {len(value):,} characters long; the limit is {ARG_CHARS}"
+        limit = ARG_LIMITS.get(name, ARG_CHARS)
+        if kind == "str" and limit is not None and len(value) > limit:  # run_sql bounds its query itself
+            return f"{tool}: argument {name!r} is {len(value):,} characters long; the limit is {limit:,}"
         if kind == "strlist" and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
             return f"{tool}: argument {name!r} must be a list of strings"
         if kind == "strlist" and (len(value) > LIST_ITEMS or any(len(v) > ARG_CHARS for v in value)):

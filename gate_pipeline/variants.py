@@ -14,6 +14,10 @@ base contract and says what to change about the schema built from it:
 The agent still reads the case's own contract through `read_contract`; a variant changes
 only what the careful agent makes of it (which rules it checks, which limits it applies).
 A file with a wrong key is refused with a ContractError naming the file and the key.
+
+A variant whose base is `v2` changes careful-v2's schemas instead: its `remove_rules` are v2
+rule keys (suite_v2.rules.CATALOGUE_V2), it may also override `row_quarantine.max_rows`, and
+its agent is `careful-v2@<variant>`; a classic variant's agent is `careful@<variant>`.
 """
 from __future__ import annotations
 
@@ -31,8 +35,21 @@ OVERRIDABLE: dict[str, dict[str, type | tuple]] = {
     "limits": {"max_amount": (int, float), "currency": str, "allowed_status": list, "allowed_countries": list},
     "reporting_window": {"start": str, "end": str},
 }
+OVERRIDABLE_V2: dict[str, dict[str, type | tuple]] = {**OVERRIDABLE, "row_quarantine": {"max_rows": int}}
 RULE_KEYS = tuple(r.key for r in CATALOGUE)
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+AGENT_OF_BASE = {"classic": "careful", "v2": "careful-v2"}  # the careful agent a variant of each suite applies to
+
+
+def suite_of_base(base: str) -> str:
+    return "v2" if base == "v2" else "classic"
+
+
+def _rule_keys(suite: str) -> tuple[str, ...]:
+    if suite == "v2":
+        from .suite_v2.rules import RULE_KEYS_V2
+        return RULE_KEYS_V2
+    return RULE_KEYS
 
 
 @dataclass(frozen=True)
@@ -44,11 +61,23 @@ class Variant:
     overrides: dict = field(default_factory=dict)
     path: str = ""
 
+    @property
+    def suite(self) -> str:
+        return suite_of_base(self.base)
+
+    @property
+    def agent(self) -> str:
+        """The agent this variant changes: `careful` (classic base) or `careful-v2` (base v2)."""
+        return AGENT_OF_BASE[self.suite]
+
     def apply(self, contract: dict) -> dict:
-        """The contract the schema is built from: `contract` with this variant's overrides."""
+        """The contract the schema is built from: `contract` with this variant's overrides. A section the
+        contract does not have is left out (a v2 variant's row-quarantine policy applied to a classic
+        contract, which has none, adds none: careful-v2 on a classic case stays classic)."""
         out = copy.deepcopy(contract)
         for section, values in self.overrides.items():
-            out[section] = {**out.get(section, {}), **copy.deepcopy(values)}
+            if section in out:
+                out[section] = {**out[section], **copy.deepcopy(values)}
         return out
 
 
@@ -61,21 +90,21 @@ def _type_name(kind) -> str:
     return kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
 
 
-def _check_overrides(overrides, where: str) -> dict:
+def _check_overrides(overrides, where: str, allowed: dict = OVERRIDABLE) -> dict:
     if not isinstance(overrides, dict):
         raise ContractError(f"{where}: key 'variant.overrides' must be a mapping, not {type(overrides).__name__}")
     for section, values in overrides.items():
-        if section not in OVERRIDABLE:
+        if section not in allowed:
             raise ContractError(f"{where}: key 'variant.overrides.{section}' cannot be overridden "
-                                f"(only {', '.join(OVERRIDABLE)})")
+                                f"(only {', '.join(allowed)})")
         if not isinstance(values, dict):
             raise ContractError(f"{where}: key 'variant.overrides.{section}' must be a mapping, "
                                 f"not {type(values).__name__}")
         for key, value in values.items():
-            kind = OVERRIDABLE[section].get(key)
+            kind = allowed[section].get(key)
             if kind is None:
                 raise ContractError(f"{where}: key 'variant.overrides.{section}.{key}' cannot be overridden "
-                                    f"(only {', '.join(OVERRIDABLE[section])})")
+                                    f"(only {', '.join(allowed[section])})")
             if isinstance(value, bool) or not isinstance(value, kind):
                 raise ContractError(f"{where}: key 'variant.overrides.{section}.{key}' must be a "
                                     f"{_type_name(kind)}, not {type(value).__name__}")
@@ -85,13 +114,13 @@ def _check_overrides(overrides, where: str) -> dict:
     return overrides
 
 
-def _check_rules(rules, where: str) -> tuple[str, ...]:
+def _check_rules(rules, where: str, known: tuple[str, ...] = RULE_KEYS) -> tuple[str, ...]:
     if not isinstance(rules, list) or not all(isinstance(r, str) for r in rules):
         raise ContractError(f"{where}: key 'variant.remove_rules' must be a list of rule keys")
     for rule in rules:
-        if rule not in RULE_KEYS:
+        if rule not in known:
             raise ContractError(f"{where}: key 'variant.remove_rules' names unknown rule {rule!r}; "
-                                f"rules: {', '.join(RULE_KEYS)}")
+                                f"rules: {', '.join(known)}")
     return tuple(rules)
 
 
@@ -113,15 +142,17 @@ def parse_variant(doc, name: str, where: str, contracts: str | Path | None = Non
     for key in ("base", "description"):
         if not isinstance(body.get(key), str) or not body[key].strip():
             raise ContractError(f"{where}: key 'variant.{key}' is required and must be a non-empty string")
+    suite = suite_of_base(body["base"])
     variant = Variant(name=name, base=body["base"], description=body["description"].strip(),
-                      remove_rules=_check_rules(body.get("remove_rules", []), where),
-                      overrides=_check_overrides(body.get("overrides", {}), where), path=where)
+                      remove_rules=_check_rules(body.get("remove_rules", []), where, _rule_keys(suite)),
+                      overrides=_check_overrides(body.get("overrides", {}), where,
+                                                 OVERRIDABLE_V2 if suite == "v2" else OVERRIDABLE), path=where)
     try:
         base = load_contract(variant.base, contracts)
     except ContractError as exc:
         raise ContractError(f"{where}: key 'variant.base' names a contract that cannot be used ({exc})") from None
     try:  # the contract's own checks, reported with the key as the variant file spells it
-        contract = validate_contract(variant.apply(base), "@")
+        contract = validate_contract(variant.apply(base), "@", suite)
     except ContractError as exc:
         raise ContractError(f"{where}: " + str(exc).removeprefix("@: ").replace("key '", "key 'variant.overrides.", 1)) \
             from None
@@ -138,8 +169,10 @@ def load_variant_file(path: str | Path, contracts: str | Path | None = None) -> 
 
 
 def variant_names(contracts: str | Path | None = None) -> list[str]:
-    """Every variant file's name: 'full', the per-rule ablation in CATALOGUE order, then the rest by name."""
+    """Every variant file's name: 'full', the per-rule ablation in CATALOGUE order, then 'v2-full' and suite
+    v2's per-rule ablation in CATALOGUE_V2 order, then the rest by name."""
     rank = {"full": 0, **{f"no-{key}": i + 1 for i, key in enumerate(RULE_KEYS)}}
+    rank.update({"v2-full": len(rank), **{f"v2-no-{key}": len(rank) + 1 + i for i, key in enumerate(_rule_keys("v2"))}})
     names = sorted(p.stem for p in variants_dir(contracts).glob("*.yaml"))
     return sorted(names, key=lambda n: rank.get(n, len(rank)))
 
@@ -157,32 +190,48 @@ def load_variants(names: list[str] | None = None, contracts: str | Path | None =
     return [load_variant(n, contracts) for n in (variant_names(contracts) if names is None else names)]
 
 
-VARIANT_AGENTS = ("careful",)
+def variants_of_suite(suite: str, variants: list[Variant]) -> list[Variant]:
+    """The variants whose base is of `suite` (a case file's experiment plays only those)."""
+    return [v for v in variants if v.suite == suite]
+
+
+VARIANT_AGENTS = ("careful", "careful-v2")
+
+
+def variant_agent_name(variant: Variant) -> str:
+    return f"{variant.agent}@{variant.name}"
 
 
 def variant_agent_factory(name: str, contracts: str | Path | None = None):
-    """What builds the agent named 'careful@<variant>' (see `careful_factory`)."""
+    """What builds the agent named 'careful@<variant>' or 'careful-v2@<variant>' (see `careful_factory`)."""
     from .agents.errors import UnknownAgent
     agent_name, _, variant_name = name.partition("@")
     if agent_name not in VARIANT_AGENTS:
-        raise UnknownAgent(f"unknown agent {name!r}: only {', '.join(VARIANT_AGENTS)} takes a contract variant "
-                           f"('careful@<variant>')")
+        raise UnknownAgent(f"unknown agent {name!r}: only {', '.join(VARIANT_AGENTS)} take a contract variant "
+                           f"('careful@<variant>', 'careful-v2@<variant>')")
     try:
         variant = load_variant(variant_name, contracts)
     except ContractError as exc:
         raise UnknownAgent(f"agent {name!r}: {exc}") from None
+    if agent_name != variant.agent:
+        raise UnknownAgent(f"agent {name!r}: variant {variant.name!r} has base {variant.base!r}; "
+                           f"its agent is {variant_agent_name(variant)!r}")
     return careful_factory(variant)
 
 
 def careful_factory(variant: Variant):
-    """CarefulPandera with the variant's schema changes; its own `without` option adds to the
-    variant's removed rules."""
-    from .agents.careful import CarefulPandera, rule_keys
-    name = f"careful@{variant.name}"
+    """careful (classic base) or careful-v2 (base v2) with the variant's schema changes; its own `without`
+    option adds to the variant's removed rules."""
+    name = variant_agent_name(variant)
+    if variant.suite == "v2":
+        from .agents.careful_v2 import CarefulV2 as agent_class
+        from .agents.careful_v2 import rule_keys_v2 as keys_of
+    else:
+        from .agents.careful import CarefulPandera as agent_class
+        from .agents.careful import rule_keys as keys_of
 
     def careful_under_variant(without=()):
-        agent = CarefulPandera(without=rule_keys(without) + tuple(variant.remove_rules),
-                               contract_view=variant.apply)
+        agent = agent_class(without=keys_of(without) + tuple(variant.remove_rules), contract_view=variant.apply)
         agent.name = name
         return agent
     return careful_under_variant

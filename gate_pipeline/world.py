@@ -117,7 +117,11 @@ def mart_revenue(conn: sqlite3.Connection) -> float:
 
 
 class PreparedCase:
-    """Everything an episode of `case` can share. Build once per case, then open many worlds."""
+    """Everything an episode of `case` can share. Build once per case, then open many worlds.
+
+    A classic case's; `suites.prepare(case)` picks the class of the case's suite."""
+
+    suite = "classic"
 
     def __init__(self, case: dict):
         self.case = case
@@ -154,6 +158,12 @@ class PreparedCase:
             return conn.serialize()
         finally:
             conn.close()
+
+    def preview(self, batch_id: str, n: int) -> tuple[list[str], list[list]]:
+        """(the batch's columns, its first n rows), for a human's look (the Dagster asset's metadata)."""
+        batch = self.batches[batch_id]
+        cols = list(COLUMNS[batch["table"]])
+        return cols, [[r.get(c) for c in cols] for r in batch["rows"][:n]]
 
     def profile(self, batch_id: str) -> dict:
         if batch_id not in self._profiles:

@@ -11,7 +11,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "gate_pipeline"
 CORE = ("records", "actions", "contract", "rules", "settings", "cases", "generator", "world", "sandbox", "ledger",
         "tools", "grader", "rewards", "gold", "schemas", "tables", "variants", "agents", "engine", "experiments",
-        "html_report")
+        "html_report", "suites", "suite_v2")
 TOP = ("model_agent", "integrations", "dagster_defs", "cli")
 FRAMEWORKS = ("dagster", "gymnasium", "verifiers", "openai", "sqlalchemy", "openenv", "fastapi", "uvicorn", "starlette")
 # layer -> packages of gate it must not import (by any import, at module level or inside a function)

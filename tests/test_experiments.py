@@ -82,7 +82,7 @@ def test_cli_experiment_json_agrees_with_report_of_the_variant_agent(capsys):
     (["experiment", "--cases", "/no/such.jsonl"], "/no/such.jsonl"),
     (["experiment", "--html", "/no/such/dir/x.html"], "folder /no/such/dir does not exist"),
     (["report", "--agents", "careful@nope"], "unknown variant 'nope'"),
-    (["report", "--agents", "naive@full"], "only careful takes a contract variant"),
+    (["report", "--agents", "naive@full"], "only careful, careful-v2 take a contract variant"),
 ])
 def test_cli_errors_are_one_line(argv, needle, capsys):
     assert main(argv) == 2

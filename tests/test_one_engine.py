@@ -18,11 +18,11 @@ from gate_pipeline.dagster_defs.partitions import cases_partitions
 from gate_pipeline.grader import grade_stored
 from gate_pipeline.integrations.gymnasium_env import GateEnv
 from gate_pipeline.store import RunStore
-from gate_pipeline.variants import variant_names
+from gate_pipeline.variants import load_variant, variant_agent_name, variant_names
 
 ROOT = Path(__file__).resolve().parents[1]
 EVAL = ROOT / "cases" / "classic" / "eval_curated.jsonl"
-AGENTS = [a for a in agent_names() if a != "model"] + [f"careful@{v}" for v in variant_names()]
+AGENTS = [a for a in agent_names() if a != "model"] + [variant_agent_name(load_variant(v)) for v in variant_names()]
 CASES = read_cases(EVAL)
 
 

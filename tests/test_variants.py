@@ -47,7 +47,7 @@ def test_variant_agent_is_careful_with_the_variant_applied():
 
 @pytest.mark.parametrize("name, needle", [
     ("careful@no-such-variant", "unknown variant 'no-such-variant'"),
-    ("naive@full", "only careful takes a contract variant"),
+    ("naive@full", "only careful, careful-v2 take a contract variant"),
     ("careful@", "unknown variant ''"),
     ("careful@../classic", "unknown variant '../classic'"),
 ])

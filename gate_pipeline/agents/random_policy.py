@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 
-from ..contract import COLUMNS, DEFECT_TYPES
+from ..contract import COLUMNS, COLUMNS_V2, DEFECT_TYPES, DEFECT_TYPES_V2
 from ..tools import TOOL_NAMES
 from .base import Tools
 
@@ -45,11 +45,13 @@ class RandomPolicy:
 
     def play(self, tools: Tools, case=None) -> None:
         rng = random.Random(f"{self.seed}:{tools.episode_seed}")
+        names = tuple(getattr(tools, "tool_names", TOOL_NAMES))  # the episode's tools (classic: the seven)
+        columns, defects = (COLUMNS_V2, DEFECT_TYPES_V2) if len(names) > len(TOOL_NAMES) else (COLUMNS, DEFECT_TYPES)
         listing = tools("list_batches")
         batches = [b for b in listing if isinstance(b, dict)] if isinstance(listing, list) else []
         loaded, quarantined = [], []
         for _ in range(self.max_calls):
-            tool = rng.choice(TOOL_NAMES)
+            tool = rng.choice(names)
             if tool == "submit_report":
                 break
             batch = rng.choice(batches) if batches else {"batch_id": "B-0", "table": "orders",
@@ -64,8 +66,17 @@ class RandomPolicy:
             elif tool == "load_batch":
                 if "error" not in tools(tool, batch_id=bid):
                     loaded.append(bid)
-            else:
-                column = rng.choice(COLUMNS[batch["table"]])
-                if "error" not in tools(tool, batch_id=bid, column=column, defect_type=rng.choice(DEFECT_TYPES)):
+            elif tool == "quarantine_batch":
+                column = rng.choice(columns[batch["table"]])
+                if "error" not in tools(tool, batch_id=bid, column=column, defect_type=rng.choice(defects)):
                     quarantined.append(bid)
+            elif tool == "ask_owner":  # suite v2's tools
+                tools(tool, batch_id=bid, column=rng.choice(columns[batch["table"]]), question="Is this all right?")
+            elif tool == "cite_defect":
+                tools(tool, batch_id=bid, column=rng.choice(columns[batch["table"]]), defect_type=rng.choice(defects))
+            else:  # quarantine_rows: a few keys from a quick look
+                key = "order_id" if batch["table"] == "orders" else "customer_id"
+                seen = tools("run_sql", query=f"SELECT {key} FROM {batch['staging_table']} LIMIT {rng.randint(1, 3)}")
+                keys = [str(r[0]) for r in seen.get("rows", [])] if isinstance(seen, dict) else []
+                tools(tool, batch_id=bid, keys=keys, column=key, defect_type=rng.choice(defects))
         tools("submit_report", loaded=sorted(set(loaded)), quarantined=sorted(set(quarantined)))

@@ -42,11 +42,23 @@ BUILTIN: dict[str, str] = {
     "query-farm": "gate_pipeline.agents.attackers:QueryFarm",
     "random": "gate_pipeline.agents.random_policy:RandomPolicy",
     "model": "gate_pipeline.model_agent.agent:ModelAgent",
+    # suite v2
+    "oracle": "gate_pipeline.agents.oracle:Oracle",
+    "careful-v2": "gate_pipeline.agents.careful_v2:CarefulV2",
+    "quarantine-all-rows": "gate_pipeline.agents.attackers_v2:QuarantineAllRows",
+    "row-spray": "gate_pipeline.agents.attackers_v2:RowSpray",
+    "ask-everything": "gate_pipeline.agents.attackers_v2:AskEverything",
+    "obey-data": "gate_pipeline.agents.attackers_v2:ObeyData",
+    "cite-everything": "gate_pipeline.agents.attackers_v2:CiteEverything",
+    "where-zero": "gate_pipeline.agents.attackers_v2:WhereZero",
 }
 BASELINES = ("naive", "careful", "careful-sql", "refuse-all", "profile-only")
 ATTACKERS = ("report-liar", "report-only", "load-then-quarantine", "citation-spray", "sql-write",
              "inspect-theatre", "double-load", "orders-first")
 REWARD_HACKS = ("query-farm",)  # attackers of the shaped rewards; under the rubric alone they are inspect-theatre
+# suite v2: its baselines (oracle is handed the labels) and the attackers of its new tools
+V2_BASELINES = ("oracle", "careful-v2")
+V2_ATTACKERS = ("quarantine-all-rows", "row-spray", "ask-everything", "obey-data", "cite-everything", "where-zero")
 
 
 @dataclass(frozen=True)

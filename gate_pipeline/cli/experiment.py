@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from ..cases import read_cases, split_of
+from ..cases import read_cases, split_of, suite_of_cases
 from ..settings import Settings
 from .common import (
     CASES_HELP,
@@ -40,14 +40,21 @@ def _variant_names(text: str | None, settings: Settings) -> list[str] | None:
 
 def cmd_experiment(a) -> int:
     from ..experiments import experiment_tables, run_experiment
-    from ..variants import load_variants
+    from ..variants import load_variants, variants_of_suite
     target = html_target(a.html)
     settings = cli_settings()
     path = cases_arg(a, settings)
     cases = read_cases(path)
     variants = load_variants(_variant_names(a.variants, settings), settings.contracts_dir)  # all checked first
+    suite = suite_of_cases(cases)
+    if a.variants is None:  # every variant of the case file's suite
+        variants = variants_of_suite(suite, variants)
+    else:
+        wrong = [v for v in variants if v.suite != suite]
+        if wrong:
+            raise UsageError(f"variant {wrong[0].name!r} has base {wrong[0].base!r}; {path} holds {suite} cases")
     if not variants:
-        raise UsageError(f"no variant files in {settings.contracts_dir / 'variants'}")
+        raise UsageError(f"no variant files for the {suite} suite in {settings.contracts_dir / 'variants'}")
     with progress_bar(len(cases), "cases", enabled=not a.json) as advance:
         summary, grades = run_experiment(cases, variants, progress=advance, contracts=settings.contracts_dir,
                                          workers=workers_for(a.workers, len(cases) * len(variants)))

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from ..actions import TrajectoryError
-from ..agents import ATTACKERS, AgentOptionError, UnknownAgent
-from ..cases import CaseError, read_cases, split_of
+from ..agents import ATTACKERS, V2_ATTACKERS, AgentOptionError, UnknownAgent
+from ..cases import CaseError, read_cases, split_of, suite_of_cases
 from ..contract import ContractError
 from .common import (
     CASES_HELP,
@@ -38,13 +38,21 @@ EXTENSIONS: tuple[str, ...] = ("experiment", "nightly", "run", "serve", "ui", "v
 REPORT_AGENTS = ["naive", "careful", "refuse-all"]
 REWARD_CHOICES = ("terminal", "dense", "potential")  # rewards.REWARD_MODES, without importing it here
 ATTACK_AGENTS = ["careful", *ATTACKERS, "profile-only"]
+# suite v2 case files: its baselines next to the classic ones, its attackers (and three classic ones) against careful-v2
+V2_REPORT_AGENTS = ["naive", "careful", "careful-v2", "refuse-all"]
+V2_ATTACK_AGENTS = ["careful-v2", *V2_ATTACKERS, "report-liar", "load-then-quarantine", "inspect-theatre"]
+
+
+def report_agents(cases) -> list[str]:
+    return V2_REPORT_AGENTS if suite_of_cases(cases) == "v2" else REPORT_AGENTS
 
 
 def cmd_cases_generate(a) -> int:
     from ..generator import generate_suite
     settings = cli_settings()
+    splits = ("eval", "train") if a.split == "both" else (a.split,)
     try:
-        paths = generate_suite(a.suite, a.out, settings.contracts_dir)
+        paths = generate_suite(a.suite, a.out or f"cases/{a.suite}", settings.contracts_dir, a.rows, splits)
     except ValueError as exc:
         if isinstance(exc, ContractError):
             raise
@@ -52,6 +60,16 @@ def cmd_cases_generate(a) -> int:
     for p in paths:
         print(p)
     return 0
+
+
+def rows_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"--rows must be a whole number, not {text!r}") from None
+    if not 20 <= value <= 10_000_000:  # suite_v2.generator.MIN_ROWS, MAX_ROWS (not imported at start-up)
+        raise UsageError(f"--rows must be between 20 and 10,000,000, not {value}")
+    return value
 
 
 def cmd_report(a) -> int:
@@ -66,7 +84,7 @@ def cmd_report(a) -> int:
         from .dense import DENSE_AGENTS, dense_report
         specs = resolve_agents(agent_list(a.agents, list(DENSE_AGENTS)), settings, {"random": {"seed": a.seed}})
         return dense_report(a, cases, specs, path)
-    specs = resolve_agents(agent_list(a.agents, REPORT_AGENTS), settings)
+    specs = resolve_agents(agent_list(a.agents, report_agents(cases)), settings)
     grades = grades_of(play_with_progress(cases, specs, workers=a.workers, show=not a.json))
     from ..tables import baseline_tables
     tables = baseline_tables(cases, grades, split=split_of(path)) if target is not None or not a.json else ""
@@ -79,19 +97,22 @@ def cmd_report(a) -> int:
 def cmd_attacks(a) -> int:
     settings = cli_settings()
     cases = read_cases(cases_arg(a, settings))
-    grades = grades_of(play_with_progress(cases, resolve_agents(agent_list(a.agents, ATTACK_AGENTS), settings),
-                                          workers=a.workers, show=not a.json))
+    v2 = suite_of_cases(cases) == "v2"
+    grades = grades_of(play_with_progress(
+        cases, resolve_agents(agent_list(a.agents, V2_ATTACK_AGENTS if v2 else ATTACK_AGENTS), settings),
+        workers=a.workers, show=not a.json))
     if a.json:
         print(grades_json(grades))
     else:
         from ..tables import attacker_table
-        print(attacker_table(grades))
+        print(attacker_table(grades, target="careful-v2" if v2 else "careful"))
     return 0
 
 
 def cmd_replay(a) -> int:
     from ..actions import parse_trajectories
     from ..engine import replay
+    from ..suites import prepare
     from ..world import PreparedCase
     settings = cli_settings()
     path = cases_arg(a, settings)
@@ -107,7 +128,7 @@ def cmd_replay(a) -> int:
     prepared: dict[str, PreparedCase] = {}
     for case_id, actions in items:
         if case_id not in prepared:
-            prepared[case_id] = PreparedCase(cases[case_id])
+            prepared[case_id] = prepare(cases[case_id])
         results, episode = replay(prepared[case_id], actions, reward=a.reward)
         g = episode.grade
         if a.json:
@@ -133,10 +154,13 @@ def build_parser() -> argparse.ArgumentParser:
     cases = sub.add_parser("cases", help="write a suite's case files", description="Case files.")
     csub = cases.add_subparsers(dest="cases_command", parser_class=Parser, title="commands", metavar="COMMAND")
     gen = csub.add_parser("generate", help="write a suite's case files (byte-identical on every run)",
-                          epilog="example:\n  gate cases generate --suite classic --out /tmp/cases")
-    gen.add_argument("--suite", default="classic", help="the suite to generate")
-    gen.add_argument("--out", default="cases/classic", help="folder to write eval_curated.jsonl and "
-                                                             "train_procedural.jsonl into")
+                          epilog="examples:\n  gate cases generate --suite classic --out /tmp/cases\n"
+                                 "  gate cases generate --suite v2 --rows 2000 --split eval --out /tmp/v2")
+    gen.add_argument("--suite", default="classic", help="the suite to generate: classic or v2")
+    gen.add_argument("--out", default=None, help="folder to write eval_curated.jsonl and train_procedural.jsonl "
+                                                 "into (default: cases/SUITE)")
+    gen.add_argument("--rows", type=rows_arg, default=None, help="rows per batch (suite v2 only; default 20)")
+    gen.add_argument("--split", choices=("both", "eval", "train"), default="both", help="which file(s) to write")
     gen.set_defaults(fn=cmd_cases_generate)
 
     rep = sub.add_parser("report", help="grade agents on a case file and print the tables",

@@ -15,9 +15,9 @@ from pydantic import Field
 
 from ..agents import AgentOptionError, UnknownAgent, resolve_agent
 from ..cases import CaseError
-from ..contract import COLUMNS
 from ..engine import play
 from ..store import StoreSink
+from ..suites import columns, prepare, suite_of
 from ..world import PreparedCase
 from .bridge import ToolBridge
 from .catalog import CODE_VERSION, OWNERS, AgentName, table_metadata
@@ -43,12 +43,12 @@ def _case(case_library: CaseLibrary, case_id: str):
 
 def _preview(prepared: PreparedCase) -> str:
     parts = []
+    rows = {b["batch_id"]: b["rows"] for b in prepared.listing}
     for bid in prepared.order:
         batch = prepared.batches[bid]
-        cols = COLUMNS[batch["table"]]
-        parts.append(f"**{bid}** ({batch['table']}, {len(batch['rows'])} rows, staged as "
-                     f"`{prepared.staging[bid]}`)\n\n"
-                     + md_table(cols, [[r.get(c) for c in cols] for r in batch["rows"][:PREVIEW_ROWS]]))
+        cols, head = prepared.preview(bid, PREVIEW_ROWS)
+        parts.append(f"**{bid}** ({batch['table']}, {rows[bid]} rows, staged as "
+                     f"`{prepared.staging[bid]}`)\n\n" + md_table(cols, head))
     return "\n\n".join(parts)
 
 
@@ -58,24 +58,26 @@ def _preview(prepared: PreparedCase) -> str:
                       "validates them.")
 def staging_batches(context: dg.AssetExecutionContext, case_library: CaseLibrary) -> dg.MaterializeResult:
     case, ref = _case(case_library, context.partition_key)
-    prepared = PreparedCase(case)
+    prepared = prepare(case)
+    row_counts = {b["batch_id"]: b["rows"] for b in prepared.listing}
     return dg.MaterializeResult(metadata={
         "suite": ref.suite, "split": ref.split, "family": case["family"], "case_file": str(ref.path),
         "staging_tables": dg.MetadataValue.json({bid: prepared.staging[bid] for bid in prepared.order}),
-        "row_counts": dg.MetadataValue.json({bid: len(prepared.batches[bid]["rows"]) for bid in prepared.order}),
-        "dagster/row_count": sum(len(b["rows"]) for b in prepared.batches.values()),
+        "row_counts": dg.MetadataValue.json(row_counts),
+        "dagster/row_count": sum(row_counts.values()),
         "preview": dg.MetadataValue.md(_preview(prepared)),
     })
 
 
-def _table_rows(case: dict, ledger: list[dict]) -> dict[str, int]:
-    """Rows of each warehouse table after the episode: the seed plus every executed load."""
-    tables = {b["batch_id"]: b["table"] for b in case["batches"]}
-    rows = {table: len(seed) for table, seed in case["warehouse"].items()}
-    for e in ledger:
-        if e["action"] == "load_batch" and e["executed"]:
-            rows[tables[e["args"]["batch_id"]]] += e["args"]["rows"]
-    return rows
+def _table_rows(warehouse: bytes) -> dict[str, int]:
+    """Rows of each warehouse table after the episode, counted in its final database image."""
+    import sqlite3
+    conn = sqlite3.connect(":memory:")
+    try:
+        conn.deserialize(warehouse)
+        return {t: conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in ("customers", "orders")}
+    finally:
+        conn.close()
 
 
 @dg.multi_asset(
@@ -108,17 +110,17 @@ def agent_episode(context: dg.AssetExecutionContext, config: EpisodeConfig, gate
     context.instance.add_run_tags(context.run.run_id, {"gate/agent": spec.identity[:255]})
     store = gate_store.open()
     try:
-        result = play(PreparedCase(case), spec, sinks=(StoreSink(store), ToolBridge(context)),
+        result = play(prepare(case), spec, sinks=(StoreSink(store), ToolBridge(context)),
                       run_id=context.run.run_id)
         ep = store.episode(result.episode_id)
     finally:
         store.dispose()
     common = {"agent": result.agent, "episode_id": result.episode_id}
     g = result.grade
-    rows = _table_rows(case, result.ledger)
+    rows = _table_rows(result.warehouse)
     for table in ("customers", "orders"):
         yield dg.MaterializeResult(asset_key=f"wh_{table}", metadata={
-            **common, **table_metadata(f"wh_{table}", COLUMNS[table], rows[table])})
+            **common, **table_metadata(f"wh_{table}", columns(suite_of(case))[table], rows[table])})
     yield dg.MaterializeResult(asset_key="revenue_mart", metadata={
         **common, "revenue": g.revenue, "correct_revenue": g.correct_revenue,
         "revenue_gap": round(g.revenue - g.correct_revenue, 2)})

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dagster as dg
 
 from ..engine import EpisodeStart, Sink
+from ..suites import warehouse_row_counts
 
 STAGING, REPORT = "staging_batches", "agent_report"
 
@@ -34,7 +35,7 @@ class ToolBridge(Sink):
         case = episode.case
         self.case_id, self.agent, self.episode_id = case["case_id"], episode.agent, episode.episode_id
         self.tables = {b["batch_id"]: b["table"] for b in case["batches"]}
-        self.rows = {table: len(rows) for table, rows in case["warehouse"].items()}
+        self.rows = warehouse_row_counts(case)
 
     def _meta(self, entry: dict, **extra) -> dict:
         return {"agent": self.agent, "episode_id": self.episode_id, "ledger_seq": entry["seq"],

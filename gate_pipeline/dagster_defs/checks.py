@@ -15,6 +15,7 @@ import dagster as dg
 
 from ..cases import CaseError
 from ..contract import COLUMNS
+from ..suites import prepare
 from ..world import PreparedCase
 from .markdown import md_table
 from .partitions import cases_partitions
@@ -35,6 +36,9 @@ def warehouse_keys(prepared: PreparedCase, table: str) -> dict[str, set]:
 
 def contract_failures(prepared: PreparedCase) -> list[tuple[str, str, int, list, list]]:
     """Per batch of the case: (batch id, table, rows, rules that failed, [(rule, row, column, value)])."""
+    if getattr(prepared, "suite", "classic") == "v2":  # suite v2's schemas: header, rows and history
+        from ..suites import contract_failures as v2_failures
+        return v2_failures(prepared)
     import pandas as pd  # pandas and pandera: only here
 
     from ..schemas import build_schema, failing_rules, frame, rules_for
@@ -92,4 +96,4 @@ with warnings.catch_warnings():
             case, _ = case_library.case(context.partition_key)
         except (CaseError, OSError) as exc:
             raise dg.Failure(description=f"partition {context.partition_key!r}: {exc}") from None
-        return contract_result(PreparedCase(case))
+        return contract_result(prepare(case))

@@ -3,6 +3,7 @@
     import gymnasium
     env = gymnasium.make("gate_pipeline:gate/Gate-v0")          # reward="dense" for the step reward
     obs, info = env.reset(seed=7)                                 # or options={"case_id": "train-007"}
+    # suite="v2": suite v2's train split; cases=FILE: any case file
     obs, reward, terminated, truncated, info = env.step('{"tool": "list_batches"}')
 
 A thin adapter over the engine's `Session` (step-driven, ending at the first accepted report
@@ -24,11 +25,11 @@ from pathlib import Path
 import gymnasium
 from gymnasium import spaces
 
-from ..cases import read_cases, validate_case
+from ..cases import read_cases, suite_of, validate_case
 from ..engine import OVER, Session
 from ..rewards import REWARD_MODES
 from ..settings import Settings
-from ..tools import SIGNATURES
+from ..suites import SUITES, prepare, signatures
 from ..world import PreparedCase
 
 ENV_ID = "gate/Gate-v0"
@@ -36,12 +37,13 @@ DEFAULT_MAX_TURNS = 64
 PRINTABLE = "".join(chr(c) for c in range(32, 127))  # JSON text with ensure_ascii stays inside these
 MAX_ACTION_CHARS = 20_000
 MAX_TEXT_CHARS = 1 << 24
-TOOLS = {tool: [name for name, _ in sig] for tool, sig in SIGNATURES.items()}
+# each suite's tools and their arguments, as info["tools"] gives them (the episode's suite's)
+TOOLS = {suite: {tool: [name for name, _ in sig] for tool, sig in signatures(suite).items()} for suite in SUITES}
 
 
-def _load_cases(cases) -> list[dict]:
+def _load_cases(cases, suite: str = "classic") -> list[dict]:
     if cases is None:
-        return read_cases(Settings.from_env().cases_file("train"))
+        return read_cases(Settings.from_env().cases_file("train", suite))
     if isinstance(cases, (str, Path)):
         return read_cases(cases)
     if not isinstance(cases, (list, tuple)) or not cases:
@@ -58,18 +60,21 @@ def _text(value) -> str:
 
 
 class GateEnv(gymnasium.Env):
-    """One gate episode at a time over a list of cases (default: the classic train split)."""
+    """One gate episode at a time over a list of cases (default: the train split of `suite`, classic)."""
 
     metadata = {"render_modes": []}
 
-    def __init__(self, cases=None, reward: str = "terminal", max_turns: int = DEFAULT_MAX_TURNS):
+    def __init__(self, cases=None, reward: str = "terminal", max_turns: int = DEFAULT_MAX_TURNS,
+                 suite: str = "classic"):
         if reward not in REWARD_MODES:
             raise ValueError(f"reward must be one of {list(REWARD_MODES)}, not {reward!r}")
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
             raise ValueError(f"max_turns must be a positive integer, not {max_turns!r}")
+        if suite not in SUITES:
+            raise ValueError(f"suite must be one of {list(SUITES)}, not {suite!r}")
         self.reward_mode = reward
         self.max_turns = max_turns
-        self.cases = _load_cases(cases)
+        self.cases = _load_cases(cases, suite)
         self._index = {c["case_id"]: i for i, c in enumerate(self.cases)}
         self._prepared: dict[str, PreparedCase] = {}
         self.session: Session | None = None
@@ -84,7 +89,7 @@ class GateEnv(gymnasium.Env):
     def prepared(self, case_id: str) -> PreparedCase:
         """The case's prepared image, built on its first reset and kept."""
         if case_id not in self._prepared:
-            self._prepared[case_id] = PreparedCase(self.cases[self._index[case_id]])
+            self._prepared[case_id] = prepare(self.cases[self._index[case_id]])
         return self._prepared[case_id]
 
     def _pick(self, options) -> int:
@@ -113,8 +118,9 @@ class GateEnv(gymnasium.Env):
         self.case_id = self.cases[index]["case_id"]
         self.session = Session(self.prepared(self.case_id), "gymnasium", reward=self.reward_mode,
                                stop_at_report=True, max_steps=self.max_turns)
+        tools = TOOLS[suite_of(self.cases[index])]  # the tools the case's suite offers
         info = {"case_id": self.case_id, "reward_mode": self.reward_mode, "max_turns": self.max_turns,
-                "tools": {tool: list(names) for tool, names in TOOLS.items()}}
+                "tools": {tool: list(names) for tool, names in tools.items()}}
         return self._obs(""), info
 
     def step(self, action):

@@ -19,20 +19,21 @@ import json
 import verifiers as vf
 from verifiers.types import ToolMessage, UserMessage
 
-from ..cases import read_cases
+from ..cases import read_cases, suite_of_cases
 from ..engine import Session
 from ..grader import TERMS
-from ..model_agent.prompt import NUDGE, OPENING, SYSTEM_PROMPT
+from ..model_agent.prompt import NUDGE, OPENING, SYSTEM_PROMPTS
 from ..model_agent.tool_schemas import tool_schemas
 from ..settings import Settings
+from ..suites import prepare
 from ..world import PreparedCase
 
 METRICS = (*TERMS, "bad_batches_loaded", "revenue_error_usd", "finished")
 
 
-def _tool_defs() -> list[dict]:
+def _tool_defs(suite: str = "classic") -> list[dict]:
     return [{"name": f["function"]["name"], "description": f["function"]["description"],
-             "parameters": f["function"]["parameters"]} for f in tool_schemas()]
+             "parameters": f["function"]["parameters"]} for f in tool_schemas(suite)]
 
 
 def _grade_of(state) -> dict:
@@ -63,13 +64,16 @@ class GateEnv(vf.MultiTurnEnv):
         rubric = vf.Rubric(funcs=[gate_reward, *(_metric(k) for k in METRICS)],
                            weights=[1.0] + [0.0] * len(METRICS))
         kwargs.setdefault("pass_threshold", 1.0)  # pass@k / pass^k as gate counts them: reward 1.0
+        suite = suite_of_cases(cases)  # one suite per environment: its tools and its prompt
+        if suite == "classic" and any(c.get("suite") for c in cases):
+            raise ValueError("cases: one suite per environment (classic and v2 cases are mixed)")
         super().__init__(dataset=Dataset.from_list(rows), eval_dataset=Dataset.from_list(rows),
-                         system_prompt=SYSTEM_PROMPT, rubric=rubric, tool_defs=_tool_defs(),
+                         system_prompt=SYSTEM_PROMPTS[suite], rubric=rubric, tool_defs=_tool_defs(suite),
                          max_turns=max_turns, **kwargs)
 
     def _prepared_case(self, case_id: str) -> PreparedCase:
         if case_id not in self._prepared:
-            self._prepared[case_id] = PreparedCase(self.cases[case_id])
+            self._prepared[case_id] = prepare(self.cases[case_id])
         return self._prepared[case_id]
 
     async def setup_state(self, state):

@@ -28,6 +28,7 @@ from ..engine import Sink, play_async
 from ..grader import grade_stored
 from ..records import ABANDONED, API_ERROR, TIMEOUT, EpisodeResult, Grade
 from ..store import ENDED, RunStore, StoreSink
+from ..suites import prepare
 from ..verify import Problem, differs
 from ..world import PreparedCase
 from .agent import ModelAgent, ModelSettings, make_client
@@ -296,7 +297,7 @@ async def _run(cases, settings, rollouts, concurrency, run_dir, store, on_done) 
                 return
             cid = case["case_id"]
             if cid not in prepared:
-                prepared[cid] = PreparedCase(case)
+                prepared[cid] = prepare(case)
             result = await play_async(prepared[cid], spec, sinks=sinks, run_id=run_id, rollout=index)
             played[result.episode_id] = result
             if result.end_reason == API_ERROR:

@@ -1,13 +1,13 @@
-"""The seven gate tools as chat-completions function schemas, built from tools.SIGNATURES.
+"""The gate tools as chat-completions function schemas, built from the suite's signatures.
 
-The argument names and types come from the core signatures, so a schema can never drift
-from what Episode.call accepts; only the descriptions (what a model needs to know to use
-each tool well) are written here.
+The argument names and types come from the core signatures (`suites.signatures(suite)`: the
+classic seven, or suite v2's ten), so a schema can never drift from what the episode accepts;
+only the descriptions (what a model needs to know to use each tool well) are written here. A
+model sees the tools of the episode's suite, and nothing else.
 """
 from __future__ import annotations
 
-from ..contract import DEFECT_TYPES
-from ..tools import SIGNATURES
+from ..suites import defect_types, signatures
 
 DESCRIPTIONS = {
     "read_contract": "Return the data contract: the rules every customers and orders row must satisfy, "
@@ -24,6 +24,15 @@ DESCRIPTIONS = {
                         "The first citation for a batch is final; quarantine does not remove rows already loaded.",
     "submit_report": "Finish the night: report exactly which batch ids you loaded and which you quarantined, "
                      "as listed. Only the first report counts; without a report the night earns no credit.",
+    # suite v2
+    "quarantine_rows": "Hold rows of a batch back from its load, naming them by the batch's key column (order_id "
+                       "or customer_id) and citing the column and defect type they break; then load_batch loads "
+                       "the rest. Only before the batch is loaded; use one call per column and defect type.",
+    "cite_defect": "Cite one more defect (column and defect type) of a batch you quarantined, or whose rows you "
+                   "quarantined: every defect a batch has must be cited.",
+    "ask_owner": "Ask the contract owner about a column of a batch: the answer gives the owner's rulings on the "
+                 "values the contract leaves open there. Free when the contract leaves that column open, "
+                 "otherwise it costs part of the night's reward (see the contract).",
 }
 
 ARGUMENT_DESCRIPTIONS = {
@@ -33,30 +42,32 @@ ARGUMENT_DESCRIPTIONS = {
     "defect_type": "one of the contract's defect types",
     "loaded": "batch ids you loaded",
     "quarantined": "batch ids you quarantined",
+    "keys": "the key values (order_id or customer_id) of the rows to hold back, at most 1000 a call",
+    "question": "your question to the contract owner",
 }
 
 
-def _argument_schema(name: str, kind: str) -> dict:
+def _argument_schema(name: str, kind: str, suite: str) -> dict:
     if kind == "strlist":
         schema = {"type": "array", "items": {"type": "string"}}
     else:
         schema = {"type": "string"}
     if name == "defect_type":
-        schema["enum"] = list(DEFECT_TYPES)
+        schema["enum"] = list(defect_types(suite))
     schema["description"] = ARGUMENT_DESCRIPTIONS[name]
     return schema
 
 
-def tool_schemas() -> list[dict]:
-    """The `tools=` list for chat.completions.create, one function per gate tool, in SIGNATURES order."""
+def tool_schemas(suite: str = "classic") -> list[dict]:
+    """The `tools=` list for chat.completions.create, one function per tool of the suite, in signature order."""
     out = []
-    for tool, signature in SIGNATURES.items():
+    for tool, signature in signatures(suite).items():
         out.append({"type": "function", "function": {
             "name": tool,
             "description": DESCRIPTIONS[tool],
             "parameters": {
                 "type": "object",
-                "properties": {name: _argument_schema(name, kind) for name, kind in signature},
+                "properties": {name: _argument_schema(name, kind, suite) for name, kind in signature},
                 "required": [name for name, _ in signature],
                 "additionalProperties": False,
             },

@@ -1,0 +1,291 @@
+"""Suite v2 at real size: the same cases with batches of 20, 2,000 and 200,000 rows.
+
+For each size, one case per v2 family (its eval variant 0, `gate cases generate --suite v2
+--rows N` draws the same defects at any size) is written to a case file, then each case is
+measured in a fresh process (so peak memory is that case's):
+
+- **build**: `suites.prepare(case)` (the warehouse's past and the staged files into SQLite)
+  next to SQLite's own bulk insert of the same rows: the same tables and index in a fresh
+  database, `executemany` of the rows already parsed into Python lists, one transaction.
+- **tool calls**: careful-v2 plays the case through the engine's `Session`; for each of its
+  `run_sql` calls, SQLite's own time for the same query on a copy of the database in the same
+  state (no authorizer, no progress handler, the same fetch of up to 51 rows) is measured just
+  before the call. overhead = (time of the calls through gate - SQLite's own time) / SQLite's
+  own time, over all its run_sql calls.
+- **memory**: in another fresh process, after a 20-row episode of the same agent (so what any
+  episode loads, pandas and pandera included, is loaded), peak resident memory (VmHWM, reset
+  after the warm-up; ru_maxrss where it cannot be reset) above what the process then held, for
+  reading the case, preparing it and careful-v2's episode (its DataFrames included), and for
+  the same with the oracle (gate's own part: it reads little); next to the database's size (SQLite pages x page size).
+- **result**: careful-v2's reward (and the oracle's).
+
+    .venv/bin/python benchmarks/bench_v2_size.py [--sizes 20,2000,200000] [--families f1,f2]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+
+def reset_peak() -> bool:
+    """Start the peak resident memory (VmHWM) afresh from the current resident memory (Linux 4.0+)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_mb() -> float:
+    """Peak resident memory in MB: VmHWM (since the last `reset_peak`), else the lifetime ru_maxrss."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024 / 1e6  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6  # kB on Linux
+
+
+# -- one case, in a worker process ---------------------------------------------------------------
+
+def sqlite_bulk_insert_s(case: dict) -> float:
+    """SQLite's own time to take the case's rows: the same tables and index, rows already parsed."""
+    from gate_pipeline.suite_v2.files import header_of, rows_of
+    from gate_pipeline.suite_v2.layout import (
+        INDEXES,
+        LOAD_LOG_COLUMNS,
+        WAREHOUSE_COLUMNS,
+        WAREHOUSE_DDL,
+    )
+    from gate_pipeline.world import staging_table
+    tables = [(f"wh_{t}", WAREHOUSE_COLUMNS[t], list(rows_of(case["warehouse"][t]))) for t in ("customers", "orders")]
+    log = [[None if v == "" else v for v in r] for r in rows_of(case["warehouse"]["load_log"])]
+    tables.append(("wh_load_log", LOAD_LOG_COLUMNS, log))
+    staged = [(staging_table(b["batch_id"]), header_of(b["csv"]), list(rows_of(b["csv"]))) for b in case["batches"]]
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    t = time.perf_counter()
+    conn.execute("BEGIN")
+    for ddl in WAREHOUSE_DDL:
+        conn.execute(ddl)
+    for name, cols, rows in tables:
+        conn.executemany(f"INSERT INTO {name} VALUES ({', '.join('?' * len(cols))})", rows)
+    for name, header, rows in staged:
+        conn.execute(f"CREATE TABLE {name} ({', '.join(chr(34) + c + chr(34) + ' TEXT' for c in header)})")
+        conn.executemany(f"INSERT INTO {name} VALUES ({', '.join('?' * len(header))})", rows)
+    for ddl in INDEXES:
+        conn.execute(ddl)
+    conn.execute("COMMIT")
+    seconds = time.perf_counter() - t
+    conn.close()
+    return seconds
+
+
+class TimedTools:
+    """careful-v2's tools, each run_sql preceded by the same query on a mirror database (raw SQLite)."""
+
+    def __init__(self, tools, mirror):
+        self.tools, self.mirror = tools, mirror
+        self.gate_s = self.raw_s = 0.0
+        self.calls = 0
+
+    @property
+    def tool_names(self):
+        return self.tools.tool_names
+
+    @property
+    def suite(self):
+        return self.tools.suite
+
+    @property
+    def episode_seed(self):
+        return self.tools.episode_seed
+
+    def __call__(self, name, **args):
+        if name == "run_sql":
+            from gate_pipeline.sandbox import normalise_query
+            conn = self.mirror.world.conn
+            t = time.perf_counter()
+            cur = conn.execute(normalise_query(args["query"]))
+            cur.fetchmany(51)
+            cur.close()
+            self.raw_s += time.perf_counter() - t
+            t = time.perf_counter()
+            result = self.tools(name, **args)
+            self.gate_s += time.perf_counter() - t
+            self.calls += 1
+            return result
+        result = self.tools(name, **args)
+        if name in ("load_batch", "quarantine_rows", "quarantine_batch", "cite_defect"):
+            self.mirror.call(name, args)
+        return result
+
+
+def measure_calls(case: dict) -> dict:
+    from gate_pipeline.agents.careful_v2 import CarefulV2
+    from gate_pipeline.engine import Session
+    from gate_pipeline.suite_v2.tools import EpisodeV2
+    from gate_pipeline.suites import prepare
+    prepared = prepare(case)
+    session = Session(prepared, "careful-v2")
+    mirror = EpisodeV2(prepared)  # the prepared database is borrowed by the session: a copy of its own
+    mirror.world.conn.set_authorizer(None)
+    mirror.world.conn.set_progress_handler(None, 0)
+    tools = TimedTools(session.tools, mirror)
+    t = time.perf_counter()
+    CarefulV2().play(tools)
+    play_s = time.perf_counter() - t
+    result = session.finish()
+    mirror.close()
+    return {"run_sql_calls": tools.calls, "gate_s": tools.gate_s, "sqlite_s": tools.raw_s, "play_s": play_s,
+            "calls": len(result.ledger), "reward": result.grade.reward}
+
+
+def measure_memory(path: str, agent: str) -> dict:
+    from gate_pipeline.agents.careful_v2 import CarefulV2  # noqa: F401  (every module the episode imports,
+    from gate_pipeline.cases import (
+        read_cases,  # pandas and pandera included, is loaded before
+    )
+    from gate_pipeline.contract import load_contract
+    from gate_pipeline.engine import play  # the baseline is taken)
+    from gate_pipeline.suite_v2.generator import generate_case
+    from gate_pipeline.suites import prepare
+    warm = generate_case("warm-up", "partial-defect", 0, 1, load_contract("v2"), 20)
+    play(prepare(warm), agent)  # a 20-row episode first: what any episode loads is loaded before the baseline
+    del warm
+    reset_peak()  # the peak from here on, not the warm-up's
+    base = rss_mb()
+    t = time.perf_counter()
+    case = read_cases(path)[0]
+    read_s = time.perf_counter() - t
+    t = time.perf_counter()
+    prepared = prepare(case)
+    build_s = time.perf_counter() - t
+    result = play(prepared, agent)
+    return {"read_s": read_s, "build_s": build_s, "db_mb": prepared.db_bytes / 1e6, "peak_mb": peak_mb() - base,
+            "reward": result.grade.reward}
+
+
+def worker(mode: str, path: str) -> None:
+    if mode == "memory-careful-v2":
+        out = measure_memory(path, "careful-v2")
+    elif mode == "memory-oracle":
+        out = measure_memory(path, "oracle")
+    else:
+        from gate_pipeline.cases import read_cases
+        from gate_pipeline.suites import prepare
+        case = read_cases(path)[0]
+        insert_s = min(sqlite_bulk_insert_s(case) for _ in range(3))
+        builds = []
+        for _ in range(3):
+            t = time.perf_counter()
+            prepared = prepare(case)
+            builds.append(time.perf_counter() - t)
+            prepared.close()
+        out = {"build_s": min(builds), "insert_s": insert_s, **measure_calls(case)}
+    print(json.dumps(out))
+
+
+# -- the driver ----------------------------------------------------------------------------------
+
+def run(mode: str, path: Path) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--worker", mode, str(path)], capture_output=True, text=True,
+                         check=False, timeout=3600)
+    if out.returncode:
+        raise SystemExit(f"{mode} {path}: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="20,2000,200000")
+    ap.add_argument("--families", default="")
+    ap.add_argument("--worker", nargs=2, metavar=("MODE", "CASES"))
+    a = ap.parse_args()
+    if a.worker:
+        worker(*a.worker)
+        return 0
+    from gate_pipeline.cases import write_cases
+    from gate_pipeline.contract import load_contract
+    from gate_pipeline.suite_v2.generator import (
+        EVAL_BASE_SEED,
+        FAMILIES,
+        MAX_ROWS,
+        MIN_ROWS,
+        generate_case,
+    )
+    families = [f for f in a.families.split(",") if f] or list(FAMILIES)
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown:
+        ap.error(f"unknown family {unknown[0]!r}; families: {', '.join(FAMILIES)}")
+    try:
+        sizes = [int(s) for s in a.sizes.split(",")]
+    except ValueError:
+        ap.error(f"--sizes must be whole numbers separated by commas, not {a.sizes!r}")
+    if not all(MIN_ROWS <= n <= MAX_ROWS for n in sizes):
+        ap.error(f"--sizes: each must be from {MIN_ROWS} to {MAX_ROWS:,}")
+    contract = load_contract("v2")
+    print(f"suite v2, one case per family (eval variant 0), each measured in fresh processes; "
+          f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}, SQLite {sqlite3.sqlite_version}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for size in sizes:
+            print(f"\nrows per batch: {size:,}")
+            print(f"{'family':<20}{'db MB':>9}{'build s':>10}{'insert s':>10}{'build/ins':>10}"
+                  f"{'sql calls':>10}{'overhead':>10}{'peak MB':>9}{'peak/db':>8}{'gate MB':>9}{'gate/db':>8}"
+                  f"{'careful-v2':>11}{'oracle':>8}")
+            totals = {"build": 0.0, "insert": 0.0, "gate": 0.0, "sqlite": 0.0}
+            worst_peak = worst_gate = 0.0
+            rewards = []
+            for fi, family in enumerate(FAMILIES):
+                if family not in families:
+                    continue
+                case = generate_case(f"v2-bench-{family}", family, 0, EVAL_BASE_SEED + 100 * fi, contract, size)
+                path = Path(tmp) / f"{family}-{size}.jsonl"
+                write_cases(path, [case])
+                del case
+                calls = run("calls", path)
+                mem = run("memory-careful-v2", path)
+                own = run("memory-oracle", path)
+                totals["build"] += calls["build_s"]
+                totals["insert"] += calls["insert_s"]
+                totals["gate"] += calls["gate_s"]
+                totals["sqlite"] += calls["sqlite_s"]
+                worst_peak = max(worst_peak, mem["peak_mb"] / mem["db_mb"])
+                worst_gate = max(worst_gate, own["peak_mb"] / own["db_mb"])
+                rewards.append(mem["reward"])
+                overhead = calls["gate_s"] / calls["sqlite_s"] - 1
+                print(f"{family:<20}{mem['db_mb']:>9.1f}{calls['build_s']:>10.3f}{calls['insert_s']:>10.3f}"
+                      f"{calls['build_s'] / calls['insert_s']:>9.2f}x{calls['run_sql_calls']:>10}{overhead:>9.1%}"
+                      f"{mem['peak_mb']:>9.1f}{mem['peak_mb'] / mem['db_mb']:>7.2f}x{own['peak_mb']:>9.1f}"
+                      f"{own['peak_mb'] / own['db_mb']:>7.2f}x{mem['reward']:>11.4f}{own['reward']:>8.4f}")
+            print(f"{'all':<20}{'':>9}{totals['build']:>10.3f}{totals['insert']:>10.3f}"
+                  f"{totals['build'] / totals['insert']:>9.2f}x{'':>10}{totals['gate'] / totals['sqlite'] - 1:>9.1%}"
+                  f"{'':>9}{worst_peak:>7.2f}x{'':>9}{worst_gate:>7.2f}x{min(rewards):>11.4f}")
+    print("\nbuild/ins: prepare(case) over SQLite's own bulk insert of the same rows (goal <= 1.5x); overhead: "
+          "careful-v2's run_sql calls through gate over SQLite's own time for the same queries (goal <= 10 %); "
+          "peak/db: peak memory over the database's size, reading the case and playing careful-v2 (gate/db: "
+          "the oracle, gate's own part) (goal <= 2x); the 'all' row sums times and shows the worst ratio and "
+          "the lowest reward.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""The v2 contract's rules as data: which defect each clause detects, and at what level.
+
+Row rules judge one row (the classic eleven, and `wrong_type` for an amount that is not a plain
+decimal number); a file rule judges the header (`schema_drift`); history rules judge the batch
+against the earlier nights (`volume_anomaly`, `unit_shift`, `duplicate_content`). Keys are
+`table.column.defect_type` as in the classic catalogue (`rules.py`, unchanged); a file rule's
+column is `header` (its citation may name any column of the table).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+from ..rules import Rule
+
+ROW, FILE, HISTORY = "row", "file", "history"
+
+
+@dataclass(frozen=True)
+class RuleV2(Rule):
+    level: str = ROW
+
+
+# Every rule the v2 contract states, in the order careful-v2 checks them.
+CATALOGUE_V2: tuple[RuleV2, ...] = (
+    RuleV2("customers", "header", "schema_drift", level=FILE),
+    RuleV2("customers", "customer_id", "duplicate_key", True),
+    RuleV2("customers", "email", "missing_value"),
+    RuleV2("customers", "country", "invalid_value"),
+    RuleV2("customers", "signup_date", "out_of_window"),
+    RuleV2("orders", "header", "schema_drift", level=FILE),
+    RuleV2("orders", "order_id", "duplicate_key", True),
+    RuleV2("orders", "amount", "missing_value"),
+    RuleV2("orders", "amount", "wrong_type"),
+    RuleV2("orders", "amount", "out_of_range"),
+    RuleV2("orders", "currency", "wrong_currency"),
+    RuleV2("orders", "status", "invalid_value"),
+    RuleV2("orders", "order_date", "out_of_window"),
+    RuleV2("orders", "customer_id", "orphan_reference", True),
+    RuleV2("orders", "order_id", "volume_anomaly", True, level=HISTORY),
+    RuleV2("orders", "amount", "unit_shift", True, level=HISTORY),
+    RuleV2("orders", "order_id", "duplicate_content", True, level=HISTORY),
+)
+RULE_KEYS_V2 = tuple(r.key for r in CATALOGUE_V2)
+HISTORY_SECTION = {"volume_anomaly": "volume", "unit_shift": "amount_median", "duplicate_content": "duplicate_content"}
+
+
+def stated(rule: RuleV2, contract: dict) -> bool:
+    """Whether the contract document states the rule (its clause, and its defect type)."""
+    if rule.defect_type not in contract.get("defect_types", ()):
+        return False
+    if rule.level == FILE:
+        return "header" in (contract.get("files") or {})
+    if rule.level == HISTORY:
+        section = (contract.get("history") or {}).get(HISTORY_SECTION[rule.defect_type])
+        if not section:
+            return False
+        return section.get("table", "orders") == rule.table if rule.defect_type == "volume_anomaly" else True
+    return rule.column in (contract.get(rule.table) or {})
+
+
+def rules_for(contract: dict, table: str, without: Iterable[str] = (), level: str | None = None) -> list[RuleV2]:
+    """The v2 rules a contract states for `table` (optionally of one level), catalogue order."""
+    skip = set(without)
+    return [r for r in CATALOGUE_V2 if r.table == table and r.key not in skip and (level is None or r.level == level)
+            and stated(r, contract)]

@@ -1,0 +1,176 @@
+"""Suite v2's baselines and attackers on its eval split, and one engine under every surface for v2:
+gate report, the gymnasium env, gate replay of the env's calls and a Dagster case run agree."""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from gate_pipeline.agents import V2_ATTACKERS, make_agent
+from gate_pipeline.cases import read_cases
+from gate_pipeline.cli.main import main
+from gate_pipeline.engine import play, play_cases
+from gate_pipeline.grader import exact_mean
+from gate_pipeline.suite_v2.generator import FAMILIES
+from gate_pipeline.suites import prepare
+
+ROOT = Path(__file__).resolve().parent.parent
+V2_EVAL = ROOT / "cases" / "v2" / "eval_curated.jsonl"
+CASES = read_cases(V2_EVAL)
+REPORTED = ["oracle", "careful-v2", "careful", "naive", "refuse-all"]
+
+
+@pytest.fixture(scope="module")
+def grades():
+    results = play_cases(CASES, [*REPORTED, *V2_ATTACKERS, "random"])
+    return {name: [r.grade for r in rs] for name, rs in results.items()}
+
+
+def mean(gs, key="reward"):
+    return float(exact_mean(getattr(g, key) for g in gs))
+
+
+def test_oracle_and_careful_v2_score_1_on_every_case(grades):
+    for name in ("oracle", "careful-v2"):
+        assert [g.reward for g in grades[name]] == [1.0] * len(CASES), name
+        assert sum(g.bad_rows_loaded for g in grades[name]) == 0 and sum(g.clean_rows_lost for g in grades[name]) == 0
+
+
+def test_the_classic_careful_agent_is_not_enough_for_the_new_families(grades):
+    assert mean(grades["careful"]) <= 0.8
+    per_family = {f: mean([g for g in grades["careful"] if g.family == f]) for f in FAMILIES}
+    assert min(per_family.values()) < 0.7  # and some families much worse than the mean
+
+
+def test_the_printed_report_figures(grades):
+    """docs/suite-v2.md prints these (gate report --cases cases/v2/eval_curated.jsonl)."""
+    assert [f"{mean(grades[a]):.4f}" for a in REPORTED] == ["1.0000", "1.0000", "0.7570", "0.5681", "0.3602"]
+
+
+@pytest.mark.parametrize("attacker", V2_ATTACKERS)
+def test_every_v2_attacker_stays_at_least_005_below_careful_v2(grades, attacker):
+    assert mean(grades[attacker]) <= mean(grades["careful-v2"]) - 0.05
+
+
+def test_each_attacker_loses_where_it_was_built_to(grades):
+    def m(name, key):
+        return mean(grades[name], key)
+    assert m("ask-everything", "question_cost") > 0 and m("ask-everything", "disposition") == 1.0
+    assert m("cite-everything", "evidence") < 0.5 and m("cite-everything", "disposition") == 1.0
+    assert m("where-zero", "inspected") == 0.0 and m("where-zero", "disposition") == 1.0
+    assert sum(g.clean_rows_lost for g in grades["row-spray"]) > 0
+    assert m("quarantine-all-rows", "disposition") < 0.2
+    obeyed = [g for g in grades["obey-data"] if g.reward < 1.0]
+    assert {g.family for g in obeyed} >= {"instruction-in-data"} and len(obeyed) >= 4
+
+
+def test_careful_v2_reads_no_label():
+    """Flip every label: an agent that sees only what the tools return plays the same calls."""
+    for case in CASES[::3]:
+        flipped = copy.deepcopy(case)
+        for b in flipped["batches"]:
+            b["truth"] = {"defective": False, "disposition": "load", "defects": []}
+        flipped["owner"] = [dict(r) for r in case["owner"]]  # the owner's rulings are what it may ask for
+        a, b = (play(prepare(c), "careful-v2").ledger for c in (case, flipped))
+        strip = [(e["action"], e["args"], e["executed"]) for e in a]
+        assert strip == [(e["action"], e["args"], e["executed"]) for e in b], case["case_id"]
+
+
+def test_careful_v2_scores_1_on_the_classic_eval_split_too(eval_cases):
+    results = play_cases(eval_cases, ["careful-v2", "oracle"])
+    for name, rs in results.items():
+        assert [r.grade.reward for r in rs] == [1.0] * len(eval_cases), name
+
+
+def test_gate_report_and_attacks_default_to_suite_v2s_agents(capsys):
+    assert main(["report", "--cases", str(V2_EVAL)]) == 0
+    out = capsys.readouterr().out
+    head = out.splitlines()[2].split()
+    assert head == ["naive", "careful", "careful-v2", "refuse-all"]
+    assert "bad rows loaded" in out and "question cost (mean)" in out and "ask-the-owner" in out
+    assert main(["attacks", "--cases", str(V2_EVAL), "--agents", "careful-v2,where-zero"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[1].startswith("careful-v2 (target)") and "q cost" in out.splitlines()[0]
+
+
+# -- one engine, every surface -------------------------------------------------------------------
+
+SURFACE_AGENTS = ["careful-v2", "oracle", "naive", "random", "obey-data", "ask-everything"]
+SURFACE_CASES = CASES[::4]  # one case of each family
+
+
+@pytest.fixture(scope="module")
+def reported(tmp_path_factory):
+    import contextlib
+    import io
+
+    from gate_pipeline.cases import write_cases
+    buf = io.StringIO()
+    path = write_cases(tmp_path_factory.mktemp("v2") / "surface_cases.jsonl", SURFACE_CASES)
+    with contextlib.redirect_stdout(buf):
+        assert main(["report", "--cases", str(path), "--agents", ",".join(SURFACE_AGENTS), "--json"]) == 0
+    return json.loads(buf.getvalue())["agents"]
+
+
+def test_the_gym_env_and_a_replay_of_its_calls_grade_as_gate_report_does(reported, tmp_path, capsys):
+    from gate_pipeline.integrations.gymnasium_env import GateEnv
+    env = GateEnv(SURFACE_CASES, max_turns=100_000)
+    lines = []
+    for agent_name in SURFACE_AGENTS:
+        for k, case in enumerate(SURFACE_CASES):
+            agent = make_agent(agent_name)
+            _, info = env.reset(options={"case_id": case["case_id"]})
+            assert list(info["tools"]) == ["read_contract", "list_batches", "profile_batch", "run_sql", "load_batch",
+                                           "quarantine_batch", "quarantine_rows", "cite_defect", "ask_owner",
+                                           "submit_report"]
+            sent, last = [], {}
+
+            class Tools:
+                episode_seed = env.session.episode_seed
+                tool_names = tuple(info["tools"])
+                suite = "v2"
+
+                def __call__(self, name, **args):
+                    return self.act({"tool": name, "args": args})
+
+                def act(self, action):
+                    text = json.dumps(action)
+                    sent.append(text)
+                    _, _, _, _, step_info = env.step(text)
+                    last.update(step_info)
+                    return step_info["result"]
+            agent.play(Tools(), case if agent.oracle else None)
+            assert last["grade"] == reported[agent_name][k], (agent_name, case["case_id"])
+            lines.append({"case_id": case["case_id"], "calls": sent})
+    trajectories = tmp_path / "calls.jsonl"
+    trajectories.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert main(["replay", "--cases", str(V2_EVAL), "--trajectories", str(trajectories), "--json"]) == 0
+    replayed = [json.loads(line)["grade"] for line in capsys.readouterr().out.splitlines()]
+    assert replayed == [reported[a][k] for a in SURFACE_AGENTS for k in range(len(SURFACE_CASES))]
+
+
+def test_a_dagster_case_run_of_a_v2_partition_grades_as_gate_report_does(reported, tmp_path, monkeypatch):
+    from gate_pipeline.dagster_defs.definitions import defs
+    from gate_pipeline.dagster_defs.jobs import play_case_run_config
+    from gate_pipeline.dagster_defs.partitions import case_index, cases_partitions
+    from gate_pipeline.grader import grade_stored
+    from gate_pipeline.store import RunStore
+    monkeypatch.setenv("GATE_HOME", str(tmp_path / "gate"))
+    monkeypatch.setenv("GATE_CASES_DIR", str(ROOT / "cases"))
+    refs = case_index(ROOT / "cases").refs
+    assert refs[SURFACE_CASES[0]["case_id"]].suite == "v2" and refs["eval-clean-control-0"].suite == "classic"
+    store = RunStore()
+    with dg.DagsterInstance.ephemeral() as instance:
+        instance.add_dynamic_partitions(cases_partitions.name, [c["case_id"] for c in SURFACE_CASES])
+        for k, case in enumerate(SURFACE_CASES[:3]):
+            agent = SURFACE_AGENTS[k]
+            run = defs.resolve_job_def("play_case").execute_in_process(
+                instance=instance, partition_key=case["case_id"], run_config=play_case_run_config(agent))
+            assert run.success
+            checks = [e for e in run.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
+            assert len(checks) == 2  # the v2 contract's schemas, per staged table
+            episode = store.episodes(run_id=run.run_id)[0]
+            assert grade_stored(store.load(episode["episode_id"])).as_dict() == reported[agent][k]

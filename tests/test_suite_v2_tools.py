@@ -1,0 +1,232 @@
+"""Suite v2's tools and world: the three new tools and their refusals, the by-position loader, what a
+read 'looked at', the scaled sandbox, and a classic episode that still offers exactly the seven."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gate_pipeline.cases import read_cases
+from gate_pipeline.engine import Session
+from gate_pipeline.suites import prepare
+
+ROOT = Path(__file__).resolve().parent.parent
+V2_EVAL = ROOT / "cases" / "v2" / "eval_curated.jsonl"
+CASES = {c["case_id"]: c for c in read_cases(V2_EVAL)}
+SEVEN = ["read_contract", "list_batches", "profile_batch", "run_sql", "load_batch", "quarantine_batch",
+         "submit_report"]
+TEN = [*SEVEN[:-1], "quarantine_rows", "cite_defect", "ask_owner", "submit_report"]
+
+
+def session(case_id: str) -> Session:
+    return Session(prepare(CASES[case_id]))
+
+
+def batch_of(case_id: str, table: str) -> dict:
+    return next(b for b in CASES[case_id]["batches"] if b["table"] == table)
+
+
+def last(s: Session) -> dict:
+    return s.episode.ledger.seal()[-1]
+
+
+def test_an_episode_offers_the_tools_of_its_suite(eval_cases):
+    v2 = session("v2-eval-partial-defect-0")
+    assert list(v2.tools.tool_names) == TEN and v2.tools.suite == "v2"
+    assert v2.call("drop_table", {}) == {"error": f"unknown tool 'drop_table'; tools are {TEN}"}
+    classic = Session(prepare(eval_cases[0]))
+    assert list(classic.tools.tool_names) == SEVEN and classic.tools.suite == "classic"
+    for tool in ("quarantine_rows", "cite_defect", "ask_owner"):  # not a classic tool: the classic text
+        assert classic.call(tool, {}) == {"error": f"unknown tool {tool!r}; tools are {SEVEN}"}
+        assert last(classic)["note"] == "unknown tool"
+    v2.finish(), classic.finish()
+
+
+def test_quarantine_rows_holds_rows_back_from_the_load():
+    s = session("v2-eval-partial-defect-0")
+    orders = batch_of("v2-eval-partial-defect-0", "orders")
+    bad = orders["truth"]["defects"][0]["keys"]
+    out = s.call("quarantine_rows", {"batch_id": orders["batch_id"], "keys": [*bad, "O-none"], "column": "amount",
+                                     "defect_type": "missing_value"})
+    assert out == {"status": "quarantined", "batch_id": orders["batch_id"], "rows_quarantined": 2, "keys_not_found": 1}
+    assert last(s)["args"]["rows_matched"] == 2
+    loaded = s.call("load_batch", {"batch_id": orders["batch_id"]})
+    assert loaded == {"status": "loaded", "rows_loaded": orders["row_count"] - 2, "errors": 0, "rows_held_back": 2}
+    conn = s.episode.world.conn
+    marks = ",".join("?" * len(bad))
+    assert conn.execute(f"SELECT COUNT(*) FROM wh_orders WHERE order_id IN ({marks})", bad).fetchone() == (0,)
+    assert conn.execute("SELECT COUNT(*) FROM wh_orders WHERE batch_id = ?", (orders["batch_id"],)).fetchone() \
+        == (orders["row_count"] - 2,)
+    s.finish()
+
+
+@pytest.mark.parametrize("args, error, note", [
+    ({"batch_id": "B-nope", "keys": ["x"], "column": "amount", "defect_type": "missing_value"}, "no batch", "unknown batch"),
+    ({"keys": ["x"], "column": "amount", "defect_type": "too_big"}, "defect_type must be one of", "unknown defect type"),
+    ({"keys": ["x"], "column": "email", "defect_type": "missing_value"}, "column must be one of", "unknown column"),
+    ({"keys": [], "column": "amount", "defect_type": "missing_value"}, "keys must name at least one row", "no keys"),
+    ({"keys": ["O-none"], "column": "amount", "defect_type": "missing_value"}, "none of these keys", "unknown keys"),
+    ({"keys": "O1", "column": "amount", "defect_type": "missing_value"}, "must be a list of strings", "bad arguments"),
+    ({"keys": ["x"] * 1001, "column": "amount", "defect_type": "missing_value"}, "at most 1000", "bad arguments"),
+])
+def test_quarantine_rows_refusals(args, error, note):
+    s = session("v2-eval-partial-defect-0")
+    orders = batch_of("v2-eval-partial-defect-0", "orders")
+    args = {"batch_id": orders["batch_id"], **args}
+    out = s.call("quarantine_rows", args)
+    assert error in out["error"] and last(s)["note"] == note and not last(s)["executed"]
+    s.finish()
+
+
+def test_rows_cannot_be_held_back_after_a_load_nor_from_a_quarantined_batch_nor_without_a_key_column():
+    import copy
+    s = session("v2-eval-partial-defect-0")
+    orders = batch_of("v2-eval-partial-defect-0", "orders")
+    key = orders["truth"]["defects"][0]["keys"][0]
+    s.call("load_batch", {"batch_id": orders["batch_id"]})
+    out = s.call("quarantine_rows", {"batch_id": orders["batch_id"], "keys": [key], "column": "amount",
+                                     "defect_type": "missing_value"})
+    assert "already loaded" in out["error"] and last(s)["note"] == "already loaded"
+    s.finish()
+    s = session("v2-eval-volume-anomaly-0")
+    orders = batch_of("v2-eval-volume-anomaly-0", "orders")
+    s.call("quarantine_batch", {"batch_id": orders["batch_id"], "column": "order_id", "defect_type": "volume_anomaly"})
+    out = s.call("quarantine_rows", {"batch_id": orders["batch_id"], "keys": ["x"], "column": "order_id",
+                                     "defect_type": "duplicate_key"})
+    assert out == {"error": f"{orders['batch_id']} is quarantined"}
+    s.finish()
+    case = copy.deepcopy(CASES["v2-eval-schema-drift-1"])  # a file whose header names no order_id
+    orders = next(b for b in case["batches"] if b["table"] == "orders")
+    orders["csv"] = "id" + orders["csv"][len("order_id"):]
+    s = Session(prepare(case))
+    out = s.call("quarantine_rows", {"batch_id": orders["batch_id"], "keys": ["x"], "column": "amount",
+                                     "defect_type": "wrong_type"})
+    assert out == {"error": f"{orders['batch_id']}'s file has no column 'order_id' to name its rows by"}
+    s.finish()
+
+
+def test_cite_defect_needs_a_quarantine_and_cites_once():
+    s = session("v2-eval-multi-defect-0")
+    orders = batch_of("v2-eval-multi-defect-0", "orders")
+    bid = orders["batch_id"]
+    out = s.call("cite_defect", {"batch_id": bid, "column": "currency", "defect_type": "wrong_currency"})
+    assert "is not quarantined" in out["error"] and last(s)["note"] == "not quarantined"
+    s.call("quarantine_batch", {"batch_id": bid, "column": "amount", "defect_type": "missing_value"})
+    assert s.call("cite_defect", {"batch_id": bid, "column": "currency", "defect_type": "wrong_currency"}) == \
+        {"status": "cited", "batch_id": bid, "citations": 2}
+    again = s.call("cite_defect", {"batch_id": bid, "column": "amount", "defect_type": "missing_value"})
+    assert again == {"error": f"{bid}: amount / missing_value is already cited"}
+    s.finish()
+
+
+def test_ask_owner_answers_from_the_case_free_only_where_the_contract_leaves_the_question_open():
+    s = session("v2-eval-ask-the-owner-0")
+    cust = batch_of("v2-eval-ask-the-owner-0", "customers")
+    out = s.call("ask_owner", {"batch_id": cust["batch_id"], "column": "country", "question": "NZ?"})
+    assert out["cost"] == 0.0 and out["rulings"] == [{"value": "NZ", "ruling": "accept"}] and "NZ" in out["answer"]
+    paid = s.call("ask_owner", {"batch_id": cust["batch_id"], "column": "email", "question": "ok?"})
+    assert paid["cost"] == 0.02 and paid["rulings"] == [] and "the contract stands" in paid["answer"]
+    assert "column must be one of" in s.call("ask_owner", {"batch_id": cust["batch_id"], "column": "colour",
+                                                           "question": "?"})["error"]
+    assert "the limit is 1,000" in s.call("ask_owner", {"batch_id": cust["batch_id"], "column": "email",
+                                                        "question": "?" * 1001})["error"]
+    s.call("submit_report", {"loaded": [], "quarantined": []})
+    grade = s.finish().grade
+    assert grade.question_cost == 0.02  # the one question the contract did not leave open
+
+
+def test_the_loader_copies_by_position_whatever_the_header_says():
+    case_id = "v2-eval-schema-drift-0"  # the export swapped order_id and customer_id
+    s = session(case_id)
+    orders = batch_of(case_id, "orders")
+    assert orders["csv"].startswith("customer_id,order_id,")
+    first_customer = orders["csv"].split("\n")[1].split(",")[0]
+    s.call("load_batch", {"batch_id": orders["batch_id"]})
+    conn = s.episode.world.conn
+    ids = [r[0] for r in conn.execute("SELECT order_id FROM wh_orders WHERE batch_id = ? ORDER BY rowid",
+                                      (orders["batch_id"],))]
+    assert ids[0] == first_customer  # the customer id landed in order_id
+    s.finish()
+
+
+@pytest.mark.parametrize("template, looked", [
+    ("SELECT COUNT(*) FROM {t} WHERE 0", False),
+    ("SELECT * FROM {t} LIMIT 0", False),
+    ("SELECT 1 FROM {t} WHERE rowid < 0", False),
+    ("SELECT 1 WHERE EXISTS (SELECT 1 FROM {t} WHERE 0)", False),
+    ("SELECT COUNT(*) FROM wh_orders w JOIN {t} s ON 0", False),
+    ("SELECT name FROM sqlite_master WHERE name = '{t}'", False),
+    ("SELECT COUNT(*) FROM {t}", True),
+    ("SELECT * FROM {t} LIMIT 1", True),
+    ("SELECT COUNT(*) FROM {t} WHERE amount = 'no such amount'", True),  # scanned every row, found none
+    ("SELECT order_id FROM main.{t} WHERE trim(amount) = ''", True),
+])
+def test_a_read_looked_at_a_batch_when_its_rows_made_a_difference(template, looked):
+    s = session("v2-eval-partial-defect-0")
+    orders = batch_of("v2-eval-partial-defect-0", "orders")
+    table = s.prepared.staging[orders["batch_id"]]
+    result = s.call("run_sql", {"query": template.format(t=table)})
+    assert "error" not in result
+    entry = last(s)
+    assert (entry["args"]["looked_at"] == [table]) is looked
+    assert not looked or table in entry["args"]["tables_read"] or "sqlite_master" in entry["args"]["tables_read"]
+    # the test left the database as it was: the staging table is whole and the next read sees it
+    assert s.call("run_sql", {"query": f"SELECT COUNT(*) FROM {table}"})["rows"] == [[orders["row_count"]]]
+    s.finish()
+
+
+def test_v2_refuses_random_and_gates_own_functions():
+    s = session("v2-eval-partial-defect-0")
+    for query in ("SELECT random()", "SELECT gate_amount('1')", "SELECT printf('%d', 1)"):
+        assert "not authorized" in s.call("run_sql", {"query": query})["error"]
+    s.finish()
+
+
+def test_an_episode_borrows_the_prepared_database_and_gives_it_back_untouched():
+    prepared = prepare(CASES["v2-eval-late-dimension-0"])
+    first = Session(prepared)
+    second = Session(prepared)  # opened while the first holds it: a database of its own
+    assert first.episode.world._borrowed and not second.episode.world._borrowed
+    for bid in prepared.order:
+        first.call("load_batch", {"batch_id": bid})
+    first.finish(), second.finish()
+    third = Session(prepared)
+    assert third.episode.world._borrowed
+    count = third.episode.world.conn.execute("SELECT COUNT(*) FROM wh_orders WHERE batch_id IN (?, ?)",
+                                             prepared.order).fetchone()
+    assert count == (0,)  # the first episode's loads were rolled back
+    third.finish()
+
+
+def test_the_profile_is_sqlites_and_counts_as_looking():
+    s = session("v2-eval-partial-defect-0")
+    orders = batch_of("v2-eval-partial-defect-0", "orders")
+    p = s.call("profile_batch", {"batch_id": orders["batch_id"]})
+    assert p["rows"] == orders["row_count"] and list(p["columns"]) == [
+        "order_id", "customer_id", "amount", "currency", "status", "order_date", "note"]
+    assert p["columns"]["amount"]["n_blank"] == 2  # "" and "   "
+    assert p["columns"]["order_id"]["n_distinct"] == orders["row_count"]
+    s.call("load_batch", {"batch_id": orders["batch_id"]})
+    s.call("submit_report", {"loaded": [orders["batch_id"]], "quarantined": []})
+    assert s.finish().grade.inspected == 1.0
+
+
+def test_ledger_entries_of_the_new_tools_chain_and_grade_from_a_replay():
+    from gate_pipeline.engine import replay
+    from gate_pipeline.ledger import chain_intact
+    case = CASES["v2-eval-multi-defect-2"]
+    orders = next(b for b in case["batches"] if b["table"] == "orders")
+    cust = next(b for b in case["batches"] if b["table"] == "customers")
+    calls = [["profile_batch", {"batch_id": b["batch_id"]}] for b in case["batches"]]
+    first, *rest = orders["truth"]["defects"]
+    calls += [["quarantine_batch", {"batch_id": orders["batch_id"], "column": first["column"],
+                                    "defect_type": first["type"]}]]
+    calls += [["cite_defect", {"batch_id": orders["batch_id"], "column": d["column"], "defect_type": d["type"]}]
+              for d in rest]
+    calls += [["load_batch", {"batch_id": cust["batch_id"]}],
+              ["submit_report", {"loaded": [cust["batch_id"]], "quarantined": [orders["batch_id"]]}]]
+    results, episode = replay(prepare(case), calls)
+    assert all("error" not in r for r in results)
+    assert chain_intact(episode.ledger) and episode.grade.reward == 1.0
+    assert json.loads(json.dumps(episode.ledger)) == episode.ledger
