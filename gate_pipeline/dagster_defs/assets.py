@@ -75,7 +75,7 @@ def _table_rows(warehouse: bytes) -> dict[str, int]:
     conn = sqlite3.connect(":memory:")
     try:
         conn.deserialize(warehouse)
-        return {t: conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in ("customers", "orders")}
+        return {t: conn.execute(f"SELECT COUNT(*) FROM wh_{t}").fetchone()[0] for t in ("customers", "orders")}
     finally:
         conn.close()
 

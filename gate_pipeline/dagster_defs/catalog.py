@@ -2,7 +2,8 @@
 agents a run may name (an enum in run config, so a mistyped agent is refused at launch).
 
 The agents are those gate knows when the code location loads: the built-ins, installed plugins
-(`gate.agents` entry points), `careful@<variant>` for every variant file, and any names listed in
+(`gate.agents` entry points), `careful@<variant>` (`careful-v2@<variant>` for a suite v2 variant) for
+every variant file that reads, and any names listed in
 GATE_AGENTS (e.g. a `module:Class` agent on the code location's path).
 """
 from __future__ import annotations
@@ -21,10 +22,16 @@ WAREHOUSE_TYPES = {"amount": "REAL"}
 
 
 def known_agents(settings: Settings | None = None) -> list[str]:
-    from ..variants import variant_names
+    from ..contract import ContractError
+    from ..variants import load_variant, variant_names
     settings = settings or Settings.from_env()
-    names = [*agent_names(), *(f"careful@{v}" for v in variant_names(settings.contracts_dir)), *settings.extra_agents]
-    return list(dict.fromkeys(names))
+    variants = []
+    for name in variant_names(settings.contracts_dir):
+        try:  # a broken variant file is not offered (the CLI names its fault); the location still loads
+            variants.append(f"{load_variant(name, settings.contracts_dir).agent}@{name}")
+        except (ContractError, OSError):
+            continue
+    return list(dict.fromkeys([*agent_names(), *variants, *settings.extra_agents]))
 
 
 AgentName = enum.Enum("AgentName", {name: name for name in known_agents()})
