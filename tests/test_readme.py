@@ -81,7 +81,9 @@ SHELL = shell_examples(README.read_text())
 
 def test_the_readme_has_shell_examples_to_check():
     assert [c for c, _ in SHELL] == ["gate report", "gate attacks",
-                                     "PYTHONPATH=examples gate report --agents naive,my_agent:AmountCheck,careful"]
+                                     "PYTHONPATH=examples gate report --agents naive,my_agent:AmountCheck,careful",
+                                     "gate report --cases cases/v2/eval_curated.jsonl --agents oracle,careful-v2,"
+                                     "careful,naive,refuse-all"]
 
 
 @pytest.mark.parametrize("command,shown", SHELL, ids=[c for c, _ in SHELL])
