@@ -171,6 +171,9 @@ def test_a_dagster_case_run_of_a_v2_partition_grades_as_gate_report_does(reporte
                 instance=instance, partition_key=case["case_id"], run_config=play_case_run_config(agent))
             assert run.success
             checks = [e for e in run.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
-            assert len(checks) == 2  # the v2 contract's schemas, per staged table
+            assert len(checks) == 1  # the one contract check: the v2 contract's schemas on every batch
+            evaluation = checks[0].event_specific_data
+            assert evaluation.metadata["batches_checked"].value == len(case["batches"])
+            assert evaluation.passed == (evaluation.metadata["batches_failing"].value == 0)
             episode = store.episodes(run_id=run.run_id)[0]
             assert grade_stored(store.load(episode["episode_id"])).as_dict() == reported[agent][k]
