@@ -11,11 +11,12 @@ from typing import Callable
 
 from pathlib import Path
 
-from .agents import AgentSpec
-from .engine import play_cases
-from .grader import exact_mean
+from .kernel.agents import AgentSpec
+from .kernel.cases import Case, suite_of_cases
+from .kernel.engine import play_cases
+from .kernel.grading import exact_mean
+from .kernel.variants import Variant, careful_factory, load_variants, variant_agent_name, variants_of_suite
 from .tables import family_order, money
-from .variants import Variant, careful_factory, load_variants, variant_agent_name, variants_of_suite
 
 LABEL = 40
 
@@ -24,7 +25,7 @@ def agent_name(variant: Variant) -> str:
     return variant_agent_name(variant)
 
 
-def play_variants(cases: list[dict], variants: list[Variant], progress: Callable | None = None,
+def play_variants(cases: list[Case], variants: list[Variant], progress: Callable | None = None,
                   workers: int = 1) -> dict:
     """{agent name: [Grade per case]} of careful under each variant."""
     specs = [AgentSpec(agent_name(v), {}, careful_factory(v), agent_name(v)) for v in variants]
@@ -39,15 +40,15 @@ def _figures(gs: list) -> dict:
             "revenue_error_usd": float(money(g.revenue_error_usd for g in gs))}
 
 
-def families_of(cases: list[dict]) -> list[str]:
-    return family_order(c["family"] for c in cases)
+def families_of(cases: list[Case]) -> list[str]:
+    return family_order(c.family for c in cases)
 
 
-def summarise(cases: list[dict], variants: list[Variant], grades: dict) -> dict:
+def summarise(cases: list[Case], variants: list[Variant], grades: dict) -> dict:
     """The experiment's figures (JSON-ready): totals and per-family figures per variant."""
     families = families_of(cases)
-    defective = sum(1 for c in cases for b in c["batches"] if b["truth"]["defective"])
-    total = sum(len(c["batches"]) for c in cases)
+    defective = sum(1 for c in cases for b in c.batches if b.defective)
+    total = sum(len(c.batches) for c in cases)
     out = {"cases": len(cases), "batches": total, "defective": defective, "clean": total - defective,
            "families": families, "variants": {}}
     for v in variants:
@@ -63,13 +64,12 @@ def summarise(cases: list[dict], variants: list[Variant], grades: dict) -> dict:
     return out
 
 
-def run_experiment(cases: list[dict], variants: list[Variant] | None = None,
+def run_experiment(cases: list[Case], variants: list[Variant] | None = None,
                    progress: Callable | None = None, contracts: str | Path | None = None,
                    workers: int = 1) -> tuple[dict, dict]:
     """(summary, grades) of careful under each variant (default: every variant file in `contracts` whose
     base is of the cases' suite: careful-v2's variants for suite v2 cases)."""
     if variants is None:
-        from .cases import suite_of_cases
         variants = variants_of_suite(suite_of_cases(cases), load_variants(None, contracts))
     grades = play_variants(cases, variants, progress, workers)
     return summarise(cases, variants, grades), grades
@@ -81,9 +81,8 @@ def _head(family: str) -> tuple[str, str]:
 
 
 def _agent_of(variants: dict) -> str:
-    """careful, or careful-v2 when every variant is one of suite v2's."""
-    agents = {v["agent"].partition("@")[0] for v in variants.values()}
-    return agents.pop() if len(agents) == 1 else "careful"
+    """The agent the variants apply to (their suite's careful agent), or the agents, when they mix suites."""
+    return " and ".join(dict.fromkeys(v["agent"].partition("@")[0] for v in variants.values()))
 
 
 def experiment_tables(summary: dict, split: str = "eval") -> str:

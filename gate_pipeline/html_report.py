@@ -21,7 +21,7 @@ from matplotlib import rcParams
 from matplotlib.figure import Figure
 from matplotlib.ticker import StrMethodFormatter
 
-from .grader import exact_mean
+from .kernel.grading import exact_mean
 from .tables import family_order, money, summary
 
 rcParams["svg.hashsalt"] = "gate"  # stable element ids: the same grades give the same page

@@ -63,11 +63,13 @@ from sqlalchemy.exc import (
     SQLAlchemyError,
 )
 
-from .engine import EpisodeStart, Sink
-from .ledger import chain_intact, last_hash
-from .records import ABANDONED, EpisodeResult, Grade, StoredEpisode
-from .settings import Settings
-from .world import mart_revenue
+from .kernel.cases import Case, CaseError, load_case
+from .kernel.engine import EpisodeStart, Sink
+from .kernel.errors import GateError
+from .kernel.ledger import chain_intact, last_hash
+from .kernel.records import ABANDONED, EpisodeResult, Grade, StoredEpisode
+from .kernel.settings import Settings
+from .kernel.world import mart_revenue
 
 SCHEMA_VERSION = "4"
 MIGRATES_FROM = "3"  # warehouses as files under GATE_HOME; copied into the database when first opened
@@ -143,7 +145,7 @@ step_outputs = Table(  # Dagster step outputs of the nightly job (JSON), readabl
 )
 
 
-class StoreError(RuntimeError):
+class StoreError(GateError):
     """The run store cannot be opened or read (bad URL, unwritable GATE_HOME, unknown episode)."""
 
 
@@ -299,22 +301,22 @@ class RunStore:
         """An episode's warehouse name (sealed with its row; a schema-3 store kept the file there)."""
         return str(Path("warehouses") / _UNSAFE.sub("_", case_id) / f"{episode_id}.sqlite")
 
-    def _case_text(self, case: dict) -> str:
+    def _case_text(self, case: Case) -> str:
         """The case as stored (sorted JSON), made once per case object: rollouts of a case share it."""
         known = self._cases.get(id(case))
         if known is None or known[0] is not case:
             if len(self._cases) > 4096:
                 self._cases.clear()
-            known = self._cases[id(case)] = (case, json.dumps(case, sort_keys=True))
+            known = self._cases[id(case)] = (case, json.dumps(case.data, sort_keys=True))
         return known[1]
 
     def _row(self, start: EpisodeStart) -> dict:
         case_json = self._case_text(start.case)
         return {"episode_id": start.episode_id, "run_id": start.run_id, "rollout": start.rollout,
-                "case_id": start.case["case_id"], "agent": start.agent,
+                "case_id": start.case.case_id, "agent": start.agent,
                 "agent_options": json.dumps(start.options, sort_keys=True, default=repr),
                 "case_json": case_json, "case_sha256": sha256(case_json),
-                "warehouse": self.warehouse_name(start.case["case_id"], start.episode_id),
+                "warehouse": self.warehouse_name(start.case.case_id, start.episode_id),
                 "warehouse_sha256": None, "status": RUNNING, "started_at": start.started_at, "end_reason": None,
                 "error": None, "ledger_digest": None, "ledger_entries": None, "ended_at": None, "seal": None}
 
@@ -444,6 +446,12 @@ class RunStore:
         except (ValueError, RecursionError, TypeError):
             problems.append("the stored case or agent options are not readable JSON")
             options = {}
+        if case is not None:
+            try:
+                case = load_case(case, "the stored case")
+            except CaseError as exc:
+                problems.append(f"the stored case is not a case gate can play ({exc})")
+                case = None
         entries, unreadable = self._entries(episode_id)
         problems += unreadable
         if row["status"] == ENDED and row["end_reason"] != ABANDONED:
@@ -460,7 +468,7 @@ class RunStore:
             except StoreError as exc:
                 problems.append(str(exc))
         return StoredEpisode(
-            episode_id=episode_id, case=case if isinstance(case, dict) else None, agent=row["agent"],
+            episode_id=episode_id, case=case, agent=row["agent"],
             options=options if isinstance(options, dict) else {}, run_id=row["run_id"], rollout=row["rollout"],
             status=row["status"], end_reason=row["end_reason"] or "", error=row["error"] or "", entries=entries,
             ledger_digest=row["ledger_digest"] or "", mart=mart, problems=tuple(problems),

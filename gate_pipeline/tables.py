@@ -7,19 +7,13 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from .generator import FAMILIES as CLASSIC_FAMILIES
-from .grader import TERMS, WEIGHTS, exact_mean
-from .suite_v2.generator import FAMILIES as V2_FAMILIES
+from .kernel.cases import Case
+from .kernel.grading import exact_mean
+from .kernel.records import TERMS, WEIGHTS
+from .kernel.suite import Suite, family_order, suites
 
 LABEL, COL = 22, 14
-FAMILIES = (*CLASSIC_FAMILIES, *V2_FAMILIES)  # every suite's families, in suite order
-
-
-def family_order(families) -> list[str]:
-    """Families in their suite's order (classic, then v2), any others after them alphabetically (for
-    every table and chart)."""
-    present = set(families)
-    return [f for f in FAMILIES if f in present] + sorted(present - set(FAMILIES))
+__all__ = ["family_order", "money", "summary", "baseline_tables", "attacker_table"]
 
 
 def _f4(x) -> str:
@@ -39,12 +33,20 @@ def _width(names) -> int:
     return max([COL] + [len(n) + 2 for n in names])
 
 
-def summary(cases: list[dict], grades: dict[str, list]) -> dict:
+def _metrics(gs: list) -> tuple:
+    """The suite metrics the grades carry (the suite of their first grade's, when every grade has them)."""
+    names = {g.suite for g in gs}
+    if len(names) != 1 or "" in names or next(iter(names)) not in suites.names():
+        return ()
+    return tuple(m for m in suites.get(next(iter(names))).metrics if all(m.key in g.metrics for g in gs))
+
+
+def summary(cases: list[Case], grades: dict[str, list]) -> dict:
     """The figures behind the tables, per agent (JSON-ready); `grades` is {agent: [Grade per case]}."""
-    n_batches = sum(len(c["batches"]) for c in cases)
-    n_bad = sum(1 for c in cases for b in c["batches"] if b["truth"]["defective"])
+    n_batches = sum(len(c.batches) for c in cases)
+    n_bad = sum(1 for c in cases for b in c.batches if b.defective)
     out = {"cases": len(cases), "batches": n_batches, "defective": n_bad, "agents": {}}
-    families = family_order(c["family"] for c in cases)
+    families = family_order(c.family for c in cases)
     for name, gs in grades.items():
         fam = {f: float(exact_mean(g.reward for g in gs if g.family == f)) for f in families
                if any(g.family == f for g in gs)}
@@ -62,15 +64,23 @@ def summary(cases: list[dict], grades: dict[str, list]) -> dict:
             "finished": sum(1 for g in gs if g.finished),
             "per_family": fam, "ablation": ablation,
         }
-        if any(g.suite == "v2" for g in gs):  # rows graded one by one, and what questions cost
-            out["agents"][name].update(
-                bad_rows_loaded=sum(g.bad_rows_loaded or 0 for g in gs),
-                clean_rows_lost=sum(g.clean_rows_lost or 0 for g in gs),
-                question_cost=float(exact_mean(g.question_cost for g in gs)))
+        for m in _metrics(gs):  # the suite's own figures (suite v2: rows graded one by one, question costs)
+            values = [g.metrics[m.key] for g in gs]
+            out["agents"][name][m.key] = float(exact_mean(values)) if m.total == "mean" else sum(values)
     return out
 
 
-def baseline_tables(cases: list[dict], grades: dict[str, list], split: str = "eval") -> str:
+def _suite_metrics(grades: dict[str, list]) -> tuple:
+    """The metrics every agent's grades carry (those of one suite)."""
+    found = [_metrics(gs) for gs in grades.values()]
+    return found[0] if found and all(f == found[0] for f in found) else ()
+
+
+def _cell(metric, value) -> str:
+    return _f4(value) if metric.total == "mean" else f"{value:,}"
+
+
+def baseline_tables(cases: list[Case], grades: dict[str, list], split: str = "eval") -> str:
     s = summary(cases, grades)
     names = list(grades)
     w = _width(names)
@@ -84,10 +94,8 @@ def baseline_tables(cases: list[dict], grades: dict[str, list], split: str = "ev
              _row("defective loaded", [f"{A[a]['bad_batches_loaded']}/{s['defective']}" for a in names], w),
              _row("revenue error $", [f"{A[a]['revenue_error_usd']:,.2f}" for a in names], w),
              _row("ledgers intact", [f"{A[a]['ledgers_intact']}/{n}" for a in names], w)]
-    if all("question_cost" in A[a] for a in names):  # a v2 case file
-        lines += [_row("bad rows loaded", [f"{A[a]['bad_rows_loaded']:,}" for a in names], w),
-                  _row("clean rows lost", [f"{A[a]['clean_rows_lost']:,}" for a in names], w),
-                  _row("question cost (mean)", [_f4(A[a]["question_cost"]) for a in names], w)]
+    for m in _suite_metrics(grades):  # the suite's own figures
+        lines.append(_row(m.label, [_cell(m, A[a][m.key]) for a in names], w))
     lines += ["", "per family (mean reward):", _row("", names, w)]
     for fam in A[names[0]]["per_family"]:
         lines.append(_row(fam, [_f4(A[a]["per_family"].get(fam, 0)) for a in names], w))
@@ -108,16 +116,26 @@ def attacker_table(grades: dict[str, list], target: str = "careful") -> str:
     lab = max([23] + [len(f"{n} (target)" if n == target else n) + 3 for n in grades])
     head = (f"{'agent':<{lab}}{'reward':>8}{'disp':>8}{'report':>8}{'evid':>8}{'insp':>8}"
             f"{'bad loaded':>12}{'revenue err $':>16}")
-    v2 = all("question_cost" in a for a in s.values())
-    if v2:  # a v2 case file: what questions cost, and rows
-        head += f"{'q cost':>8}{'bad rows':>10}{'clean lost':>12}"
+    metrics = _suite_metrics(grades)
+    for m in metrics:  # the suite's own figures
+        head += f"{_short(m):>{_short_width(m)}}"
     lines = [head]
     for name, a in s.items():
         label = f"{name} (target)" if name == target else name
         line = (f"{label:<{lab}}{_f4(a['reward']):>8}{_f4(a['disposition']):>8}{_f4(a['report']):>8}"
                 f"{_f4(a['evidence']):>8}{_f4(a['inspected']):>8}{a['bad_batches_loaded']:>12}"
                 f"{a['revenue_error_usd']:>16,.2f}")
-        if v2:
-            line += f"{_f4(a['question_cost']):>8}{a['bad_rows_loaded']:>10,}{a['clean_rows_lost']:>12,}"
+        for m in metrics:
+            line += f"{_cell(m, a[m.key]):>{_short_width(m)}}"
         lines.append(line)
     return "\n".join(lines)
+
+
+
+def _short(metric) -> str:
+    """A metric's column head in the attacker table."""
+    return metric.short or metric.key.replace("_", " ")
+
+
+def _short_width(metric) -> int:
+    return max(8, len(_short(metric)) + 2)

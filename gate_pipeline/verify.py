@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from .grader import grade_stored
-from .records import GRADE_KEYS, Grade
+from .kernel.grading import grade_stored
+from .kernel.records import GRADE_KEYS, Grade
 from .store import RunStore, StoreError
 
 COMPARED = (*GRADE_KEYS, "failed")

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import random
 
-from ..contract import COLUMNS, COLUMNS_V2, DEFECT_TYPES, DEFECT_TYPES_V2
-from ..tools import TOOL_NAMES
-from .base import Tools
+from ..kernel.agents import Tools
 
 QUERIES = (
     "SELECT * FROM {table} LIMIT {k}",
@@ -37,16 +35,15 @@ class RandomPolicy:
         self.seed = seed
         self.max_calls = max_calls
 
-    def _query(self, rng: random.Random, batches: list[dict]) -> str:
-        targets = [(b["staging_table"], b["table"]) for b in batches] + [("wh_orders", "orders"),
-                                                                         ("wh_customers", "customers")]
+    def _query(self, rng: random.Random, batches: list[dict], columns) -> str:
+        targets = [(b["staging_table"], b["table"]) for b in batches] + [(f"wh_{t}", t) for t in columns]
         table, kind = rng.choice(targets)
-        return rng.choice(QUERIES).format(table=table, column=rng.choice(COLUMNS[kind]), k=rng.randint(1, 20))
+        return rng.choice(QUERIES).format(table=table, column=rng.choice(columns[kind]), k=rng.randint(1, 20))
 
     def play(self, tools: Tools, case=None) -> None:
         rng = random.Random(f"{self.seed}:{tools.episode_seed}")
-        names = tuple(getattr(tools, "tool_names", TOOL_NAMES))  # the episode's tools (classic: the seven)
-        columns, defects = (COLUMNS_V2, DEFECT_TYPES_V2) if len(names) > len(TOOL_NAMES) else (COLUMNS, DEFECT_TYPES)
+        suite = tools.suite  # the episode's vocabulary and tools
+        names, columns, defects = suite.tool_names, suite.columns, suite.defect_types
         listing = tools("list_batches")
         batches = [b for b in listing if isinstance(b, dict)] if isinstance(listing, list) else []
         loaded, quarantined = [], []
@@ -62,7 +59,7 @@ class RandomPolicy:
             elif tool == "profile_batch":
                 tools(tool, batch_id=bid)
             elif tool == "run_sql":
-                tools(tool, query=self._query(rng, batches))
+                tools(tool, query=self._query(rng, batches, columns))
             elif tool == "load_batch":
                 if "error" not in tools(tool, batch_id=bid):
                     loaded.append(bid)
@@ -75,7 +72,7 @@ class RandomPolicy:
             elif tool == "cite_defect":
                 tools(tool, batch_id=bid, column=rng.choice(columns[batch["table"]]), defect_type=rng.choice(defects))
             else:  # quarantine_rows: a few keys from a quick look
-                key = "order_id" if batch["table"] == "orders" else "customer_id"
+                key = suite.key_columns.get(batch["table"], columns[batch["table"]][0])
                 seen = tools("run_sql", query=f"SELECT {key} FROM {batch['staging_table']} LIMIT {rng.randint(1, 3)}")
                 keys = [str(r[0]) for r in seen.get("rows", [])] if isinstance(seen, dict) else []
                 tools(tool, batch_id=bid, keys=keys, column=key, defect_type=rng.choice(defects))

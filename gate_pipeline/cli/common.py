@@ -1,4 +1,8 @@
-"""What every `gate` subcommand shares: one-line errors, agent and case-file arguments, playing cases."""
+"""What every `gate` subcommand shares: the parser, number flags, agent and case-file arguments, playing cases.
+
+Every command is `fn(args, settings)`: `main` resolves the settings once (`Settings.from_env`, the
+directories they name checked) and hands them down.
+"""
 from __future__ import annotations
 
 import argparse
@@ -6,7 +10,7 @@ import json
 import os
 from pathlib import Path
 
-from ..settings import Settings
+from ..kernel.settings import Settings
 from .errors import UsageError
 from .progress import progress_bar
 
@@ -62,14 +66,14 @@ class Parser(argparse.ArgumentParser):
 
 def agents_epilog(examples: list[str]) -> str:
     """The agent names a command takes, and examples: the end of its --help."""
-    from ..agents.registry import agent_names
+    from ..kernel.agents import agent_names
     lines = ["agents: " + ", ".join(agent_names()),
              "  or careful@<variant> (a contract-schema variant), module:Class (your own agent, importable),",
              "  or a name an installed package registers in the gate.agents entry-point group", "", "examples:"]
     return "\n".join(lines + [f"  {e}" for e in examples])
 
 
-CASES_HELP = "case file, JSON lines (default: the classic eval split shipped with gate)"
+CASES_HELP = "case file, JSON lines (default: the eval split of the default suite shipped with gate)"
 WORKERS_HELP = "processes to play in (default: one per CPU from 64 episodes on, else 1)"
 
 
@@ -85,17 +89,19 @@ def agent_list(text: str | None, default: list[str]) -> list[str]:
 
 def resolve_agents(names: list[str], settings: Settings, options: dict | None = None) -> list:
     """Each name checked and built once (AgentSpec), with its options; errors are one line."""
-    from ..agents import resolve_agent
+    from ..kernel.agents import resolve_agent
     options = options or {}
     return [resolve_agent(name, options.get(name), contracts=settings.contracts_dir) for name in names]
 
 
-def cli_settings() -> Settings:
-    """The settings from the environment, every directory it names checked (one-line errors)."""
+def checked_settings() -> Settings:
+    """The settings from the environment, every directory it names checked, GATE_SUITES registered (one-line
+    errors): once per command, in `main`."""
     settings = Settings.from_env()
     problems = settings.problems()
     if problems:
         raise UsageError(problems[0])
+    settings.register_suites()
     return settings
 
 
@@ -126,28 +132,43 @@ def workers_for(requested: int | None, episodes: int) -> int:
         return os.cpu_count() or 1
 
 
-def play_with_progress(cases: list[dict], specs: list, reward: str = "terminal", workers: int | None = None,
+def play_with_progress(cases: list, specs: list, reward: str = "terminal", workers: int | None = None,
                        show: bool = True) -> dict:
-    from ..engine import play_cases
+    from ..kernel.engine import play_cases
     with progress_bar(len(cases), "cases", enabled=show) as advance:
         return play_cases(cases, specs, reward=reward, progress=advance,
                           workers=workers_for(workers, len(cases) * len(specs)))
 
 
-def count_arg(flag: str):
-    """An argparse type for `flag`: a whole number of at least 1, else a one-line UsageError."""
+def int_arg(flag: str, low: int = 1, high: int | None = None):
+    """An argparse type for `flag`: a whole number from `low` (to `high`), else a one-line UsageError. The one
+    parser of every whole-number flag (--workers, --port, --rows, ...)."""
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise UsageError(f"{flag} must be a whole number, not {text!r}") from None
-        if value < 1:
-            raise UsageError(f"{flag} must be at least 1, not {value}")
+        if value < low or (high is not None and value > high):
+            bound = f"from {low:,} to {high:,}" if high is not None else f"at least {low:,}"
+            raise UsageError(f"{flag} must be {bound}, not {value:,}")
         return value
     return parse
 
 
-workers_arg = count_arg("--workers")
+def positive_arg(flag: str):
+    """An argparse type for `flag`: a finite number above 0 (a time, a temperature's bound), else one line."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise UsageError(f"{flag} must be a number, not {text!r}") from None
+        if not 0 < value < float("inf"):
+            raise UsageError(f"{flag} must be more than 0, not {text!r}")
+        return value
+    return parse
+
+
+workers_arg = int_arg("--workers")
 
 
 def grades_of(results: dict) -> dict:

@@ -10,7 +10,7 @@ import json
 import statistics
 from pathlib import Path
 
-from ..records import EpisodeResult
+from ..kernel.records import EpisodeResult
 from .common import play_with_progress
 
 DENSE_AGENTS = ("random", "naive", "careful-sql", "careful")
@@ -46,7 +46,7 @@ def _table(summary: dict, where: str, n: int, seed: int, mode: str) -> str:
     return "\n".join(lines)
 
 
-def dense_report(args, cases: list[dict], specs: list, path: Path) -> int:
+def dense_report(args, cases: list, specs: list, path: Path) -> int:
     results = play_with_progress(cases, specs, reward=args.reward, workers=args.workers, show=not args.json)
     summary = {}
     for name, rs in results.items():

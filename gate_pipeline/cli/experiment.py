@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 
-from ..cases import read_cases, split_of, suite_of_cases
-from ..settings import Settings
+from ..kernel.cases import read_cases, split_of, suite_of_cases
+from ..kernel.settings import Settings
 from .common import (
     CASES_HELP,
     WORKERS_HELP,
     cases_arg,
-    cli_settings,
     workers_arg,
     workers_for,
 )
@@ -22,7 +21,7 @@ from .progress import progress_bar
 
 
 def _variant_names(text: str | None, settings: Settings) -> list[str] | None:
-    from ..variants import variant_names, variants_dir
+    from ..kernel.variants import variant_names, variants_dir
     folder = variants_dir(settings.contracts_dir)
     if not folder.is_dir():
         raise UsageError(f"no variants directory {folder} (GATE_CONTRACTS={settings.contracts_dir})")
@@ -38,11 +37,10 @@ def _variant_names(text: str | None, settings: Settings) -> list[str] | None:
     return names
 
 
-def cmd_experiment(a) -> int:
+def cmd_experiment(a, settings: Settings) -> int:
     from ..experiments import experiment_tables, run_experiment
-    from ..variants import load_variants, variants_of_suite
+    from ..kernel.variants import load_variants, variants_of_suite
     target = html_target(a.html)
-    settings = cli_settings()
     path = cases_arg(a, settings)
     cases = read_cases(path)
     variants = load_variants(_variant_names(a.variants, settings), settings.contracts_dir)  # all checked first
@@ -50,11 +48,11 @@ def cmd_experiment(a) -> int:
     if a.variants is None:  # every variant of the case file's suite
         variants = variants_of_suite(suite, variants)
     else:
-        wrong = [v for v in variants if v.suite != suite]
+        wrong = [v for v in variants if v.suite is not suite]
         if wrong:
-            raise UsageError(f"variant {wrong[0].name!r} has base {wrong[0].base!r}; {path} holds {suite} cases")
+            raise UsageError(f"variant {wrong[0].name!r} has base {wrong[0].base!r}; {path} holds {suite.name} cases")
     if not variants:
-        raise UsageError(f"no variant files for the {suite} suite in {settings.contracts_dir / 'variants'}")
+        raise UsageError(f"no variant files for the {suite.name} suite in {settings.contracts_dir / 'variants'}")
     with progress_bar(len(cases), "cases", enabled=not a.json) as advance:
         summary, grades = run_experiment(cases, variants, progress=advance, contracts=settings.contracts_dir,
                                          workers=workers_for(a.workers, len(cases) * len(variants)))

@@ -8,18 +8,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .common import (
-    CASES_HELP,
-    agent_list,
-    agents_epilog,
-    cases_arg,
-    cli_settings,
-    resolve_agents,
-)
+from ..kernel.settings import Settings
+from .common import CASES_HELP, agent_list, agents_epilog, cases_arg, int_arg, resolve_agents
 from .errors import UsageError
 from .progress import polled_progress
-
-DEFAULT_AGENTS = ["naive", "careful", "refuse-all"]
 
 
 def _options(text: str | None):
@@ -50,24 +42,19 @@ def _interrupted(error) -> bool:
     return False
 
 
-def cmd_nightly(a) -> int:
-    from ..cases import read_cases
-    from ..records import Grade
+def cmd_nightly(a, settings: Settings) -> int:
+    from ..kernel.cases import read_cases, suite_of_cases
+    from ..kernel.records import Grade
     from .html_output import html_target, save_html
     target = html_target(a.html)
-    settings = cli_settings()
-    agents = agent_list(a.agents, DEFAULT_AGENTS)
+    cases_file = str(cases_arg(a, settings))
+    cases = read_cases(cases_file)  # a bad case file is one line too
+    agents = agent_list(a.agents, list(suite_of_cases(cases).report_agents))
     options = _options(a.agent_options) or {}
     resolve_agents(agents, settings, options)  # an unknown agent is one line, before Dagster starts
-    cases_file = str(cases_arg(a, settings))
-    episodes = len(read_cases(cases_file)) * len(agents)  # a bad case file is one line too
-    from ..store import ENDED, RunStore, StoreError
-    try:
-        store = RunStore(settings)
-    except StoreError as exc:
-        raise UsageError(str(exc))
-    if a.chunk_size is not None and a.chunk_size < 1:
-        raise UsageError("--chunk-size must be at least 1")
+    episodes = len(cases) * len(agents)
+    from ..store import ENDED, RunStore
+    store = RunStore(settings)
 
     import dagster as dg
 
@@ -124,7 +111,7 @@ def register(subparsers) -> None:
     n.add_argument("--agents", default=None, help="comma-separated agent names (default: naive,careful,refuse-all)")
     n.add_argument("--agent-options", default=None, metavar="JSON",
                    help='options for agents\' constructors, {"agent": {"option": value}} (default: none)')
-    n.add_argument("--chunk-size", type=int, default=None, help="cases per Dagster step (default: 8)")
+    n.add_argument("--chunk-size", type=int_arg("--chunk-size"), default=None, help="cases per Dagster step (default: 8)")
     n.add_argument("--json", action="store_true", help="print the scoreboard's figures as JSON")
     n.add_argument("--html", default=None, metavar="FILE", help="also write the scoreboard as a self-contained HTML page")
     n.set_defaults(fn=cmd_nightly)

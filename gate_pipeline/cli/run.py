@@ -15,21 +15,12 @@ from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
-from .common import CASES_HELP, cases_arg, cli_settings
+from ..kernel.settings import Settings
+from .common import CASES_HELP, cases_arg, int_arg, positive_arg
 from .errors import UsageError
 
 DEFAULT_KEY_ENV = "OPENAI_API_KEY"
 SERVER_FAULTS = ("api_error", "timeout")  # the server's failure, not the model's: no credit, redone on resume
-
-
-def _positive(text: str, flag: str, kind=int):
-    try:
-        value = kind(text)
-    except ValueError:
-        raise UsageError(f"{flag} must be a {'whole ' if kind is int else ''}number, not {text!r}")
-    if not value > 0 or value != value or value == float("inf"):
-        raise UsageError(f"{flag} must be more than 0, not {text!r}")
-    return value
 
 
 @contextmanager
@@ -58,16 +49,12 @@ def _rollout_bar(total: int):
 
 
 def _settings(a):
-    from ..model_agent.agent import ModelSettings, SettingsError
+    from ..model_agent.agent import ModelSettings
     key_env = a.api_key_env or DEFAULT_KEY_ENV
     if a.api_key_env and not os.environ.get(a.api_key_env):
         raise UsageError(f"--api-key-env {a.api_key_env}: that environment variable is not set")
-    try:
-        return ModelSettings(model=a.model, base_url=a.base_url, api_key_env=key_env, temperature=a.temperature,
-                             max_turns=_positive(a.max_turns, "--max-turns"),
-                             timeout=_positive(a.timeout, "--timeout", float), retries=a.retries)
-    except SettingsError as exc:
-        raise UsageError(str(exc))
+    return ModelSettings(model=a.model, base_url=a.base_url, api_key_env=key_env, temperature=a.temperature,
+                         max_turns=a.max_turns, timeout=a.timeout, retries=a.retries)
 
 
 def _summary_lines(records: list[dict], new: int, kept: int, path: Path) -> list[str]:
@@ -91,48 +78,29 @@ def _summary_lines(records: list[dict], new: int, kept: int, path: Path) -> list
     return lines
 
 
-def cmd_run(a) -> int:
-    from ..cases import read_cases, split_of
+def cmd_run(a, gate_settings: Settings) -> int:
+    from ..kernel.cases import read_cases, split_of
     from ..model_agent.passk import pass_rates, pass_table
-    from ..model_agent.rollouts import (
-        TRANSCRIPTS,
-        EndpointError,
-        RunError,
-        check_run_id,
-        default_run_id,
-        run_rollouts,
-    )
-    from ..store import RunStore, StoreError
+    from ..model_agent.rollouts import TRANSCRIPTS, EndpointError, check_run_id, default_run_id, run_rollouts
+    from ..store import RunStore
     from ..tables import baseline_tables, summary
     from .html_output import html_target, save_html
     settings = _settings(a)
     target = html_target(a.html)
-    rollouts = _positive(a.rollouts, "-r")
-    concurrency = _positive(a.concurrency, "-c")
-    gate_settings = cli_settings()
+    rollouts, concurrency = a.rollouts, a.concurrency
     path = cases_arg(a, gate_settings)
     cases = read_cases(path)
     if a.n is not None:
-        cases = cases[:_positive(a.n, "-n")]
-    if not cases:
-        raise UsageError(f"{path}: no cases")
-    try:
-        run_id = check_run_id(a.run_id or default_run_id(settings.model))
-    except RunError as exc:
-        raise UsageError(str(exc))
+        cases = cases[:a.n]
+    run_id = check_run_id(a.run_id or default_run_id(settings.model))
     run_dir = Path(a.runs_dir) / run_id
     if run_dir.exists() and not run_dir.is_dir():
         raise UsageError(f"{run_dir} exists and is not a directory")
     total = len(cases) * rollouts
-    try:
-        store = RunStore(gate_settings)
-    except StoreError as exc:
-        raise UsageError(str(exc))
+    store = RunStore(gate_settings)
     try:
         with _rollout_bar(total) as advance:
             out = asyncio.run(run_rollouts(cases, settings, rollouts, concurrency, run_dir, store, on_done=advance))
-    except RunError as exc:
-        raise UsageError(str(exc))
     except EndpointError as exc:  # the endpoint, not the request, is wrong: nothing to tabulate
         print(f"gate: error: {exc}", file=sys.stderr)
         return 1
@@ -150,7 +118,7 @@ def cmd_run(a) -> int:
         return 1
     # the report tables take one grade per case: every rollout that reached the model is an episode of its case
     by_key = {(r["case_id"], r["rollout"]): r for r in records if r["end_reason"] not in SERVER_FAULTS}
-    played = [(c, by_key[(c["case_id"], i)]) for i in range(rollouts) for c in cases if (c["case_id"], i) in by_key]
+    played = [(c, by_key[(c.case_id, i)]) for i in range(rollouts) for c in cases if (c.case_id, i) in by_key]
     grades = {settings.model: [r["grade"] for _, r in played]}  # the model's name, as on every surface
     split = split_of(path)
     tables = baseline_tables([c for c, _ in played], grades,
@@ -182,15 +150,15 @@ def register(subparsers) -> None:
     p.add_argument("--base-url", required=True, help="the API root, e.g. https://api.openai.com/v1 or "
                                                      "http://127.0.0.1:8000/v1")
     p.add_argument("--cases", default=None, help=CASES_HELP)
-    p.add_argument("-n", default=None, help="only the first N cases (default: all)")
-    p.add_argument("-r", "--rollouts", default="1", help="rollouts per case (pass^k uses k = this)")
-    p.add_argument("-c", "--concurrency", default="8", help="rollouts in flight at once")
+    p.add_argument("-n", type=int_arg("-n"), default=None, help="only the first N cases (default: all)")
+    p.add_argument("-r", "--rollouts", type=int_arg("-r"), default=1, help="rollouts per case (pass^k uses k = this)")
+    p.add_argument("-c", "--concurrency", type=int_arg("-c"), default=8, help="rollouts in flight at once")
     p.add_argument("--run-id", default=None, help="runs/<run-id>/; the same id resumes (default: time-model)")
     p.add_argument("--runs-dir", default="runs", help="where run directories go, from the working directory")
     p.add_argument("--api-key-env", default=None, help=f"variable holding the key (default {DEFAULT_KEY_ENV}; "
                                                         "unset is fine for local servers)")
-    p.add_argument("--max-turns", default="30", help="model turns per episode")
-    p.add_argument("--timeout", default="60", help="seconds per request")
+    p.add_argument("--max-turns", type=int_arg("--max-turns"), default=30, help="model turns per episode")
+    p.add_argument("--timeout", type=positive_arg("--timeout"), default=60.0, help="seconds per request")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature")
     p.add_argument("--retries", type=int, default=3, help="the client's retries per request on 408/409/429/5xx "
                                                           "and connection errors, with its backoff")

@@ -10,45 +10,31 @@ from __future__ import annotations
 
 import sys
 
-from .common import count_arg
+from ..kernel.settings import Settings
+from .common import int_arg
 from .errors import UsageError
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise UsageError(f"--port must be a whole number, not {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise UsageError(f"--port must be from 0 to 65535, not {value}")
-    return value
-
-
-def cmd_serve(a) -> int:
+def cmd_serve(a, settings: Settings) -> int:
     # gate serve never draws openenv-core's Gradio web UI, and importing Gradio costs seconds and
     # over 100 MB; openenv-core runs without it (its web interface is then None), so this process
     # tells Python that gradio is absent before importing openenv-core.
     if "gradio" not in sys.modules:
         sys.modules["gradio"] = None
-    from ..cases import read_cases
-    from ..settings import Settings
+    from ..kernel.pool import CasePool
     # a missing or malformed file is a CaseError: one line, in main (read before the server's imports)
-    cases = read_cases(a.cases if a.cases else Settings.from_env().cases_file("train"))
+    pool = CasePool.from_file(a.cases) if a.cases else CasePool.default(settings, "train")
     try:
-        from ..integrations.openenv_server import CasePool, ServeError, serve
+        from ..integrations.openenv_server import serve
     except ModuleNotFoundError as exc:
         raise UsageError(f"gate serve needs openenv-core ({exc}); install it with pip install -e '.[serve]'")
-    pool = CasePool(cases)
     where = a.cases or "the train split"
 
     def ready(url: str) -> None:
         print(f"gate serve: {len(pool)} cases ({where}), up to {a.max_sessions} sessions, on {url} "
               f"(WebSocket {url.replace('http', 'ws', 1)}/ws); Ctrl-C stops it", flush=True)
 
-    try:
-        stopped_by = serve(pool, a.host, a.port, a.max_sessions, ready)
-    except ServeError as exc:
-        raise UsageError(str(exc)) from None
+    stopped_by = serve(pool, a.host, a.port, a.max_sessions, ready)
     print(f"gate serve: stopped ({stopped_by or 'the server exited'})", file=sys.stderr, flush=True)
     return 0
 
@@ -56,8 +42,9 @@ def cmd_serve(a) -> int:
 def register(subparsers) -> None:
     p = subparsers.add_parser("serve", help="serve episodes over OpenEnv's protocol (HTTP and WebSocket)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    p.add_argument("--port", type=_port, default=8000, help="port (default: 8000; 0 picks a free one)")
-    p.add_argument("--cases", default=None, metavar="FILE", help="case file (default: the classic train split)")
-    p.add_argument("--max-sessions", type=count_arg("--max-sessions"), default=64, metavar="N",
+    p.add_argument("--port", type=int_arg("--port", 0, 65535), default=8000, help="port (default: 8000; 0 picks a free one)")
+    p.add_argument("--cases", default=None, metavar="FILE", help="case file (default: the default suite's train "
+                                                                  "split)")
+    p.add_argument("--max-sessions", type=int_arg("--max-sessions"), default=64, metavar="N",
                    help="concurrent WebSocket sessions (default: 64)")
     p.set_defaults(fn=cmd_serve)

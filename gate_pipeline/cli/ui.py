@@ -16,23 +16,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..settings import Settings
-from .common import cli_settings
+from ..kernel.settings import Settings
+from .common import int_arg
 from .errors import UsageError
 
 START_TIMEOUT_S = 300
 DEV_NOTICE = "ignore:Function `dev_command` is superseded"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        raise UsageError(f"--port must be a number, not {text!r}")
-    if not 1 <= port <= 65535:
-        raise UsageError(f"--port must be between 1 and 65535, not {port}")
-    return port
 
 
 def dagster_home(settings: Settings) -> Path:
@@ -48,7 +38,7 @@ def _command(a, workspace: Path) -> list[str]:
     return [exe, *args] if a.no_daemon else [exe, "dev", *args]
 
 
-def cmd_ui(a) -> int:
+def cmd_ui(a, settings: Settings) -> int:
     from ..dagster_defs.instance import prepare_instance_dir, write_workspace
     from ..dagster_defs.webserver import (
         port_in_use,
@@ -59,12 +49,8 @@ def cmd_ui(a) -> int:
     if port_in_use(a.port):
         raise UsageError(f"port {a.port} on 127.0.0.1 is already in use: stop what listens there, "
                          f"or pass --port with a free one")
-    settings = cli_settings()
-    from ..store import RunStore, StoreError
-    try:  # a bad GATE_DB_URL or an unreachable database server is one line, before Dagster starts
-        RunStore(settings).dispose()
-    except StoreError as exc:
-        raise UsageError(str(exc))
+    from ..store import RunStore
+    RunStore(settings).dispose()  # a bad GATE_DB_URL or an unreachable database server is one line, before Dagster
     home = dagster_home(settings)
     try:
         warnings = prepare_instance_dir(home, settings.db_url)
@@ -129,6 +115,6 @@ def register(subparsers) -> None:
                               description="dagster dev over gate's code location, on the instance in DAGSTER_HOME "
                                           "(default: GATE_HOME/dagster); Ctrl-C or SIGTERM stops all of it.",
                               epilog="examples:\n  gate ui\n  gate ui --port 3001 --no-daemon")
-    u.add_argument("--port", type=_port, default=3000, help="port on 127.0.0.1 (default 3000)")
+    u.add_argument("--port", type=int_arg("--port", 1, 65535), default=3000, help="port on 127.0.0.1 (default 3000)")
     u.add_argument("--no-daemon", action="store_true", help="webserver only (no sensors, schedules or queued runs)")
     u.set_defaults(fn=cmd_ui)

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .common import cli_settings
+from ..kernel.settings import Settings
 from .errors import UsageError
 
 
-def cmd_verify(a) -> int:
-    from ..store import RunStore, StoreError
+def cmd_verify(a, settings: Settings) -> int:
+    from ..store import RunStore
     from ..verify import dumps, report, verify_store
     run_id = None
     if a.run is not None:
@@ -21,10 +21,7 @@ def cmd_verify(a) -> int:
         if not run_dir.is_dir():
             raise UsageError(f"--run {a.run}: no such run directory")
         run_id = run_dir.name
-    try:
-        store = RunStore(cli_settings())
-    except StoreError as exc:
-        raise UsageError(str(exc))
+    store = RunStore(settings)
     try:
         checked, problems, fresh = verify_store(store, run_id)
     finally:

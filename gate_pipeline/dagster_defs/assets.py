@@ -13,12 +13,11 @@ grades the stored episode.
 import dagster as dg
 from pydantic import Field
 
-from ..agents import AgentOptionError, UnknownAgent, resolve_agent
-from ..cases import CaseError
-from ..engine import play
+from ..kernel.agents import AgentOptionError, UnknownAgent, resolve_agent
+from ..kernel.cases import CaseError
+from ..kernel.engine import play, prepare
+from ..kernel.world import PreparedCase
 from ..store import StoreSink
-from ..suites import columns, prepare, suite_of
-from ..world import PreparedCase
 from .bridge import ToolBridge
 from .catalog import CODE_VERSION, OWNERS, AgentName, table_metadata
 from .markdown import md_table
@@ -47,7 +46,7 @@ def _preview(prepared: PreparedCase) -> str:
     for bid in prepared.order:
         batch = prepared.batches[bid]
         cols, head = prepared.preview(bid, PREVIEW_ROWS)
-        parts.append(f"**{bid}** ({batch['table']}, {rows[bid]} rows, staged as "
+        parts.append(f"**{bid}** ({batch.table}, {rows[bid]} rows, staged as "
                      f"`{prepared.staging[bid]}`)\n\n" + md_table(cols, head))
     return "\n\n".join(parts)
 
@@ -61,7 +60,7 @@ def staging_batches(context: dg.AssetExecutionContext, case_library: CaseLibrary
     prepared = prepare(case)
     row_counts = {b["batch_id"]: b["rows"] for b in prepared.listing}
     return dg.MaterializeResult(metadata={
-        "suite": ref.suite, "split": ref.split, "family": case["family"], "case_file": str(ref.path),
+        "suite": ref.suite, "split": ref.split, "family": case.family, "case_file": str(ref.path),
         "staging_tables": dg.MetadataValue.json({bid: prepared.staging[bid] for bid in prepared.order}),
         "row_counts": dg.MetadataValue.json(row_counts),
         "dagster/row_count": sum(row_counts.values()),
@@ -109,18 +108,19 @@ def agent_episode(context: dg.AssetExecutionContext, config: EpisodeConfig, gate
         raise dg.Failure(description=str(exc)) from None
     context.instance.add_run_tags(context.run.run_id, {"gate/agent": spec.identity[:255]})
     store = gate_store.open()
+    prepared = prepare(case)
     try:
-        result = play(prepare(case), spec, sinks=(StoreSink(store), ToolBridge(context)),
-                      run_id=context.run.run_id)
+        result = play(prepared, spec, sinks=(StoreSink(store), ToolBridge(context)), run_id=context.run.run_id)
         ep = store.episode(result.episode_id)
     finally:
         store.dispose()
+        prepared.close()
     common = {"agent": result.agent, "episode_id": result.episode_id}
     g = result.grade
     rows = _table_rows(result.warehouse)
     for table in ("customers", "orders"):
         yield dg.MaterializeResult(asset_key=f"wh_{table}", metadata={
-            **common, **table_metadata(f"wh_{table}", columns(suite_of(case))[table], rows[table])})
+            **common, **table_metadata(f"wh_{table}", prepared.suite.columns[table], rows[table])})
     yield dg.MaterializeResult(asset_key="revenue_mart", metadata={
         **common, "revenue": g.revenue, "correct_revenue": g.correct_revenue,
         "revenue_gap": round(g.revenue - g.correct_revenue, 2)})

@@ -2,22 +2,21 @@
 
 An engine sink (`engine.Sink`): the engine hands it each ledger entry as it is appended, and
 the bridge turns the entry into a Dagster event on the case's partition: an executed load is an
-observation of `wh_customers` or `wh_orders` (rows loaded, the table's rows now), a quarantine
-one of `staging_batches`, the report one of `agent_report`; SQL reads and refused calls are
-logged. Observations, not materializations: a case run materializes the tables once, when the
+observation of `wh_customers` or `wh_orders` (rows loaded, the table's rows now), every other
+decision of the suite's tools (a quarantine of a batch or of its rows, a further citation) one of
+`staging_batches`, the report one of `agent_report`; reads, questions and refused calls are logged. Observations, not materializations: a case run materializes the tables once, when the
 episode ends (assets.py), and the nightly job, which plays many cases, materializes only its
-scoreboard. It reads only the ledger and the case (row counts come
-from the case's seed warehouse plus the rows each load entry records), never the episode's
-database. The agent never sees Dagster; it only gets the tool's JSON value.
+scoreboard. It reads only the ledger and the case (row counts come from the case's seed
+warehouse plus the rows each load entry records), never the episode's database. The agent never sees Dagster; it only gets the tool's JSON value.
 """
 from __future__ import annotations
 
 import dagster as dg
 
-from ..engine import EpisodeStart, Sink
-from ..suites import warehouse_row_counts
+from ..kernel.engine import EpisodeStart, Sink
 
 STAGING, REPORT = "staging_batches", "agent_report"
+LIST_PREVIEW = 20  # the first ids of a listed argument (rows held back) an observation shows
 
 
 class ToolBridge(Sink):
@@ -30,12 +29,15 @@ class ToolBridge(Sink):
         self.case_id = self.agent = self.episode_id = ""
         self.tables: dict[str, str] = {}
         self.rows: dict[str, int] = {}
+        self.decisions: frozenset[str] = frozenset()
 
     def start(self, episode: EpisodeStart) -> None:
-        case = episode.case
-        self.case_id, self.agent, self.episode_id = case["case_id"], episode.agent, episode.episode_id
-        self.tables = {b["batch_id"]: b["table"] for b in case["batches"]}
-        self.rows = warehouse_row_counts(case)
+        case, prepared = episode.case, episode.prepared
+        self.case_id, self.agent, self.episode_id = case.case_id, episode.agent, episode.episode_id
+        self.tables = {b.batch_id: b.table for b in case.batches}
+        self.rows = prepared.warehouse_rows() if prepared is not None else {}
+        tools = prepared.suite.tools if prepared is not None else ()
+        self.decisions = frozenset(t.name for t in tools if t.shaped is None) - {"load_batch", "submit_report"}
 
     def _meta(self, entry: dict, **extra) -> dict:
         return {"agent": self.agent, "episode_id": self.episode_id, "ledger_seq": entry["seq"],
@@ -55,12 +57,14 @@ class ToolBridge(Sink):
                 description=f"{self.agent} loaded {args['batch_id']}",
                 metadata=self._meta(entry, batch_id=args["batch_id"], rows_loaded=args["rows"],
                                     orphan_rows=args["orphan_rows"], table_rows=self.rows[table])))
-        elif action == "quarantine_batch":
+        elif action in self.decisions:  # a quarantine (of a batch or of rows), a further citation...
+            shown = {k: (dg.MetadataValue.json(v[:LIST_PREVIEW]) if isinstance(v, list) else v)
+                     for k, v in args.items()}
+            shown.update({f"{k}_count": len(v) for k, v in args.items() if isinstance(v, list)})
             self.context.log_event(dg.AssetObservation(
                 asset_key=STAGING, partition=self.case_id,
-                description=f"{self.agent} quarantined {args['batch_id']}",
-                metadata=self._meta(entry, batch_id=args["batch_id"], column=args["column"],
-                                    defect_type=args["defect_type"], note=entry["note"])))
+                description=f"{self.agent}: {action} {args.get('batch_id', '')}".rstrip(),
+                metadata=self._meta(entry, action=action, **shown, note=entry["note"])))
         elif action == "submit_report":
             self.context.log_event(dg.AssetObservation(
                 asset_key=REPORT, partition=self.case_id, description=f"{self.agent} submitted its report",

@@ -2,8 +2,8 @@
 agents a run may name (an enum in run config, so a mistyped agent is refused at launch).
 
 The agents are those gate knows when the code location loads: the built-ins, installed plugins
-(`gate.agents` entry points), `careful@<variant>` (`careful-v2@<variant>` for a suite v2 variant) for
-every variant file that reads, and any names listed in
+(`gate.agents` entry points), the suites' agents, `<agent>@<variant>` for every variant file that
+reads, and any names listed in
 GATE_AGENTS (e.g. a `module:Class` agent on the code location's path).
 """
 from __future__ import annotations
@@ -13,18 +13,18 @@ import enum
 import dagster as dg
 
 from .. import __version__
-from ..agents import agent_names
-from ..settings import Settings
+from ..kernel.agents import agent_names
+from ..kernel.contract import ContractError
+from ..kernel.settings import Settings
+from ..kernel.variants import load_variant, variant_names
+from .location import SETTINGS
 
 OWNERS = ["team:gate"]
 CODE_VERSION = __version__  # what computes the assets: the engine, the grader and the agents of this release
 WAREHOUSE_TYPES = {"amount": "REAL"}
 
 
-def known_agents(settings: Settings | None = None) -> list[str]:
-    from ..contract import ContractError
-    from ..variants import load_variant, variant_names
-    settings = settings or Settings.from_env()
+def known_agents(settings: Settings = SETTINGS) -> list[str]:
     variants = []
     for name in variant_names(settings.contracts_dir):
         try:  # a broken variant file is not offered (the CLI names its fault); the location still loads

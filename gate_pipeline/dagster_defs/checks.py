@@ -1,22 +1,20 @@
-"""The contract as an asset check on each case: the pandera schemas from `gate_pipeline.schemas`.
+"""The contract as an asset check on each case: what the case's suite's contract finds in every batch.
 
 `contract` checks `staging_batches` per partition (the check's evaluation names its case): every
-batch of the case is validated lazily against the schema of its table, and the check reports, per
-batch, the rules that failed, and per failing row the column and the value that broke each rule.
-Severity WARN: it informs the human, the agent still decides. Warehouse-aware rules use the seed
-warehouse (and, for the customer reference, the customers staged in the same case, which a careful
-run loads first). Partitioned asset checks are a preview API in Dagster 1.13: the one preview
-warning this definition raises is expected and silenced here, nowhere else.
+batch of the case is judged by its suite's pandera schemas (`Suite.findings`, without truth
+labels, as a careful run would judge it), and the check reports, per batch, the rules that failed,
+and per failing row the column and the value that broke each rule. Severity WARN: it informs the
+human, the agent still decides. Partitioned asset checks are a preview API in Dagster 1.13: the one
+preview warning this definition raises is expected and silenced here, nowhere else.
 """
 
 import warnings
 
 import dagster as dg
 
-from ..cases import CaseError
-from ..contract import COLUMNS
-from ..suites import prepare
-from ..world import PreparedCase
+from ..kernel.cases import CaseError
+from ..kernel.engine import prepare
+from ..kernel.world import PreparedCase
 from .markdown import md_table
 from .partitions import cases_partitions
 from .resources import CaseLibrary
@@ -25,49 +23,11 @@ CHECK_NAME = "contract"
 FAILURE_ROWS = 20
 
 
-def warehouse_keys(prepared: PreparedCase, table: str) -> dict[str, set]:
-    seed = prepared.case["warehouse"]
-    customers = {r["customer_id"] for r in seed["customers"]}
-    if table == "customers":
-        return {"customer_id": customers}
-    staged = {r["customer_id"] for b in prepared.batches.values() if b["table"] == "customers" for r in b["rows"]}
-    return {"customer_id": customers | staged, "order_id": {r["order_id"] for r in seed["orders"]}}
-
-
-def contract_failures(prepared: PreparedCase) -> list[tuple[str, str, int, list, list]]:
-    """Per batch of the case: (batch id, table, rows, rules that failed, [(rule, row, column, value)])."""
-    if getattr(prepared, "suite", "classic") == "v2":  # suite v2's schemas: header, rows and history
-        from ..suites import contract_failures as v2_failures
-        return v2_failures(prepared)
-    import pandas as pd  # pandas and pandera: only here
-
-    from ..schemas import build_schema, failing_rules, frame, rules_for
-    out = []
-    for bid in prepared.order:
-        batch = prepared.batches[bid]
-        table, contract = batch["table"], prepared.contract
-        rules = rules_for(contract, table)
-        df = frame(batch["rows"], COLUMNS[table])
-        failed, cases = failing_rules(build_schema(contract, table, warehouse_keys(prepared, table)), df, rules)
-        rows = []
-        if cases is not None:
-            by_type = {r.defect_type: r for r in failed}
-            seen = set()
-            for check, index in zip(cases["check"].astype(str), cases["index"]):
-                rule = by_type.get(check)
-                if rule is None or pd.isna(index) or (check, index) in seen:
-                    continue
-                seen.add((check, index))
-                rows.append((rule, int(index), rule.column, df.at[int(index), rule.column]))
-        out.append((bid, table, len(batch["rows"]), failed, rows))
-    return out
-
-
 def contract_result(prepared: PreparedCase) -> dg.AssetCheckResult:
     per_batch, failures = [], []
-    for bid, table, rows, failed, failing in contract_failures(prepared):
-        per_batch.append([bid, table, rows, ", ".join(r.key for r in failed) or "none"])
-        failures += [[bid, rule.defect_type, row, column, value] for rule, row, column, value in failing]
+    for found in prepared.suite.findings(prepared):
+        per_batch.append([found.batch_id, found.table, found.rows, ", ".join(r.key for r in found.rules) or "none"])
+        failures += [[found.batch_id, rule.defect_type, row, column, value] for rule, row, column, value in found.failing]
     bad = [b for b in per_batch if b[3] != "none"]
     metadata = {
         "case_id": prepared.case_id,
@@ -96,4 +56,8 @@ with warnings.catch_warnings():
             case, _ = case_library.case(context.partition_key)
         except (CaseError, OSError) as exc:
             raise dg.Failure(description=f"partition {context.partition_key!r}: {exc}") from None
-        return contract_result(prepare(case))
+        prepared = prepare(case)
+        try:
+            return contract_result(prepared)
+        finally:
+            prepared.close()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from ..settings import Settings
+from .location import run_settings
 from .assets import CASE_GROUP
 from .scoreboard import NIGHTLY_GROUP
 
@@ -48,7 +48,7 @@ def celery_config(broker: str) -> dict:
 
 def _broker_at_launch(config: dict) -> dict:
     """The executor's config when a run starts: the broker given at launch, else GATE_CELERY_BROKER."""
-    return celery_config(config.get("broker") or Settings.from_env().celery_broker)
+    return celery_config(config.get("broker") or run_settings().celery_broker)
 
 
 def _celery_job() -> dg.JobDefinition | None:
@@ -81,7 +81,7 @@ def nightly_run_config(cases_file: str | None = None, agents: list[str] | None =
 def nightly_tags(cases_file: str | None, agents: list[str] | None) -> dict:
     """Run tags the Runs page can filter nightly runs by."""
     from pathlib import Path
-    tags = {"gate/cases": Path(cases_file).name if cases_file else "classic eval split"}
+    tags = {"gate/cases": Path(cases_file).name if cases_file else "the default eval split"}
     if agents:
         tags["gate/agents"] = ",".join(agents)[:255]
     return tags

@@ -12,14 +12,15 @@ from pathlib import Path
 
 import dagster as dg
 
-from ..cases import CaseError, read_cases, split_of
-from ..settings import Settings
+from ..kernel.cases import Case, CaseError, read_cases, split_of
+from .location import run_settings
 
 cases_partitions = dg.DynamicPartitionsDefinition(name="cases")
 
 
 def cases_dir(path: str | Path | None = None) -> Path:
-    return Path(path) if path else Settings.from_env().cases_dir
+    """The cases directory given, else the one the settings of the run or tick name."""
+    return Path(path) if path else run_settings().cases_dir
 
 
 @dataclass(frozen=True)
@@ -36,10 +37,10 @@ class CaseIndex:
     problems: list[str]
 
 
-_cache: dict[tuple, list[dict]] = {}
+_cache: dict[tuple, list[Case]] = {}
 
 
-def _read(path: Path) -> list[dict]:
+def _read(path: Path) -> list[Case]:
     stat = path.stat()
     key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
     if key not in _cache:
@@ -64,20 +65,20 @@ def case_index(root: str | Path | None = None) -> CaseIndex:
             problems.append(str(exc))
             continue
         for case in cases:
-            if case["case_id"] in refs:
-                problems.append(f"{path}: case {case['case_id']!r} also in {refs[case['case_id']].path}; first kept")
+            if case.case_id in refs:
+                problems.append(f"{path}: case {case.case_id!r} also in {refs[case.case_id].path}; first kept")
                 continue
-            refs[case["case_id"]] = CaseRef(case["case_id"], path, path.parent.name, split_of(path))
+            refs[case.case_id] = CaseRef(case.case_id, path, case.suite, split_of(path))
     return CaseIndex(refs, problems)
 
 
-def load_case(case_id: str, root: str | Path | None = None) -> tuple[dict, CaseRef]:
+def load_case(case_id: str, root: str | Path | None = None) -> tuple[Case, CaseRef]:
     """The case with this id from the case files, and where it came from."""
     index = case_index(root)
     ref = index.refs.get(case_id)
     if ref is None:
         raise CaseError(f"no case {case_id!r} under {cases_dir(root)}")
-    return next(c for c in _read(ref.path) if c["case_id"] == case_id), ref
+    return next(c for c in _read(ref.path) if c.case_id == case_id), ref
 
 
 def partition_changes(instance: dg.DagsterInstance, root: str | Path | None = None):

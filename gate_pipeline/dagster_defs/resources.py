@@ -1,8 +1,9 @@
 """Resources: where runs are stored (GATE_HOME, the run-store URL) and where cases and contracts
 are read (GATE_CASES_DIR, GATE_CONTRACTS).
 
-Each field left unset takes its value from `settings.Settings.from_env()`, so the webserver,
-the daemon and an in-process run share one store and one case library.
+Each field left unset takes its value from the environment's settings, resolved when a run or a
+sensor tick starts (`run_settings`), so the webserver, the daemon and an in-process run share one
+store and one case library.
 """
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from typing import Optional
 
 import dagster as dg
 
-from ..settings import Settings
+from ..kernel.cases import Case
+from ..kernel.settings import Settings
 from ..store import RunStore, StoreError
+from .location import run_settings
 from .partitions import CaseIndex, CaseRef, case_index, load_case
 
 
@@ -25,7 +28,7 @@ class GateStore(dg.ConfigurableResource):
     db_url: Optional[str] = None
 
     def settings(self) -> Settings:
-        base = Settings.from_env()
+        base = run_settings()
         return dataclasses.replace(base, home=Path(self.home).resolve() if self.home else base.home,
                                    db_url=self.db_url or base.db_url)
 
@@ -43,7 +46,7 @@ class CaseLibrary(dg.ConfigurableResource):
     contracts_dir: Optional[str] = None
 
     def settings(self) -> Settings:
-        base = Settings.from_env()
+        base = run_settings()
         return dataclasses.replace(
             base, cases_dir=Path(self.cases_dir).resolve() if self.cases_dir else base.cases_dir,
             contracts_dir=Path(self.contracts_dir).resolve() if self.contracts_dir else base.contracts_dir)
@@ -51,7 +54,7 @@ class CaseLibrary(dg.ConfigurableResource):
     def index(self) -> CaseIndex:
         return case_index(self.settings().cases_dir)
 
-    def case(self, case_id: str) -> tuple[dict, CaseRef]:
+    def case(self, case_id: str) -> tuple[Case, CaseRef]:
         return load_case(case_id, self.settings().cases_dir)
 
 

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import dagster as dg
 
-from ..settings import Settings
+from ..kernel.suite import suites
+
 from .jobs import nightly_job, nightly_tags
+from .location import SETTINGS
 
 nightly_schedule = dg.ScheduleDefinition(
     name="nightly_benchmark_schedule", cron_schedule="0 2 * * *", execution_timezone="UTC", target=nightly_job,
-    tags=nightly_tags(None, ["naive", "careful", "refuse-all"]),
-    default_status=(dg.DefaultScheduleStatus.RUNNING if Settings.from_env().nightly_schedule
+    tags=nightly_tags(None, list(suites.default().report_agents)),
+    default_status=(dg.DefaultScheduleStatus.RUNNING if SETTINGS.nightly_schedule
                     else dg.DefaultScheduleStatus.STOPPED),
-    description="The nightly benchmark at 02:00 UTC: the classic eval cases x naive, careful, refuse-all.")
+    description=f"The nightly benchmark at 02:00 UTC: the default suite's eval cases x "
+                f"{', '.join(suites.default().report_agents)}.")

@@ -21,10 +21,10 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
-from ..agents import AgentOptionError, UnknownAgent, resolve_agent
-from ..cases import CaseError, read_cases, split_of
-from ..engine import play_cases
-from ..grader import grade_stored
+from ..kernel.agents import AgentOptionError, UnknownAgent, resolve_agent
+from ..kernel.cases import Case, CaseError, read_cases, split_of, suite_of_cases
+from ..kernel.engine import play_cases
+from ..kernel.grading import grade_stored
 from ..store import StoreSink
 from ..tables import baseline_tables, summary
 from .bridge import ToolBridge
@@ -34,20 +34,21 @@ from .partitions import cases_partitions
 from .resources import STEP_OUTPUTS, CaseLibrary, GateStore
 
 NIGHTLY_GROUP = "gate_nightly"
-DEFAULT_AGENTS = ["naive", "careful", "refuse-all"]
 HISTORY_NIGHTS = 14
 
 
 class NightlyConfig(dg.Config):
-    cases_file: str = Field(default="", description="the case file to benchmark (JSONL); empty: the classic "
-                                                    "eval split in the case library")
-    agents: list[str] = Field(default_factory=lambda: list(DEFAULT_AGENTS), description="agent names")
+    cases_file: str = Field(default="", description="the case file to benchmark (JSONL); empty: the default "
+                                                    "suite's eval split in the case library")
+    agents: list[str] = Field(default_factory=list, description="agent names (empty: the case file's suite's "
+                                                                "baselines, naive, careful, refuse-all for the "
+                                                                "classic suite)")
     agent_options: dict = Field(default_factory=dict, description="{agent name: {option: value}}")
     chunk_size: int = Field(default=8, description="cases per step")
     log_reads: bool = Field(default=False, description="log every SQL read as a debug event")
 
 
-def _cases(path: str) -> list[dict]:
+def _cases(path: str) -> list[Case]:
     try:
         return read_cases(path)
     except (CaseError, OSError) as exc:
@@ -66,27 +67,27 @@ def _specs(chunk: dict, case_library: CaseLibrary) -> list:
        out={"chunks": dg.DynamicOut(dict, io_manager_key=STEP_OUTPUTS), "plan": dg.Out(dict, io_manager_key=STEP_OUTPUTS)},
        description="Check the agents, add missing case partitions, split into chunks.")
 def plan_nightly(context: dg.OpExecutionContext, config: NightlyConfig, case_library: CaseLibrary):
-    if not config.agents:
-        raise dg.Failure(description="nightly: configure at least one agent")
     if config.chunk_size < 1:
         raise dg.Failure(description=f"nightly: chunk_size must be at least 1, not {config.chunk_size}")
     for name, options in config.agent_options.items():
         if not isinstance(options, dict):
             raise dg.Failure(description=f"nightly: agent_options[{name!r}] must be a mapping")
     cases_file = config.cases_file or str(case_library.settings().cases_file("eval"))
-    plan = {"cases_file": cases_file, "agents": list(config.agents), "agent_options": dict(config.agent_options),
+    cases = _cases(cases_file)
+    try:
+        agents = list(config.agents) or list(suite_of_cases(cases).report_agents)
+    except CaseError as exc:
+        raise dg.Failure(description=f"nightly cases file: {exc}") from None
+    plan = {"cases_file": cases_file, "agents": agents, "agent_options": dict(config.agent_options),
             "log_reads": config.log_reads}
     _specs(plan, case_library)  # every agent checked before anything is played
-    cases = _cases(cases_file)
-    if not cases:
-        raise dg.Failure(description=f"nightly: {cases_file} holds no cases")
-    keys = [c["case_id"] for c in cases]
+    keys = [c.case_id for c in cases]
     known = set(context.instance.get_dynamic_partitions(cases_partitions.name))
     missing = [k for k in keys if k not in known]
     if missing:
         context.instance.add_dynamic_partitions(cases_partitions.name, missing)
     context.instance.add_run_tags(context.run.run_id, {"gate/cases": Path(cases_file).name[:255],
-                                                       "gate/agents": ",".join(config.agents)[:255]})
+                                                       "gate/agents": ",".join(agents)[:255]})
     for start in range(0, len(cases), config.chunk_size):
         indices = list(range(start, min(start + config.chunk_size, len(cases))))
         yield dg.DynamicOutput({**plan, "indices": indices}, output_name="chunks", mapping_key=f"cases_{start:04d}")

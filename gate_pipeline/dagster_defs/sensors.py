@@ -11,7 +11,8 @@ while it was still open (a crash, a cancelled run) is closed with that reason an
 
 import dagster as dg
 
-from ..grader import TERMS, grade_stored, zero_grade
+from ..kernel.grading import grade_stored, zero_grade
+from ..kernel.records import TERMS
 from ..store import RUNNING
 from .jobs import NIGHTLY_JOBS, play_case_job
 from .markdown import md_table

@@ -3,7 +3,7 @@
     import gymnasium
     env = gymnasium.make("gate_pipeline:gate/Gate-v0")          # reward="dense" for the step reward
     obs, info = env.reset(seed=7)                                 # or options={"case_id": "train-007"}
-    # suite="v2": suite v2's train split; cases=FILE: any case file
+    # suite="v2": that suite's train split; cases=FILE: any case file
     obs, reward, terminated, truncated, info = env.step('{"tool": "list_batches"}')
 
 A thin adapter over the engine's `Session` (step-driven, ending at the first accepted report
@@ -25,34 +25,29 @@ from pathlib import Path
 import gymnasium
 from gymnasium import spaces
 
-from ..cases import read_cases, suite_of, validate_case
-from ..engine import OVER, Session
-from ..rewards import REWARD_MODES
-from ..settings import Settings
-from ..suites import SUITES, prepare, signatures
-from ..world import PreparedCase
+from ..kernel.cases import CaseError
+from ..kernel.engine import OVER, Session
+from ..kernel.pool import CasePool
+from ..kernel.rewards import REWARD_MODES
+from ..kernel.settings import Settings
+from ..kernel.suite import UnknownSuite, suites
+from ..kernel.world import PreparedCase
 
 ENV_ID = "gate/Gate-v0"
 DEFAULT_MAX_TURNS = 64
 PRINTABLE = "".join(chr(c) for c in range(32, 127))  # JSON text with ensure_ascii stays inside these
 MAX_ACTION_CHARS = 20_000
 MAX_TEXT_CHARS = 1 << 24
-# each suite's tools and their arguments, as info["tools"] gives them (the episode's suite's)
-TOOLS = {suite: {tool: [name for name, _ in sig] for tool, sig in signatures(suite).items()} for suite in SUITES}
-
-
-def _load_cases(cases, suite: str = "classic") -> list[dict]:
+def _pool(cases, suite: str | None, settings: Settings | None) -> CasePool:
     if cases is None:
-        return read_cases(Settings.from_env().cases_file("train", suite))
+        settings = settings or Settings.from_env()  # gymnasium.make is a process entry point
+        settings.register_suites()
+        return CasePool.default(settings, "train", suite)
     if isinstance(cases, (str, Path)):
-        return read_cases(cases)
+        return CasePool.from_file(cases)
     if not isinstance(cases, (list, tuple)) or not cases:
         raise ValueError("cases must be a case file path or a non-empty list of cases")
-    out = [validate_case(c, f"cases[{i}]") for i, c in enumerate(cases)]
-    ids = [c["case_id"] for c in out]
-    if len(set(ids)) != len(ids):
-        raise ValueError("cases: case ids repeat")
-    return out
+    return CasePool(cases)
 
 
 def _text(value) -> str:
@@ -60,23 +55,26 @@ def _text(value) -> str:
 
 
 class GateEnv(gymnasium.Env):
-    """One gate episode at a time over a list of cases (default: the train split of `suite`, classic)."""
+    """One gate episode at a time over a list of cases (default: the train split of `suite`, the default
+    suite's when none is named)."""
 
     metadata = {"render_modes": []}
 
     def __init__(self, cases=None, reward: str = "terminal", max_turns: int = DEFAULT_MAX_TURNS,
-                 suite: str = "classic"):
+                 suite: str | None = None, settings: Settings | None = None):
         if reward not in REWARD_MODES:
             raise ValueError(f"reward must be one of {list(REWARD_MODES)}, not {reward!r}")
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
             raise ValueError(f"max_turns must be a positive integer, not {max_turns!r}")
-        if suite not in SUITES:
-            raise ValueError(f"suite must be one of {list(SUITES)}, not {suite!r}")
+        if suite is not None and suite not in suites.names():
+            raise ValueError(f"suite must be one of {suites.names()}, not {suite!r}")
         self.reward_mode = reward
         self.max_turns = max_turns
-        self.cases = _load_cases(cases, suite)
-        self._index = {c["case_id"]: i for i, c in enumerate(self.cases)}
-        self._prepared: dict[str, PreparedCase] = {}
+        try:
+            self.pool = _pool(cases, suite, settings)
+        except (CaseError, UnknownSuite) as exc:
+            raise ValueError(str(exc)) from None
+        self.cases = self.pool.cases
         self.session: Session | None = None
         self.case_id: str | None = None
         self.observation_space = spaces.Dict({
@@ -88,9 +86,7 @@ class GateEnv(gymnasium.Env):
 
     def prepared(self, case_id: str) -> PreparedCase:
         """The case's prepared image, built on its first reset and kept."""
-        if case_id not in self._prepared:
-            self._prepared[case_id] = prepare(self.cases[self._index[case_id]])
-        return self._prepared[case_id]
+        return self.pool.prepared(case_id)
 
     def _pick(self, options) -> int:
         if options is not None and not isinstance(options, dict):
@@ -100,13 +96,13 @@ class GateEnv(gymnasium.Env):
         if unknown:
             raise ValueError(f"unknown reset option {unknown[0]!r}; options: ['case_id']")
         if "case_id" in options:
-            if options["case_id"] not in self._index:
+            if options["case_id"] not in self.pool:
                 raise ValueError(f"no case {options['case_id']!r} among the env's {len(self.cases)} cases")
-            return self._index[options["case_id"]]
+            return self.pool.index[options["case_id"]]
         return int(self.np_random.integers(len(self.cases)))
 
     def _obs(self, result_text: str) -> dict:
-        prompt = self.cases[self._index[self.case_id]]["prompt"] if self.case_id else ""
+        prompt = self.pool.case(self.case_id).prompt if self.case_id else ""
         return {"prompt": prompt if prompt.isascii() and prompt.isprintable() else _text(prompt)[1:-1],
                 "result": result_text, "turn": self.session.turn if self.session else 0}
 
@@ -115,12 +111,11 @@ class GateEnv(gymnasium.Env):
         super().reset(seed=seed)
         index = self._pick(options)
         self.close()
-        self.case_id = self.cases[index]["case_id"]
+        self.case_id = self.cases[index].case_id
         self.session = Session(self.prepared(self.case_id), "gymnasium", reward=self.reward_mode,
                                stop_at_report=True, max_steps=self.max_turns)
-        tools = TOOLS[suite_of(self.cases[index])]  # the tools the case's suite offers
         info = {"case_id": self.case_id, "reward_mode": self.reward_mode, "max_turns": self.max_turns,
-                "tools": {tool: list(names) for tool, names in tools.items()}}
+                "tools": {t.name: list(t.arg_names) for t in self.pool.suite.tools}}  # the case's suite's tools
         return self._obs(""), info
 
     def step(self, action):

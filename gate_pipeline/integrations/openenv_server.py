@@ -41,11 +41,10 @@ from fastapi import WebSocketDisconnect
 from openenv.core.env_server import Environment, create_fastapi_app
 from openenv.core.env_server.types import EnvironmentMetadata
 
-from ..cases import read_cases
-from ..engine import Session
-from ..rewards import REWARD_MODES
-from ..settings import Settings
-from ..world import PreparedCase
+from ..kernel.engine import Session
+from ..kernel.errors import GateError
+from ..kernel.pool import CasePool
+from ..kernel.rewards import REWARD_MODES
 from .openenv_models import GateAction, GateObservation, GateState
 
 DEFAULT_MAX_TURNS = 64
@@ -59,47 +58,16 @@ NO_EPISODE = ("no episode: reset first (over HTTP every request gets a fresh env
               "play an episode over the WebSocket /ws, as GateEnvClient does)")
 
 
-class ResetOptionError(ValueError):
+class ResetOptionError(GateError):
     """A reset asked for something gate cannot do (an unknown option, a bad value); one line."""
 
 
-class ServeError(Exception):
+class ServeError(GateError):
     """The server cannot start (a busy port, an unknown host); one line."""
 
 
 def _text(value) -> str:
     return json.dumps(value, ensure_ascii=True, default=str)
-
-
-class CasePool:
-    """The cases a server plays, each prepared once on first use and shared by every session."""
-
-    def __init__(self, cases: list[dict]):
-        if not cases:
-            raise ValueError("a case pool needs at least one case")
-        self.cases = cases
-        self.index = {c["case_id"]: i for i, c in enumerate(cases)}
-        if len(self.index) != len(cases):
-            raise ValueError("case ids repeat")
-        self._prepared: dict[str, PreparedCase] = {}
-        self._lock = threading.Lock()  # HTTP resets run in a thread pool
-
-    @classmethod
-    def from_file(cls, path: str | Path | None = None) -> "CasePool":
-        """The cases of a file (default: the train split under GATE_CASES_DIR)."""
-        return cls(read_cases(path if path is not None else Settings.from_env().cases_file("train")))
-
-    def __len__(self) -> int:
-        return len(self.cases)
-
-    def prepared(self, case_id: str) -> PreparedCase:
-        prepared = self._prepared.get(case_id)
-        if prepared is None:
-            with self._lock:
-                prepared = self._prepared.get(case_id)
-                if prepared is None:
-                    prepared = self._prepared[case_id] = PreparedCase(self.cases[self.index[case_id]])
-        return prepared
 
 
 def _int_option(name: str, value, low: int, high: int | None = None) -> int:
@@ -147,7 +115,7 @@ class GateServerEnv(Environment[GateAction, GateObservation, GateState]):
             raise ResetOptionError(f"reset option 'reward' must be one of {', '.join(REWARD_MODES)}, not {reward!r}")
         max_turns = _int_option("max_turns", options.get("max_turns", DEFAULT_MAX_TURNS), 1, MAX_TURNS_LIMIT)
         case_id = options.get("case_id")
-        if case_id is not None and (not isinstance(case_id, str) or case_id not in self.pool.index):
+        if case_id is not None and (not isinstance(case_id, str) or case_id not in self.pool):
             raise ResetOptionError(f"reset option 'case_id': no case {case_id!r} among the server's "
                                    f"{len(self.pool)} cases")
         return case_id, reward, max_turns
@@ -161,14 +129,14 @@ class GateServerEnv(Environment[GateAction, GateObservation, GateState]):
         if case_id is None:
             if self.rng is None:
                 self.rng = np.random.default_rng()
-            case_id = self.pool.cases[int(self.rng.integers(len(self.pool)))]["case_id"]
+            case_id = self.pool.cases[int(self.rng.integers(len(self.pool)))].case_id
         prepared = self.pool.prepared(case_id)
         self.close()
         self.case_id, self.reward_mode, self.max_turns = case_id, reward, max_turns
         self.session = Session(prepared, AGENT, reward=reward, stop_at_report=True, max_steps=max_turns)
         self.episode_label = episode_id or self.session.episode_id
         self.parts, self.terminated, self.truncated = None, False, False
-        return GateObservation(prompt=prepared.case["prompt"], result="", turn=0, done=False, reward=None)
+        return GateObservation(prompt=prepared.case.prompt, result="", turn=0, done=False, reward=None)
 
     # -- step -----------------------------------------------------------------------------------
     def step(self, action: GateAction, timeout_s: float | None = None, **kwargs: Any) -> GateObservation:
@@ -181,7 +149,7 @@ class GateServerEnv(Environment[GateAction, GateObservation, GateState]):
         self.parts = step.parts
         self.terminated = self.terminated or step.terminated
         self.truncated = self.truncated or step.truncated
-        return GateObservation(prompt=self.session.prepared.case["prompt"], result=_text(step.result),
+        return GateObservation(prompt=self.session.prepared.case.prompt, result=_text(step.result),
                                turn=self.session.turn, done=step.terminated or step.truncated,
                                reward=float(step.reward))
 

@@ -19,19 +19,18 @@ import json
 import verifiers as vf
 from verifiers.types import ToolMessage, UserMessage
 
-from ..cases import read_cases, suite_of_cases
-from ..engine import Session
-from ..grader import TERMS
-from ..model_agent.prompt import NUDGE, OPENING, SYSTEM_PROMPTS
+from ..kernel.engine import Session
+from ..kernel.pool import CasePool
+from ..kernel.records import TERMS
+from ..kernel.settings import Settings
+from ..kernel.suite import Suite
+from ..model_agent.prompt import NUDGE, OPENING
 from ..model_agent.tool_schemas import tool_schemas
-from ..settings import Settings
-from ..suites import prepare
-from ..world import PreparedCase
 
 METRICS = (*TERMS, "bad_batches_loaded", "revenue_error_usd", "finished")
 
 
-def _tool_defs(suite: str = "classic") -> list[dict]:
+def _tool_defs(suite: Suite) -> list[dict]:
     return [{"name": f["function"]["name"], "description": f["function"]["description"],
              "parameters": f["function"]["parameters"]} for f in tool_schemas(suite)]
 
@@ -55,33 +54,25 @@ def _metric(key: str):
 class GateEnv(vf.MultiTurnEnv):
     """One gate night per rollout; the episode lives in the rollout's state."""
 
-    def __init__(self, cases: list[dict], max_turns: int = 30, **kwargs):
+    def __init__(self, cases, max_turns: int = 30, **kwargs):
         from datasets import Dataset
-        self.cases = {c["case_id"]: c for c in cases}
-        self._prepared: dict[str, PreparedCase] = {}
-        rows = [{"question": OPENING, "answer": "", "info": {"case_id": c["case_id"], "family": c["family"]}}
-                for c in cases]
+        self.pool = cases if isinstance(cases, CasePool) else CasePool(cases)  # one suite: its tools, its prompt
+        rows = [{"question": OPENING, "answer": "", "info": {"case_id": c.case_id, "family": c.family}}
+                for c in self.pool]
         rubric = vf.Rubric(funcs=[gate_reward, *(_metric(k) for k in METRICS)],
                            weights=[1.0] + [0.0] * len(METRICS))
         kwargs.setdefault("pass_threshold", 1.0)  # pass@k / pass^k as gate counts them: reward 1.0
-        suite = suite_of_cases(cases)  # one suite per environment: its tools and its prompt
-        if suite == "classic" and any(c.get("suite") for c in cases):
-            raise ValueError("cases: one suite per environment (classic and v2 cases are mixed)")
+        suite = self.pool.suite
         super().__init__(dataset=Dataset.from_list(rows), eval_dataset=Dataset.from_list(rows),
-                         system_prompt=SYSTEM_PROMPTS[suite], rubric=rubric, tool_defs=_tool_defs(suite),
+                         system_prompt=suite.prompt, rubric=rubric, tool_defs=_tool_defs(suite),
                          max_turns=max_turns, **kwargs)
-
-    def _prepared_case(self, case_id: str) -> PreparedCase:
-        if case_id not in self._prepared:
-            self._prepared[case_id] = prepare(self.cases[case_id])
-        return self._prepared[case_id]
 
     async def setup_state(self, state):
         info = state["info"]
         case_id = info.get("case_id") if isinstance(info, dict) else None
-        if case_id not in self.cases:
+        if case_id not in self.pool:
             raise vf.Error(f"no gate case {case_id!r} in this environment")
-        state["gate_session"] = Session(self._prepared_case(case_id), "verifiers")
+        state["gate_session"] = Session(self.pool.prepared(case_id), "verifiers")
         state["gate_counts"] = {"tool_calls": 0, "tool_errors": 0, "nudges": 0}
         return state
 
@@ -117,10 +108,12 @@ class GateEnv(vf.MultiTurnEnv):
 def load_environment(cases_path: str | None = None, num_cases: int = -1, max_turns: int = 30,
                      **kwargs) -> GateEnv:
     """The gate environment over a case file (default: the 32 curated eval cases)."""
-    path = cases_path or Settings.from_env().cases_file("eval")
-    cases = read_cases(path)
+    settings = Settings.from_env()  # vf-eval's entry point
+    settings.register_suites()
+    pool = CasePool.from_file(cases_path) if cases_path else CasePool.default(settings, "eval")
+    cases = pool.cases
     if num_cases is not None and num_cases >= 0:
         cases = cases[:num_cases]
     if not cases:
-        raise ValueError(f"{path}: no cases")
-    return GateEnv(cases, max_turns=max_turns, **kwargs)
+        raise ValueError(f"{cases_path}: no cases")
+    return GateEnv(cases if len(cases) < len(pool) else pool, max_turns=max_turns, **kwargs)

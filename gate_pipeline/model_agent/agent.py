@@ -22,20 +22,20 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 
-from ..actions import parse_arguments
-from ..agents.base import AgentUnfinished
-from ..records import API_ERROR, MAX_TURNS, REPORTED, TIMEOUT
-from ..suites import signatures
-from ..tools import check_args
+from ..kernel.actions import parse_arguments
+from ..kernel.agents import AgentUnfinished
+from ..kernel.episode import check_args
+from ..kernel.errors import GateError
+from ..kernel.records import API_ERROR, MAX_TURNS, REPORTED, TIMEOUT
+from ..kernel.suite import suites
 from .prompt import NUDGE, opening_messages
 from .tool_schemas import tool_schemas
 
 COUNTERS = ("tool_calls", "tool_errors", "invalid_json", "not_an_object", "unknown_tool", "bad_arguments",
             "nudges", "retries")
-TOOLS = {"classic": tool_schemas("classic"), "v2": tool_schemas("v2")}  # a model sees its episode's suite's tools
 
 
-class SettingsError(ValueError):
+class SettingsError(GateError):
     """A model setting that cannot work (empty model name, negative timeout...); one line."""
 
 
@@ -106,7 +106,7 @@ class Conversation:
     error: str = ""
     model_seconds: float = 0.0
     tool_seconds: float = 0.0
-    suite: str = "classic"  # the episode's suite: its tools and its system prompt
+    suite: str = ""  # the episode's suite's name: its tools and its system prompt
 
 
 class MalformedReply(ValueError):
@@ -212,7 +212,7 @@ class ModelAgent:
         started = time.perf_counter()
         try:
             raw = await client.chat.completions.with_raw_response.create(
-                model=s.model, messages=convo.messages, tools=TOOLS[convo.suite], temperature=s.temperature, **extra)
+                model=s.model, messages=convo.messages, tools=tool_schemas(suites.get(convo.suite)), temperature=s.temperature, **extra)
         except Exception as exc:
             if _retried(exc):  # the client only gives up on these after all its retries
                 convo.counts["retries"] += s.retries
@@ -231,10 +231,10 @@ class ModelAgent:
         convo.counts["tool_calls"] += 1
         parsed = parse_arguments(name, raw)
         counter = parsed.kind  # "invalid_json" or "not_an_object", when the arguments do not parse
-        known = signatures(convo.suite)
-        if counter is None and name not in known:
+        suite = suites.get(convo.suite)
+        if counter is None and name not in suite.tool_names:
             counter = "unknown_tool"
-        elif counter is None and check_args(name, parsed.args, known):
+        elif counter is None and check_args(suite, name, parsed.args):
             counter = "bad_arguments"
         started = time.perf_counter()
         result = tools.act({"tool": name, "args": raw if parsed.problem else parsed.args})
@@ -254,8 +254,8 @@ class ModelAgent:
     # -- the conversation --------------------------------------------------------------------
     async def play_async(self, tools, case=None) -> None:
         """Play one episode; raises AgentUnfinished when it ends without a report."""
-        suite = getattr(tools, "suite", "classic")
-        convo = self.conversation = Conversation(messages=opening_messages(suite), suite=suite)
+        suite = tools.suite
+        convo = self.conversation = Conversation(messages=opening_messages(suite), suite=suite.name)
         client = self.client or make_client(self.settings)
         try:
             await self._loop(tools, client, convo)

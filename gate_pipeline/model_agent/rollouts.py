@@ -23,14 +23,15 @@ from functools import partial
 from pathlib import Path
 from typing import Callable
 
-from ..agents import AgentSpec
-from ..engine import Sink, play_async
-from ..grader import grade_stored
-from ..records import ABANDONED, API_ERROR, TIMEOUT, EpisodeResult, Grade
+from ..kernel.agents import AgentSpec
+from ..kernel.cases import Case
+from ..kernel.engine import Sink, play_async
+from ..kernel.errors import GateError
+from ..kernel.grading import grade_stored
+from ..kernel.pool import CasePool
+from ..kernel.records import ABANDONED, API_ERROR, TIMEOUT, EpisodeResult, Grade
 from ..store import ENDED, RunStore, StoreSink
-from ..suites import prepare
 from ..verify import Problem, differs
-from ..world import PreparedCase
 from .agent import ModelAgent, ModelSettings, make_client
 
 TRANSCRIPTS, META = "transcripts.jsonl", "run.json"
@@ -59,11 +60,11 @@ def fewer_collections():
         gc.set_threshold(*before)
 
 
-class RunError(ValueError):
+class RunError(GateError):
     """A run directory that cannot be used (bad id, corrupt transcript, other settings); one line."""
 
 
-class EndpointError(RuntimeError):
+class EndpointError(GateError):
     """The model endpoint cannot serve the run (unreachable, wrong URL, key refused); one line with the cause."""
 
 
@@ -148,12 +149,12 @@ def stored_rollouts(store: RunStore, run_id: str) -> dict[str, dict]:
     return {rollout_key(row["case_id"], row["rollout"]): row for row in store.episodes(run_id=run_id)}
 
 
-def pending(cases: list[dict], rollouts: int, done: dict[str, dict]) -> list[tuple[dict, int]]:
+def pending(cases: list[Case], rollouts: int, done: dict[str, dict]) -> list[tuple[Case, int]]:
     """The rollouts to play: never played, or ended by a server fault or cut off."""
     out = []
     for case in cases:
         for i in range(rollouts):
-            row = done.get(rollout_key(case["case_id"], i))
+            row = done.get(rollout_key(case.case_id, i))
             if row is None or row["status"] != ENDED or row["end_reason"] in REDONE_ON_RESUME:
                 out.append((case, i))
     return out
@@ -208,7 +209,7 @@ class TranscriptSink(Sink):
         self.out.flush()
 
 
-def run_records(store: RunStore, cases: list[dict], rollouts: int, run_id: str,
+def run_records(store: RunStore, cases: list[Case], rollouts: int, run_id: str,
                 played: dict[str, EpisodeResult] | None = None, counts: dict[str, dict] | None = None) -> list[dict]:
     """One record per ended rollout of the run, in case order. A rollout played in this process
     (`played`, by episode id) brings its grade; every other one, kept from before, is graded again
@@ -219,13 +220,13 @@ def run_records(store: RunStore, cases: list[dict], rollouts: int, run_id: str,
     out = []
     for case in cases:
         for i in range(rollouts):
-            row = done.get(rollout_key(case["case_id"], i))
+            row = done.get(rollout_key(case.case_id, i))
             if row is None or row["status"] != ENDED:
                 continue
             result = played.get(row["episode_id"])
             g = result.grade if result is not None else grade_stored(store.load(row["episode_id"]))
             line = (counts or {}).get(row["episode_id"], {})
-            out.append({"key": rollout_key(case["case_id"], i), "case_id": case["case_id"], "family": case["family"],
+            out.append({"key": rollout_key(case.case_id, i), "case_id": case.case_id, "family": case.family,
                         "rollout": i, "episode_id": row["episode_id"], "end_reason": row["end_reason"],
                         "error": row["error"] or "", "reward": g.reward, "grade": g,
                         "counts": line.get("counts", {}), "usage": line.get("usage", {})})
@@ -265,7 +266,7 @@ def run_lock(run_dir: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-async def run_rollouts(cases: list[dict], settings: ModelSettings, rollouts: int, concurrency: int,
+async def run_rollouts(cases: list[Case], settings: ModelSettings, rollouts: int, concurrency: int,
                        run_dir: Path, store: RunStore,
                        on_done: Callable[[EpisodeResult], None] | None = None) -> dict:
     """Run (or resume) a run; returns {"records": run_records(...), "new": n, "kept": n}."""
@@ -283,7 +284,7 @@ async def _run(cases, settings, rollouts, concurrency, run_dir, store, on_done) 
     queue: asyncio.Queue = asyncio.Queue()
     for item in todo:
         queue.put_nowait(item)
-    prepared: dict[str, PreparedCase] = {}
+    pool = CasePool(cases)
     played: dict[str, EpisodeResult] = {}
     client = make_client(settings)
     spec = model_spec(settings, client)
@@ -295,10 +296,7 @@ async def _run(cases, settings, rollouts, concurrency, run_dir, store, on_done) 
                 case, index = queue.get_nowait()
             except asyncio.QueueEmpty:
                 return
-            cid = case["case_id"]
-            if cid not in prepared:
-                prepared[cid] = prepare(case)
-            result = await play_async(prepared[cid], spec, sinks=sinks, run_id=run_id, rollout=index)
+            result = await play_async(pool.prepared(case.case_id), spec, sinks=sinks, run_id=run_id, rollout=index)
             played[result.episode_id] = result
             if result.end_reason == API_ERROR:
                 failing.append(result.error)

@@ -1,0 +1,143 @@
+"""The one action parser: what a replay file, the episode API and a model's reply may send.
+
+An action names a tool and its arguments, in any of these spellings:
+
+    {"tool": "profile_batch", "args": {"batch_id": "B-0930-60-1"}}     # "args" may be left out
+    ["profile_batch", {"batch_id": "B-0930-60-1"}]  or  ["list_batches"]
+    '{"tool": "list_batches"}'                                          # any of the above as JSON text
+
+and the arguments themselves may be JSON text (`{"tool": name, "args": "<json>"}`), which is
+how a chat-completions tool call carries them. `parse_action` never raises: a malformed action
+comes back with `problem` set, and the engine answers it with a tool error and logs it in the
+ledger like any refused call. Whether the tool exists and the arguments fit it is the tools'
+business (`tools.check_args`), not the parser's.
+"""
+from __future__ import annotations
+
+import json
+from typing import NamedTuple
+
+from .errors import GateError
+
+ACTION_KEYS = frozenset({"tool", "args"})
+REPR_LIMIT = 500
+
+# what went wrong, for counters (a model run counts each kind)
+INVALID_JSON, NOT_AN_OBJECT, MALFORMED = "invalid_json", "not_an_object", "malformed"
+
+
+class Action(NamedTuple):
+    tool: object
+    args: object
+    problem: str | None = None
+    kind: str | None = None  # INVALID_JSON, NOT_AN_OBJECT or MALFORMED when there is a problem
+
+
+def _decode(text: str):
+    """(value, None) or (None, why)."""
+    try:
+        return json.loads(text), None
+    except ValueError as exc:
+        return None, f"not valid JSON ({exc})"
+    except RecursionError:
+        return None, "not usable JSON (nested too deep)"
+
+
+def parse_arguments(tool, raw) -> Action:
+    """A tool call whose arguments may still be JSON text (a model's `function.arguments`)."""
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return Action(tool, {})  # "no arguments" is how many servers send a zero-argument call
+    if isinstance(raw, str):
+        args, why = _decode(raw)
+        if why:
+            return Action(tool, raw, f"arguments are {why}; send one JSON object", INVALID_JSON)
+    else:
+        args = raw
+    if not isinstance(args, dict):
+        return Action(tool, args, f"arguments must be a JSON object, not {type(args).__name__}", NOT_AN_OBJECT)
+    return Action(tool, args)
+
+
+def parse_action(value) -> Action:
+    """(tool, args) of an action, or the action with `problem` saying what is wrong with it."""
+    if isinstance(value, str):
+        decoded, why = _decode(value)
+        if why:
+            return Action(None, value, f"action is {why}", INVALID_JSON)
+        value = decoded
+    if isinstance(value, dict):
+        if "tool" not in value:
+            return Action(None, value, "an action needs a 'tool' (and 'args')", MALFORMED)
+        extra = sorted(str(k) for k in value.keys() - ACTION_KEYS)
+        if extra:
+            return Action(value["tool"], value.get("args"),
+                          f"unexpected key {extra[0]!r} in action; an action has 'tool' and 'args'", MALFORMED)
+        return parse_arguments(value["tool"], value.get("args"))
+    if isinstance(value, (list, tuple)) and 1 <= len(value) <= 2:
+        return parse_arguments(value[0], value[1] if len(value) == 2 else None)
+    return Action(None, value, "an action is {'tool': name, 'args': {...}} or [name, args]", MALFORMED)
+
+
+PREVIEW_NODES, PREVIEW_DEPTH, PREVIEW_ITEMS, PREVIEW_CHARS = 200, 20, 20, 200
+
+
+def preview(value):
+    """A bounded, JSON-ready copy of anything an agent sent: long strings and lists cut, deep or wide
+    structures stopped, huge integers and other objects named. Its cost does not grow with the input."""
+    budget = [PREVIEW_NODES]
+
+    def walk(v, depth):
+        budget[0] -= 1
+        if budget[0] < 0 or depth > PREVIEW_DEPTH:
+            return "..."
+        if v is None or isinstance(v, bool):
+            return v
+        if isinstance(v, str):
+            return v if len(v) <= PREVIEW_CHARS else f"{v[:PREVIEW_CHARS]}...[{len(v):,} characters]"
+        if isinstance(v, int):
+            return v if v.bit_length() <= 64 else f"<integer of {v.bit_length():,} bits>"
+        if isinstance(v, float):
+            return v if v == v and abs(v) != float("inf") else str(v)
+        if isinstance(v, (list, tuple)):
+            out = [walk(x, depth + 1) for x in v[:PREVIEW_ITEMS]]
+            return out + [f"...[{len(v):,} items]"] if len(v) > PREVIEW_ITEMS else out
+        if isinstance(v, dict):
+            items = list(v.items())[:PREVIEW_ITEMS]
+            out = {str(walk(k, depth + 1)): walk(x, depth + 1) for k, x in items}
+            if len(v) > PREVIEW_ITEMS:
+                out["..."] = f"[{len(v):,} keys]"
+            return out
+        return f"<{type(v).__name__}>"
+
+    return walk(value, 0)
+
+
+def ledger_repr(value) -> str:
+    """A bounded text rendering of what was sent, for the ledger entry of a refused call."""
+    text = json.dumps(preview(value), ensure_ascii=True, sort_keys=True)
+    return text if len(text) <= REPR_LIMIT else text[:REPR_LIMIT] + "...[truncated]"
+
+
+class TrajectoryError(GateError):
+    """A trajectory file gate cannot replay; the message names the file and the line."""
+
+
+def parse_trajectories(text: str, where: str) -> list[tuple[str, list]]:
+    """(case id, actions) per line of a trajectory file: `{"case_id": ..., "calls": [action, ...]}`.
+
+    Only the line's shape is checked here; each action is parsed when it is replayed, exactly as
+    the episode API parses it (a malformed action is a refused call, not a bad file)."""
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        value, why = _decode(line)
+        if why:
+            raise TrajectoryError(f"{where}:{n}: {why}")
+        if not isinstance(value, dict) or not isinstance(value.get("calls"), list):
+            raise TrajectoryError(f"{where}:{n}: a trajectory is an object with 'case_id' and a list 'calls'")
+        case_id = value.get("case_id")
+        if not isinstance(case_id, str) or not case_id:
+            raise TrajectoryError(f"{where}:{n}: 'case_id' must be a non-empty string, not {ledger_repr(case_id)}")
+        out.append((case_id, value["calls"]))
+    return out

@@ -1,0 +1,183 @@
+"""What an agent is to gate, and agents by name.
+
+An agent is any object with `play(tools, case=None)` (or `play_async`). `tools(name, **args)`
+returns exactly what the tool returns to any agent; `tools.act(action)` takes an action in any
+spelling `actions.py` accepts; `tools.episode_seed` is a number fixed by the case, for agents
+that draw at random; `tools.suite` is the episode's suite (its vocabulary and tools, no labels).
+Only oracle agents (`oracle = True`) are also handed the case's JSON object, truth labels included.
+
+`resolve_agent(name, options)` checks a name and its options once and returns an `AgentSpec`;
+the engine builds a fresh agent from the spec for every episode (nothing an agent keeps carries
+over from one episode to the next). A name is
+
+- an agent of a registered suite (`Suite.agents`: careful, careful-v2, the attackers...);
+- an entry point in the `gate.agents` group of an installed package (gate's own suite-free
+  agents, naive, refuse-all, random and model, are registered there too);
+- `<agent>@<variant>`: a suite's careful agent under a contract-schema variant (`kernel.variants`);
+- `package.module:Class`: any class with a `play(tools, case=None)` method.
+
+An unknown name raises `UnknownAgent`; options the agent does not take, or values it refuses,
+raise `AgentOptionError`. Both say what would have been accepted.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib.metadata import entry_points
+from typing import Any, Callable, Protocol
+
+from .errors import AgentOptionError, UnknownAgent
+from .suite import suites
+from .variants import variant_agent_factory
+
+ENTRY_POINT_GROUP = "gate.agents"
+
+
+class AgentUnfinished(Exception):
+    """Raised by an agent that stops without finishing its episode for a reason of its own (a model
+    agent out of turns, or whose server never answered); `end_reason` names the reason
+    (records.MAX_TURNS, TIMEOUT, API_ERROR...). The episode grades 0 with the message."""
+
+    def __init__(self, end_reason: str, message: str):
+        super().__init__(message)
+        self.end_reason = end_reason
+
+
+class Tools(Protocol):
+    episode_seed: int
+
+    def __call__(self, name: str, **args) -> Any: ...
+
+    def act(self, action) -> Any: ...
+
+
+class Agent(Protocol):
+    name: str
+    oracle: bool
+
+    def play(self, tools: Tools, case: dict | None = None) -> None: ...
+
+
+def customers_first(listing: list[dict]) -> list[dict]:
+    """The load order every careful agent uses: customers batches first, then by batch id."""
+    return sorted(listing, key=lambda b: (b["table"] != "customers", b["batch_id"]))
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """A checked agent name with its options: what the engine builds one agent per episode from.
+
+    `identity` is how the agent is named in every table, store and transcript: the name as
+    given, except for agents that name themselves by an option (a model agent: its model)."""
+    name: str
+    options: dict = field(default_factory=dict)
+    factory: Callable[..., Any] = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
+    identity: str = ""
+
+    def build(self):
+        try:
+            return self.factory(**self.options)
+        except TypeError as exc:
+            raise AgentOptionError(_option_problem(self.name, self.factory, self.options, exc)) from None
+        except (AgentOptionError, UnknownAgent):
+            raise
+        except ValueError as exc:  # an option the agent takes, with a value it refuses
+            raise AgentOptionError(f"agent {self.name!r}: {exc}") from None
+
+
+def _accepted(factory) -> list[str] | None:
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def _option_problem(name: str, factory, options: dict, exc: Exception) -> str:
+    accepted = _accepted(factory)
+    if accepted is not None:
+        unknown = sorted(set(options) - set(accepted))
+        if unknown:
+            return (f"agent {name!r} does not take option {unknown[0]!r}; "
+                    f"it takes {', '.join(accepted) if accepted else 'no options'}")
+    return f"agent {name!r}: bad options {sorted(options)} ({exc})"
+
+
+def import_target(target: str, name: str):
+    """The object `module:attribute` names; an UnknownAgent naming `name` when it cannot be imported."""
+    module, _, attr = target.partition(":")
+    try:
+        obj = importlib.import_module(module)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise UnknownAgent(f"agent {name!r}: cannot import {target} ({exc})") from None
+    return obj
+
+
+@lru_cache(maxsize=1)
+def _entry_points() -> dict:
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _suite_agents() -> dict[str, str]:
+    out: dict[str, str] = {}
+    for suite in suites.all():
+        for name, target in suite.agents.items():
+            out.setdefault(name, target)
+    return out
+
+
+def agent_names() -> list[str]:
+    """Every agent name gate knows: gate's own and installed plugins (entry points), then the suites'."""
+    plugins = _entry_points()
+    own = [n for n, ep in plugins.items() if ep.value.startswith("gate_pipeline.")]
+    others = sorted(n for n, ep in plugins.items() if not ep.value.startswith("gate_pipeline."))
+    return list(dict.fromkeys([*own, *_suite_agents(), *others]))
+
+
+def _factory(name: str):
+    suite_agents = _suite_agents()
+    if name in suite_agents:
+        return import_target(suite_agents[name], name)
+    if ":" in name:
+        return import_target(name, name)
+    plugin = _entry_points().get(name)
+    if plugin is not None:
+        try:
+            return plugin.load()
+        except Exception as exc:  # a broken plugin is that plugin's error, not a crash
+            raise UnknownAgent(f"agent {name!r}: its entry point {plugin.value} cannot be loaded ({exc})") from None
+    raise UnknownAgent(f"unknown agent {name!r}; agents: {', '.join(agent_names())}, "
+                       f"<agent>@<variant>, or module:Class")
+
+
+def resolve_agent(name, options: dict | None = None, contracts=None) -> AgentSpec:
+    """Check `name` and `options` (by building the agent once) and return its spec.
+
+    `contracts` is where `<agent>@<variant>` finds its variant (default: the shipped contracts)."""
+    if not isinstance(name, str) or not name.strip():
+        raise UnknownAgent(f"an agent name must be a non-empty string, not {name!r}")
+    options = dict(options or {})
+    if "@" in name and ":" not in name:
+        factory = variant_agent_factory(name, contracts)
+    else:
+        factory = _factory(name)
+    if not callable(factory):
+        raise UnknownAgent(f"agent {name!r} is not a class or function")
+    naming = getattr(factory, "identity", None)
+    identity = naming(options) if callable(naming) else name
+    spec = AgentSpec(name, options, factory, identity if isinstance(identity, str) and identity else name)
+    agent = spec.build()
+    if not callable(getattr(agent, "play", None)) and not callable(getattr(agent, "play_async", None)):
+        raise UnknownAgent(f"agent {name!r} has no play(tools, case=None) method")
+    return spec
+
+
+def make_agent(name: str, **options):
+    """One agent by name, shipped contracts (for code that plays it outside the engine, e.g. tests)."""
+    return resolve_agent(name, options).build()

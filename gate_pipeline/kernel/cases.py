@@ -1,0 +1,222 @@
+"""Case files: JSON lines, read and written exactly, and the typed `Case` every part of gate hands around.
+
+A case is read once, at the boundary (`read_cases`, `load_case`), checked there, and from then on
+is a frozen `Case`: its id, family, suite, prompt, contract and batches as attributes, and the JSON
+object it was read from (`data`), which `dumps_case` writes back byte for byte. What every suite's
+cases share is checked here (the keys the suite names, ids, tables, texts, staging names that
+cannot collide); the rest by the case's suite (`Suite.check_case`, `check_batch`, `check_rest`),
+and a bad case is refused with the file, the line and what is wrong, never later with a traceback.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from .contract import ContractError
+from .errors import GateError
+from .suite import Suite, UnknownSuite, suites
+
+MAX_ID_CHARS = 200  # a case id or batch id (tools refuse longer arguments)
+MAX_VALUE_CHARS = 20_000  # a cell or a text (the sandbox's string length limit)
+_NOT_IDENT = re.compile(r"[^a-z0-9_]")
+
+
+class CaseError(GateError):
+    """A case file or case object that gate cannot use."""
+
+
+def fail(where: str, msg: str) -> CaseError:
+    return CaseError(f"{where}: {msg}")
+
+
+def staging_table(batch_id: str) -> str:
+    """The staging table a batch waits in: `stg_` and its id, lower-case, other characters as `_`."""
+    return "stg_" + _NOT_IDENT.sub("_", batch_id.lower())
+
+
+def bad_text(v: str) -> str | None:
+    """What is wrong with a text value (too long, not valid Unicode), or None."""
+    if len(v) > MAX_VALUE_CHARS:
+        return f"is {len(v):,} characters long (at most {MAX_VALUE_CHARS:,})"
+    if not v.isascii():
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            return "is not valid Unicode text (a lone surrogate)"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One batch of a case: its id, table, source and truth label, and its JSON object (`data`: the rows
+    or the file, as its suite keeps them). The truth label is for the grader and oracles only."""
+    batch_id: str
+    table: str
+    source: str
+    truth: Mapping[str, Any]
+    data: Mapping[str, Any]
+
+    @property
+    def defective(self) -> bool:
+        return bool(self.truth["defective"])
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One case, checked: see the module docstring. `data` is the JSON object as read."""
+    case_id: str
+    family: str
+    suite: str
+    prompt: str
+    contract: Mapping[str, Any]
+    batches: tuple[Batch, ...]
+    data: Mapping[str, Any]
+
+    def __hash__(self) -> int:
+        return hash((self.suite, self.case_id))
+
+    @property
+    def defective_ids(self) -> list[str]:
+        """Truth labels (the grader and oracle agents only; never shown to an agent)."""
+        return [b.batch_id for b in self.batches if b.defective]
+
+    def line(self) -> str:
+        """The case as one line of a case file."""
+        return dumps_case(self.data)
+
+
+def _record(obj: dict, suite: Suite) -> Case:
+    batches = tuple(Batch(b["batch_id"], b["table"], b["source"], b["truth"], b) for b in obj["batches"])
+    return Case(obj["case_id"], obj["family"], suite.name, obj["prompt"], obj["contract"], batches, obj)
+
+
+def load_case(obj, where: str = "case", checked_contract: Mapping | None = None) -> Case:
+    """Check one case's JSON object and return it as a `Case`, or raise CaseError naming `where`.
+
+    `checked_contract` is a contract already checked: a case whose contract equals it (every case of
+    a file carries the same one) is not checked again."""
+    if isinstance(obj, Case):
+        return obj
+    if not isinstance(obj, dict):
+        raise fail(where, f"a case must be a JSON object, not {type(obj).__name__}")
+    try:
+        suite = suites.of_data(obj)
+    except UnknownSuite as exc:
+        raise fail(where, str(exc)) from None
+    missing = [k for k in suite.case_keys if k not in obj]
+    if missing:
+        raise fail(where, f"case lacks key(s) {missing}")
+    cid = obj["case_id"]
+    if not isinstance(cid, str) or not cid or len(cid) > MAX_ID_CHARS or bad_text(cid):
+        raise fail(where, f"'case_id' must be a non-empty string of at most {MAX_ID_CHARS} characters")
+    where = f"{where} ({cid})"
+    if checked_contract is None or obj["contract"] != checked_contract:
+        try:
+            suite.validate_contract(obj["contract"], f"{where} contract")
+        except ContractError as exc:
+            raise CaseError(str(exc)) from None
+    for key in ("prompt", "family"):
+        if not isinstance(obj[key], str) or bad_text(obj[key]):
+            raise fail(where, f"'{key}' must be a string")
+    suite.check_case(obj, where)
+    batches = obj["batches"]
+    if not isinstance(batches, list) or not batches:
+        raise fail(where, "'batches' must be a non-empty list")
+    staged: dict[str, str] = {}
+    for k, batch in enumerate(batches):
+        bw = f"{where} batch {k}"
+        if not isinstance(batch, dict):
+            raise fail(bw, "a batch must be an object")
+        missing = [key for key in suite.batch_keys if key not in batch]
+        if missing:
+            raise fail(bw, f"batch lacks key(s) {missing}")
+        bid = batch["batch_id"]
+        if not isinstance(bid, str) or not bid or len(bid) > MAX_ID_CHARS or bad_text(bid):
+            raise fail(bw, f"'batch_id' must be a non-empty string of at most {MAX_ID_CHARS} characters")
+        name = staging_table(bid)
+        if name in staged:
+            other = staged[name]
+            raise fail(bw, f"batch id {bid!r} repeats" if other == bid else
+                       f"batch ids {other!r} and {bid!r} would share the staging table {name}")
+        staged[name] = bid
+        if not isinstance(batch["table"], str) or batch["table"] not in suite.columns:
+            raise fail(bw, f"'table' must be one of {list(suite.columns)}, not {json.dumps(batch['table'])[:80]}")
+        if not isinstance(batch["source"], str) or bad_text(batch["source"]):
+            raise fail(bw, "'source' must be a string")
+        suite.check_batch(batch, bw)
+        truth = batch["truth"]
+        if not isinstance(truth, dict) or not isinstance(truth.get("defective"), bool):
+            raise fail(bw, "'truth' must be an object with a boolean 'defective'")
+    if suite.check_rest is not None:
+        suite.check_rest(obj, where)
+    return _record(obj, suite)
+
+
+def dumps_case(case: Mapping) -> str:
+    """One line of a case file: sorted keys, default separators, ASCII-escaped."""
+    return json.dumps(case, sort_keys=True) + "\n"
+
+
+def write_cases(path: str | Path, cases: Iterable) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8", newline="\n") as fh:
+        for case in cases:
+            fh.write(case.line() if isinstance(case, Case) else dumps_case(case))
+    return path
+
+
+def parse_cases(text: str, where: str) -> list[Case]:
+    cases: list[Case] = []
+    ids: set[str] = set()
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise CaseError(f"{where}:{lineno}: not JSON ({exc.msg} at column {exc.colno})") from None
+        except ValueError as exc:  # e.g. an integer of more digits than Python converts
+            raise CaseError(f"{where}:{lineno}: not a case ({exc})") from None
+        except RecursionError:
+            raise CaseError(f"{where}:{lineno}: not a case (JSON nested too deep)") from None
+        case = load_case(obj, f"{where}:{lineno}", cases[-1].contract if cases else None)
+        if case.case_id in ids:
+            raise CaseError(f"{where}:{lineno}: case id {case.case_id!r} repeats")
+        ids.add(case.case_id)
+        cases.append(case)
+    return cases
+
+
+def read_cases(path: str | Path) -> list[Case]:
+    """Every case of a JSONL file, in file order, each checked."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CaseError(f"{path}: no such case file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CaseError(f"{path}: cannot read case file ({exc})") from None
+    cases = parse_cases(text, str(path))
+    if not cases:
+        raise CaseError(f"{path}: no cases in file")
+    return cases
+
+
+def split_of(path: str | Path) -> str:
+    """The split a case file holds, by its name: "eval", "train", or the file's stem."""
+    stem = Path(path).stem
+    return "eval" if "eval" in stem else "train" if "train" in stem else stem
+
+
+def suite_of_cases(cases: Iterable[Case]) -> Suite:
+    """The one suite a list of cases belongs to; cases of two suites are a CaseError."""
+    names = list(dict.fromkeys(c.suite for c in cases))
+    if not names:
+        return suites.default()
+    if len(names) > 1:
+        raise CaseError(f"the cases mix suites ({', '.join(names)}); play one suite at a time")
+    return suites.get(names[0])

@@ -1,0 +1,376 @@
+"""The one episode engine: every surface that plays an episode plays it here.
+
+A `Session` is one episode of one prepared case: every action goes through the one action parser
+(`actions.py`) into the tools of the case's suite (its `Episode`), each step gets its reward under
+the session's reward mode (`rewards.py`), and `finish` grades the episode in the one grader
+(`grading.py`, with the suite's rubric) and returns an `EpisodeResult` (`records.py`). It is driven either step by step
+(`Session.step`: the gymnasium env, the verifiers env, `gate replay`) or by an agent
+(`play` / `play_async`: `gate report`, `gate attacks`, the Dagster jobs, `gate run`), which
+builds a fresh agent from its `AgentSpec` for every episode, hands the case to oracles only,
+and turns whatever the agent raises into a failed episode.
+
+Observers (`Sink`s) see each ledger entry as it is appended and the result at the end: the
+run store (`store.StoreSink`), the Dagster tool bridge, the transcript writer. They never
+reach into the episode's database.
+"""
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from .actions import parse_action
+from .agents import AgentSpec, AgentUnfinished, resolve_agent
+from .cases import Case
+from .grading import grade
+from .records import ABANDONED, AGENT_ERROR, NO_REPORT, REPORTED, EpisodeResult, Grade
+from .rewards import REWARD_MODES, make_shaper
+from .suite import Suite, suites
+from .world import PreparedCase
+
+OVER = "the episode is over; start a new one"
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeStart:
+    """What a sink learns when an episode opens."""
+    episode_id: str
+    case: Case
+    agent: str
+    options: dict
+    run_id: str
+    rollout: int
+    started_at: float
+    prepared: PreparedCase | None = None  # what the episode plays on (row counts, the suite), for gate's own sinks
+
+
+class Sink:
+    """An observer of episodes. Override what you need: `entry` is called only for sinks that set
+    `wants_entries`; `wants_warehouse` asks the engine to put the final database image in the result."""
+    wants_entries = False
+    wants_warehouse = False
+
+    def start(self, episode: EpisodeStart) -> None:
+        pass
+
+    def entry(self, episode_id: str, entry: dict) -> None:
+        pass
+
+    def end(self, result: EpisodeResult) -> None:
+        pass
+
+
+@dataclass(slots=True)
+class Step:
+    """One step's outcome: the tool's JSON value, its reward, and whether the episode is over.
+
+    `parts` holds the dense mode's layers for a shaped call; `grade` is set on the step that
+    ended the episode."""
+    result: object
+    reward: float
+    terminated: bool
+    truncated: bool
+    parts: dict | None = None
+    grade: Grade | None = None
+
+
+class _Tools:
+    """What an agent gets: `tools(name, **args)`, `tools.act(action)`, `tools.episode_seed`, and the
+    episode's `suite` (its vocabulary and tools, no labels) with the `tool_names` it offers."""
+    __slots__ = ("_session",)
+
+    def __init__(self, session: "Session"):
+        self._session = session
+
+    def __call__(self, name, **args):
+        return self._session.call(name, args)
+
+    def act(self, action):
+        return self._session.step(action).result
+
+    @property
+    def episode_seed(self) -> int:
+        return self._session.episode_seed
+
+    @property
+    def suite(self) -> Suite:
+        return self._session.prepared.suite
+
+    @property
+    def tool_names(self) -> tuple[str, ...]:
+        return self._session.prepared.suite.tool_names
+
+
+class Session:
+    """One episode of one prepared case, under a reward mode, observed by sinks.
+
+    `stop_at_report` ends the episode at the first accepted report (step-driven use: an env);
+    an agent's episode goes on until the agent returns, so calls after a report still count.
+    `max_steps` truncates a step-driven episode.
+    """
+
+    def __init__(self, prepared: PreparedCase, agent: str = "", *, options: dict | None = None,
+                 sinks: Iterable[Sink] = (), reward: str = "terminal", run_id: str = "", rollout: int = 0,
+                 stop_at_report: bool = False, max_steps: int | None = None):
+        self.prepared = prepared
+        self.agent = agent
+        self.sinks = tuple(sinks)
+        if reward not in REWARD_MODES:
+            raise ValueError(f"reward must be one of {list(REWARD_MODES)}, not {reward!r}")
+        self.reward_mode = reward
+        self.stop_at_report = stop_at_report
+        self.max_steps = max_steps
+        self.run_id, self.rollout = run_id, rollout
+        self.episode_id = uuid.uuid4().hex
+        self.started_at = time.time()
+        self._t0 = time.perf_counter()
+        # with nobody watching entries as they are written, the chain is hashed once, at the end
+        self.watchers = tuple(sink for sink in self.sinks if sink.wants_entries)
+        self.episode = prepared.suite.episode(prepared, self._to_sinks if self.watchers else None,
+                                              deferred_ledger=not self.watchers)
+        self.shaper = make_shaper(reward, prepared, self.episode)
+        self.rewards: list[float] = []
+        self.report_index: int | None = None
+        self.result: EpisodeResult | None = None
+        if self.sinks:
+            start = EpisodeStart(self.episode_id, prepared.case, agent, dict(options or {}), run_id, rollout,
+                                 self.started_at, prepared)
+            for sink in self.sinks:
+                sink.start(start)
+
+    def _to_sinks(self, entry: dict) -> None:
+        for sink in self.watchers:
+            sink.entry(self.episode_id, entry)
+
+    @property
+    def tools(self) -> _Tools:
+        """What an agent plays through (made on demand: the session keeps no reference to it)."""
+        return _Tools(self)
+
+    @property
+    def turn(self) -> int:
+        return len(self.rewards)
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None
+
+    @property
+    def reported(self) -> bool:
+        return self.report_index is not None
+
+    @property
+    def episode_seed(self) -> int:
+        """A number fixed by the case, for agents that draw at random (never by play order)."""
+        return int.from_bytes(hashlib.sha256(self.prepared.case_id.encode("utf-8", "surrogatepass")).digest()[:8],
+                              "big")
+
+    # -- acting ---------------------------------------------------------------------------------
+    def call(self, tool, args: dict):
+        """One tool call with its arguments (an agent's `tools(name, **args)`); the tool's JSON value."""
+        if self.result is not None:
+            return {"error": OVER}
+        result = self.episode.call(tool, args)
+        self._account(tool, args, result)
+        return result
+
+    def step(self, action) -> Step:
+        """One action in any spelling the action parser accepts; never raises."""
+        if self.result is not None:
+            return Step({"error": OVER}, 0.0, True, False)
+        parsed = parse_action(action)
+        if parsed.problem:
+            result = self.episode.refuse(parsed)
+        else:
+            result = self.episode.call(parsed.tool, parsed.args)
+        parts = self._account(parsed.tool, parsed.args, result)
+        reward = self.rewards[-1]
+        if self.stop_at_report and self.report_index is not None:
+            finished = self.finish()
+            return Step(result, reward + finished.grade.reward, True, False, parts, finished.grade)
+        if self.max_steps is not None and self.turn >= self.max_steps:
+            finished = self.finish()
+            return Step(result, reward, False, True, parts, finished.grade)
+        return Step(result, reward, False, False, parts)
+
+    def _account(self, tool, args, result) -> dict | None:
+        """Record the call's step reward (nothing is shaped after the first accepted report)."""
+        if self.report_index is not None:
+            self.rewards.append(0.0)
+            return None
+        parts = self.shaper.shape(tool, args, result) if self.shaper is not None else None
+        self.rewards.append(parts["step"] if parts is not None else 0.0)
+        if self.episode.world.report is not None:
+            self.report_index = len(self.rewards) - 1
+        return parts
+
+    # -- ending ---------------------------------------------------------------------------------
+    def finish(self, error: str = "", end_reason: str = "", agent_log: dict | None = None) -> EpisodeResult:
+        """Grade the episode (0 with the reason when `error` is set), close it, tell the sinks."""
+        if self.result is not None:
+            return self.result
+        if not end_reason:
+            end_reason = AGENT_ERROR if error else REPORTED if self.report_index is not None else NO_REPORT
+        try:
+            g = grade(self.episode, error)
+            if self.report_index is not None:
+                self.rewards[self.report_index] += g.reward
+            elif self.shaper is not None and self.rewards:
+                self.rewards[-1] += self.shaper.close()
+            wants = any(sink.wants_warehouse for sink in self.sinks)
+            warehouse = self.episode.world.image() if wants else None
+        finally:
+            self.episode.close()
+        case = self.prepared.case
+        self.result = EpisodeResult(
+            self.episode_id, case.case_id, case.family, self.agent, g, self.episode.ledger.entries,
+            end_reason, error, self.run_id, self.rollout, self.rewards, agent_log, warehouse, self.started_at,
+            time.perf_counter() - self._t0)
+        for sink in self.sinks:
+            sink.end(self.result)
+        return self.result
+
+    def abandon(self, why: str) -> EpisodeResult:
+        """End an episode that was cut off (an interrupt, a crash around it): graded 0 with `why`."""
+        return self.finish(why, ABANDONED)
+
+
+# -- agent-driven episodes ----------------------------------------------------------------------
+
+def spec_of(agent) -> AgentSpec:
+    return agent if isinstance(agent, AgentSpec) else resolve_agent(agent)
+
+
+def _open(prepared: PreparedCase, spec: AgentSpec, sinks, reward, run_id, rollout) -> Session:
+    return Session(prepared, spec.identity, options=spec.options, sinks=sinks, reward=reward, run_id=run_id,
+                   rollout=rollout)
+
+
+def _failure(exc: BaseException) -> tuple[str, str]:
+    if isinstance(exc, AgentUnfinished):
+        return str(exc) or exc.end_reason, exc.end_reason
+    return f"{type(exc).__name__}: {exc}", AGENT_ERROR
+
+
+def _oracle_case(agent, prepared: PreparedCase) -> dict | None:
+    """The case's JSON object, truth labels included, for an agent that says it is an oracle; else None."""
+    return prepared.case.data if getattr(agent, "oracle", False) else None  # type: ignore[return-value]
+
+
+def prepare(case: Case) -> PreparedCase:
+    """The prepared case of the case's suite (its database, listing, profiles, correct mart)."""
+    return suites.get(case.suite).prepared_case(case)
+
+
+def _log(agent) -> dict | None:
+    log = getattr(agent, "episode_log", None)
+    return log() if callable(log) else None
+
+
+def play(prepared: PreparedCase, agent, *, sinks: Iterable[Sink] = (), reward: str = "terminal",
+         run_id: str = "", rollout: int = 0) -> EpisodeResult:
+    """One episode of `agent` (an AgentSpec, or a name) on `prepared`, start to grade."""
+    spec = spec_of(agent)
+    session = _open(prepared, spec, sinks, reward, run_id, rollout)
+    built = None
+    try:
+        built = spec.build()
+        built.play(session.tools, _oracle_case(built, prepared))
+    except Exception as exc:  # an agent's bug, or an agent that gave up: the episode fails, the run goes on
+        error, end_reason = _failure(exc)
+        return session.finish(error, end_reason, _log(built))
+    except BaseException:  # an interrupt: record the episode as cut off, then let it through
+        session.abandon("interrupted before the agent finished")
+        raise
+    return session.finish(agent_log=_log(built))
+
+
+async def play_async(prepared: PreparedCase, agent, *, sinks: Iterable[Sink] = (), reward: str = "terminal",
+                     run_id: str = "", rollout: int = 0) -> EpisodeResult:
+    """`play` for agents that wait on the network (`play_async(tools, case)`, e.g. a model)."""
+    spec = spec_of(agent)
+    session = _open(prepared, spec, sinks, reward, run_id, rollout)
+    built = None
+    try:
+        built = spec.build()
+        case = _oracle_case(built, prepared)
+        if hasattr(built, "play_async"):
+            await built.play_async(session.tools, case)
+        else:
+            built.play(session.tools, case)
+    except Exception as exc:
+        error, end_reason = _failure(exc)
+        return session.finish(error, end_reason, _log(built))
+    except BaseException:  # cancelled or interrupted
+        session.abandon("interrupted before the agent finished")
+        raise
+    return session.finish(agent_log=_log(built))
+
+
+def replay(prepared: PreparedCase, actions: list, *, reward: str = "terminal",
+           sinks: Iterable[Sink] = ()) -> tuple[list, EpisodeResult]:
+    """Apply recorded actions in order to a fresh episode (refused ones too; nothing stops early):
+    the tool results, and the finished episode."""
+    session = Session(prepared, "replay", sinks=sinks, reward=reward)
+    results = [session.step(action).result for action in actions]
+    return results, session.finish()
+
+
+def play_cases(cases: Iterable[Case], agents: list, *, sinks: Iterable[Sink] = (), reward: str = "terminal",
+               run_id: str = "", progress: Callable[[], None] | None = None,
+               workers: int = 1) -> dict[str, list[EpisodeResult]]:
+    """Every agent on every case, in case order: {agent identity: [result per case]}.
+
+    Each case is prepared once (its database image, profiles, correct mart) and every agent's
+    episode opens a private copy of it (or borrows it, as a suite's world may). With `workers` > 1 and no sinks, the cases are played
+    in that many forked processes (where the platform forks); the results are the same, in the
+    same order, because every episode depends on its case alone."""
+    cases = list(cases)
+    specs = [spec_of(a) for a in agents]
+    sinks = tuple(sinks)
+    if workers > 1 and not sinks and len(cases) > 1 and "fork" in multiprocessing.get_all_start_methods():
+        return _play_forked(cases, specs, reward, run_id, progress, min(workers, len(cases)))
+    out: dict[str, list[EpisodeResult]] = {spec.identity: [] for spec in specs}
+    for case in cases:
+        prepared = prepare(case)
+        try:
+            for spec in specs:
+                out[spec.identity].append(play(prepared, spec, sinks=sinks, reward=reward, run_id=run_id))
+        finally:
+            prepared.close()
+        if progress is not None:
+            progress()
+    return out
+
+
+# what a forked worker plays: set before the workers fork, so nothing but chunk bounds and results is pickled
+_JOBS: dict[int, tuple] = {}
+
+
+def _play_chunk(job: int, start: int, stop: int) -> dict[str, list[EpisodeResult]]:
+    cases, specs, reward, run_id = _JOBS[job]
+    return play_cases(cases[start:stop], specs, reward=reward, run_id=run_id)
+
+
+def _play_forked(cases, specs, reward, run_id, progress, workers) -> dict[str, list[EpisodeResult]]:
+    from concurrent.futures import ProcessPoolExecutor
+    job = id(cases)
+    _JOBS[job] = (cases, specs, reward, run_id)
+    size = -(-len(cases) // (workers * 4))  # a few chunks per worker, so a slow one does not hold the rest
+    bounds = [(start, min(start + size, len(cases))) for start in range(0, len(cases), size)]
+    out: dict[str, list[EpisodeResult]] = {spec.identity: [] for spec in specs}
+    try:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+            futures = [pool.submit(_play_chunk, job, start, stop) for start, stop in bounds]
+            for (start, stop), future in zip(bounds, futures):
+                part = future.result()
+                for identity, results in part.items():
+                    out[identity].extend(results)
+                for _ in range(stop - start) if progress is not None else ():
+                    progress()
+    finally:
+        del _JOBS[job]
+    return out

@@ -1,0 +1,19 @@
+"""The one base class of every error a user of gate can cause: a bad file, flag, name or value.
+
+Each surface catches `GateError` in one place and turns it into its own form: one line and exit
+status 2 on the command line, an error frame over the wire, a failed run in Dagster. Anything
+else that escapes is a bug in gate.
+"""
+from __future__ import annotations
+
+
+class GateError(ValueError):
+    """Something gate was given that it cannot use; the message says what and where, in one line."""
+
+
+class UnknownAgent(GateError):
+    """No agent by that name."""
+
+
+class AgentOptionError(GateError):
+    """The agent exists but does not take these options, or refuses their values."""

@@ -1,0 +1,159 @@
+"""The read-only SQL sandbox behind `run_sql`: an authorizer, a step and time budget, limits.
+
+One authorizer and one progress handler are installed per connection and switched on only
+while agent SQL runs (`guard`), so gate's own loader can still write. While on, only reads
+pass; every table SQLite resolves the query against is recorded, on every execution (the
+statement cache is off), which is what `inspected` is graded from.
+
+The budgets hold whatever the query: SQLite checks the progress handler between virtual-machine
+steps, so a function that does unbounded work inside one step cannot be interrupted; those are
+refused (`printf` and its alias `format`: `printf('%.*c', 1000000000, 'x')` fills a billion
+characters before the length limit is checked). Query text is limited (MAX_QUERY_CHARS), so
+parsing is bounded too; longer text is refused before SQLite sees it.
+
+A suite changes the sandbox through a subclass: its budgets (`step_budget`, `time_budget`), more
+functions it refuses (`denied`), and `after_read`, called after each successful read with its
+rows, whose answer (extra fields for the ledger entry) the tool records.
+"""
+from __future__ import annotations
+
+import math
+import sqlite3
+import time
+
+MAX_ROWS = 50
+MAX_CELL = 200
+MAX_QUERY_CHARS = 10_000
+STEP_BUDGET = 2_000_000
+TIME_BUDGET_S = 2.0
+INTERVAL = 1000  # virtual-machine steps between two calls of the progress handler
+LIMITS = {  # (limit id, value while agent SQL runs)
+    "length": (sqlite3.SQLITE_LIMIT_LENGTH, 20_000),
+    "like_pattern": (sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, 200),
+    "columns": (sqlite3.SQLITE_LIMIT_COLUMN, 64),
+    "sql_length": (sqlite3.SQLITE_LIMIT_SQL_LENGTH, 4 * MAX_QUERY_CHARS),  # bytes of UTF-8
+}
+ALLOWED_ACTIONS = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
+                             sqlite3.SQLITE_RECURSIVE})
+DENIED_FUNCTIONS = frozenset({"zeroblob", "randomblob", "load_extension", "printf", "format"})
+LEDGER_QUERY_CHARS = 1_000  # what the ledger keeps of a query refused for its length
+CAUGHT = (sqlite3.Error, sqlite3.Warning, ValueError, OverflowError, MemoryError)
+
+
+def normalise_query(query: str) -> str:
+    return query.strip().rstrip(";")
+
+
+def too_long(query: str) -> str | None:
+    """The refusal for query text over MAX_QUERY_CHARS, or None."""
+    if len(query) > MAX_QUERY_CHARS:
+        return f"query is {len(query):,} characters long; the limit is {MAX_QUERY_CHARS:,}"
+    return None
+
+
+def bounded(query: str) -> str:
+    """A refused long query as the ledger keeps it: its start and its length."""
+    return f"{query[:LEDGER_QUERY_CHARS]}...[{len(query):,} characters]"
+
+
+def cell(value):
+    """One value as a result row shows it: bytes as hex, NaN and infinities as text, long text cut."""
+    if isinstance(value, bytes):
+        return "0x" + value[:100].hex()
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return str(value)
+    if isinstance(value, str) and len(value) > MAX_CELL:
+        return value[:MAX_CELL] + "...[truncated]"
+    return value
+
+
+def rows_as_json(fetched: list[tuple]) -> list[list]:
+    """The rows as `cell` shapes them, the common cases decided column by column in C (text of at most
+    MAX_CELL characters, integers, finite floats, NULLs) instead of cell by cell."""
+    if not fetched:
+        return []
+    for column in zip(*fetched):
+        kinds = set(map(type, column))
+        if kinds <= {str}:
+            if max(map(len, column)) > MAX_CELL:
+                break
+        elif not kinds <= {int, type(None)}:
+            if kinds <= {float, int, type(None)} and all(map(math.isfinite, (v for v in column if v is not None))):
+                continue
+            break
+    else:
+        return list(map(list, fetched))
+    return [[cell(v) for v in row] for row in fetched]
+
+
+class Sandbox:
+    """Guards one connection. `run(query)` returns (result, tables read, the ledger's extra fields) or
+    raises a CAUGHT error."""
+
+    denied: frozenset[str] = DENIED_FUNCTIONS
+
+    def __init__(self, conn: sqlite3.Connection, step_budget: int = STEP_BUDGET, time_budget: float = TIME_BUDGET_S):
+        self.conn = conn
+        self.guard = False
+        self.tables_read: set[str] = set()
+        self.steps = 0
+        self.deadline = 0.0
+        self.step_budget, self.time_budget = step_budget, time_budget
+        self.interval = INTERVAL
+        self._defaults = {name: conn.getlimit(lid) for name, (lid, _) in LIMITS.items()}
+        conn.set_authorizer(self._authorize)
+        conn.set_progress_handler(self._progress, INTERVAL)
+
+    def _authorize(self, action, arg1, arg2, _db, _trigger):
+        if not self.guard:
+            return sqlite3.SQLITE_OK
+        if action not in ALLOWED_ACTIONS:
+            return sqlite3.SQLITE_DENY
+        if action == sqlite3.SQLITE_READ:
+            self.tables_read.add(str(arg1).lower())
+        elif action == sqlite3.SQLITE_FUNCTION and str(arg2).lower() in self.denied:
+            return sqlite3.SQLITE_DENY
+        return sqlite3.SQLITE_OK
+
+    def _progress(self):
+        if not self.guard:
+            return 0
+        self.steps += self.interval
+        return 1 if self.steps > self.step_budget or time.monotonic() > self.deadline else 0
+
+    def execute(self, query: str, interval: int = INTERVAL) -> tuple[list[tuple], list[str], int]:
+        """(up to MAX_ROWS + 1 rows, column names, steps) of one guarded execution; raises CAUGHT."""
+        conn = self.conn
+        self.steps = 0
+        self.deadline = time.monotonic() + self.time_budget
+        if interval != INTERVAL:
+            conn.set_progress_handler(self._progress, interval)
+        self.interval = interval
+        for lid, value in LIMITS.values():
+            conn.setlimit(lid, value)
+        self.guard = True
+        try:
+            cur = conn.execute(query)
+            fetched = cur.fetchmany(MAX_ROWS + 1)
+            columns = [d[0] for d in cur.description] if cur.description else []
+            cur.close()
+        finally:
+            self.guard = False
+            for name, (lid, _) in LIMITS.items():
+                conn.setlimit(lid, self._defaults[name])
+            if interval != INTERVAL:
+                conn.set_progress_handler(self._progress, INTERVAL)
+                self.interval = INTERVAL
+        return fetched, columns, self.steps
+
+    def after_read(self, query: str, tables: list[str], fetched: list[tuple]) -> dict:
+        """What a suite records of a successful read beyond its tables (fields of its ledger entry)."""
+        return {}
+
+    def run(self, query: str) -> tuple[dict, list[str], dict]:
+        self.tables_read = set()
+        fetched, columns, _ = self.execute(query)
+        tables = sorted(self.tables_read)
+        extra = self.after_read(query, tables, fetched)
+        result = {"columns": columns, "rows": rows_as_json(fetched[:MAX_ROWS]), "truncated": len(fetched) > MAX_ROWS}
+        return result, tables, extra

@@ -1,0 +1,142 @@
+"""What every suite's episode world shares: the prepared case, the world one episode plays on, the mart.
+
+`PreparedCase` does once per case what every episode of it shares (the listing, the staging
+table names, the profiles once asked for, the mart a correct run gives); a suite's subclass
+builds the case's database. `World` is one episode's state: its SQLite connection, the sandbox
+that guards agent SQL on it, its ledger, the loads and quarantines so far and the report. The
+tools (`kernel.episode`) are the only way an agent touches a world; the grader reads its ledger
+and its warehouse afterwards.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from .cases import Case, staging_table
+from .ledger import Ledger
+from .sandbox import Sandbox
+from .suite import Suite, suites
+
+MART_SQL = ("SELECT COALESCE(SUM(o.amount), 0) FROM wh_orders o "
+            "JOIN wh_customers c ON o.customer_id = c.customer_id")
+
+
+def connect() -> sqlite3.Connection:
+    """An in-memory SQLite connection as every episode uses it (no statement cache: the sandbox's
+    authorizer must see every execution; autocommit, so gate opens its own transactions)."""
+    return sqlite3.connect(":memory:", cached_statements=0, isolation_level=None, check_same_thread=False)
+
+
+def mart_revenue(conn: sqlite3.Connection) -> float:
+    """The revenue mart of a warehouse: SUM(amount) over orders joined to customers, rounded to cents."""
+    return round(float(conn.execute(MART_SQL).fetchone()[0]), 2)
+
+
+@dataclass(frozen=True)
+class BatchFindings:
+    """What a suite's contract finds in one batch (the Dagster contract check shows it): the rules it
+    breaks (objects with `key`, `column` and `defect_type`), and per failing row (rule, row index,
+    column, value)."""
+    batch_id: str
+    table: str
+    rows: int
+    rules: list = field(default_factory=list)
+    failing: list[tuple[Any, int, str, Any]] = field(default_factory=list)
+
+
+class PreparedCase:
+    """Everything an episode of `case` can share; a suite's subclass builds its database.
+
+    Subclasses implement `row_count(batch_id)`, `profile_of(batch_id)`
+    (computed once, then copied), `preview`, `correct_mart`, `gold_rows` and, when they keep one,
+    `close()` for the prepared database."""
+
+    def __init__(self, case: Case):
+        self.case = case
+        self.suite: Suite = suites.get(case.suite)
+        self.case_id: str = case.case_id
+        self.contract: dict = case.contract  # type: ignore[assignment]
+        self.contract_json = json.dumps(self.contract)
+        self.batches = {b.batch_id: b for b in case.batches}
+        self.order = [b.batch_id for b in case.batches]
+        self.staging = {bid: staging_table(bid) for bid in self.order}
+        self.truth = {bid: b.truth for bid, b in self.batches.items()}
+        self._profiles: dict[str, dict] = {}
+
+    @cached_property
+    def listing(self) -> list[dict]:
+        """What `list_batches` answers: id, table, rows, staging table and source of each batch, in order."""
+        return [{"batch_id": bid, "table": b.table, "rows": self.row_count(bid), "staging_table": self.staging[bid],
+                 "source": b.source} for bid, b in self.batches.items()]
+
+    def row_count(self, batch_id: str) -> int:
+        raise NotImplementedError
+
+    def profile_of(self, batch_id: str) -> dict:
+        raise NotImplementedError
+
+    def profile(self, batch_id: str) -> dict:
+        """A fresh copy of the batch's profile (computed on first use)."""
+        if batch_id not in self._profiles:
+            self._profiles[batch_id] = self.profile_of(batch_id)
+        p = self._profiles[batch_id]
+        return {**p, "columns": {c: {**v, "top_values": [list(t) for t in v["top_values"]]}
+                                 for c, v in p["columns"].items()}}
+
+    def preview(self, batch_id: str, n: int) -> tuple[list[str], list[list]]:
+        """(the batch's columns, its first n rows), for a human's look (the Dagster asset's metadata)."""
+        raise NotImplementedError
+
+    def warehouse_rows(self) -> dict[str, int]:
+        """Rows per warehouse table before tonight ({"customers": n, "orders": m})."""
+        raise NotImplementedError
+
+    @property
+    def correct_mart(self) -> float:
+        raise NotImplementedError
+
+    @property
+    def gold_rows(self) -> list[tuple]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class World:
+    """One episode's warehouse and bookkeeping. Agents reach it only through the tools."""
+
+    def __init__(self, prepared: PreparedCase, conn: sqlite3.Connection, sandbox: Sandbox, listener=None,
+                 deferred_ledger: bool = False):
+        self.prepared = prepared
+        self.conn = conn
+        self.sandbox = sandbox
+        self.ledger = Ledger(listener, deferred_ledger)
+        self.loads: dict[str, int] = {}
+        self.quarantined: dict[str, dict] = {}  # batch -> its first citation
+        self.orphans_at_load: dict[str, int] = {}
+        self.report: dict | None = None
+
+    def orphan_rows(self, batch_id: str) -> int:
+        """Rows of the batch whose reference is not in the warehouse right now (0 for a batch without one)."""
+        raise NotImplementedError
+
+    def rows_to_load(self, batch_id: str) -> int:
+        return self.prepared.row_count(batch_id)
+
+    def load(self, batch_id: str) -> int:
+        """The loader: inserts the batch's rows, any number of times, and never complains."""
+        raise NotImplementedError
+
+    def revenue(self) -> float:
+        return mart_revenue(self.conn)
+
+    def image(self) -> bytes:
+        """The final database, as a file's bytes (for a sink that keeps warehouses)."""
+        return self.conn.serialize()
+
+    def close(self) -> None:
+        self.conn.close()

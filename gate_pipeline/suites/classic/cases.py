@@ -1,0 +1,76 @@
+"""The classic case format, checked strictly: the seed warehouse and each batch's rows and truth label.
+
+A classic case has no `suite` key. The kernel (`kernel.cases.load_case`) checks what every suite's
+cases share; here: the warehouse holds exactly `customers` and `orders`, every row is an object
+with its table's columns as strings or null, a cell is bounded and valid text, an amount the
+loader would read is finite and below 1e15, and truth labels name a column of the batch's table
+and a known defect type.
+"""
+from __future__ import annotations
+
+from operator import itemgetter
+
+from ...kernel.cases import bad_text, fail
+from .contract import COLUMNS, DEFECT_TYPES
+
+CASE_KEYS = ("batches", "case_id", "contract", "family", "prompt", "seed", "variant", "warehouse")
+BATCH_KEYS = ("batch_id", "rows", "source", "table", "truth")
+MAX_AMOUNT = 1e15  # an amount that parses as a number must be finite and below this in magnitude
+
+_VALUES = {table: itemgetter(*columns) for table, columns in COLUMNS.items()}
+_VALUE_TYPES = frozenset({str, type(None)})
+_AMOUNT = {table: COLUMNS[table].index("amount") if "amount" in COLUMNS[table] else None for table in COLUMNS}
+
+
+def _bad_amount(v: str) -> str | None:
+    try:
+        x = float(v.strip())
+    except ValueError:
+        return None  # the loader makes it 0.0, as a blank: a defect the agent must find
+    if x != x or abs(x) >= MAX_AMOUNT:
+        return f"is {v!r}: an amount must be a finite number below {MAX_AMOUNT:.0e} in magnitude"
+    return None
+
+
+def check_rows(rows, table: str, where: str) -> None:
+    if not isinstance(rows, list):
+        raise fail(where, f"'rows' must be a list, not {type(rows).__name__}")
+    values_of, amount = _VALUES[table], _AMOUNT[table]
+    for i, row in enumerate(rows):
+        if type(row) is not dict:
+            raise fail(where, f"row {i} must be an object")
+        try:
+            values = values_of(row)
+        except KeyError:
+            raise fail(where, f"row {i} lacks column(s) {[c for c in COLUMNS[table] if c not in row]}") from None
+        if not _VALUE_TYPES.issuperset(map(type, values)):
+            bad = [c for c in COLUMNS[table] if row[c] is not None and not isinstance(row[c], str)]
+            raise fail(where, f"row {i}: value(s) of {bad} must be strings")
+        for column, v in zip(COLUMNS[table], values):
+            if v is not None and (len(v) > 100 or not v.isascii()):
+                problem = bad_text(v)
+                if problem:
+                    raise fail(where, f"row {i}: {column} {problem}")
+        if amount is not None and values[amount] is not None:
+            problem = _bad_amount(values[amount])
+            if problem:
+                raise fail(where, f"row {i}: amount {problem}")
+
+
+def check_case(case: dict, where: str) -> None:
+    wh = case["warehouse"]
+    if not isinstance(wh, dict) or set(wh) != {"customers", "orders"}:
+        raise fail(where, "'warehouse' must be an object with 'customers' and 'orders'")
+    for table in ("customers", "orders"):
+        check_rows(wh[table], table, f"{where} warehouse.{table}")
+
+
+def check_batch(batch: dict, where: str) -> None:
+    check_rows(batch["rows"], batch["table"], where)
+    truth = batch["truth"]
+    if not isinstance(truth, dict) or not isinstance(truth.get("defective"), bool):
+        raise fail(where, "'truth' must be an object with a boolean 'defective'")
+    for key in ("defects", "accepted"):
+        for d in truth.get(key, []) or []:
+            if not isinstance(d, dict) or d.get("type") not in DEFECT_TYPES or d.get("column") not in COLUMNS[batch["table"]]:
+                raise fail(where, f"truth.{key} entries need a column of {batch['table']} and a known type")

@@ -1,0 +1,163 @@
+"""The tools of a v2 episode: the classic seven, and three more the v2 contract needs.
+
+The classic seven keep their names, arguments, results and refusal texts; in a v2 episode they
+work on the v2 world (columns, defect types, the by-position loader) and `run_sql` records which
+batches a read looked at (`looked_at`, see `suite_v2.sandbox`). The three new tools:
+
+- `quarantine_rows(batch_id, keys, column, defect_type)`: hold rows of a batch back from its
+  load, named by the key column (order_id, customer_id) and cited like a batch. Before the
+  batch is loaded, and only keys that name rows: `load_batch` then loads the rest.
+- `cite_defect(batch_id, column, defect_type)`: cite one more defect of a batch that is
+  quarantined or holds quarantined rows (a batch can have several; each must be cited).
+- `ask_owner(batch_id, column, question)`: ask the contract owner about a batch's column; the
+  answer is the owner's rulings on the values the contract leaves open there (from the case),
+  free when there are any, at the contract's cost per question otherwise.
+"""
+from __future__ import annotations
+
+from ...kernel.episode import Episode
+from ...kernel.suite import Arg, Tool
+from .contract import COLUMNS_V2, KEY_COLUMNS
+from .world import WorldV2, _quoted
+
+BATCH_ID = Arg("batch_id", "str", "a batch id exactly as list_batches gives it")
+COLUMN = Arg("column", "str", "the column of the batch's table where the defect is")
+DEFECT_TYPE = Arg("defect_type", "str", "one of the contract's defect types", enum="defect_types")
+
+TOOLS = (
+    Tool("read_contract", "Return the data contract: the rules every customers and orders row must satisfy, the "
+         "machine-readable limits, the reporting window and the allowed defect types."),
+    Tool("list_batches", "List the batches waiting in staging tonight: batch_id, table (customers or orders), row "
+         "count, staging_table name and source."),
+    Tool("profile_batch", "Column statistics of one staged batch (nulls, blanks, distinct counts, min/max, numeric "
+         "range, most frequent values).", (BATCH_ID,), shaped="SAMPLE"),
+    Tool("run_sql", "Run one read-only SQLite SELECT over wh_customers, wh_orders and the stg_* staging tables. At "
+         "most 50 rows come back (use LIMIT/OFFSET or aggregates); writes are refused.",
+         (Arg("query", "str", "one SELECT statement (SQLite dialect)", limit=None),), shaped="QUERY"),
+    Tool("load_batch", "Load a staged batch into the warehouse. This cannot be undone, and the loader accepts "
+         "anything: it always answers errors: 0. Load customers batches before the orders that use them.",
+         (BATCH_ID,), shaped=None),
+    Tool("quarantine_batch", "Keep a batch out of the warehouse, citing the column and the defect type found in it. "
+         "The first citation for a batch is final; quarantine does not remove rows already loaded.",
+         (BATCH_ID, COLUMN, DEFECT_TYPE), shaped=None),
+    Tool("quarantine_rows", "Hold rows of a batch back from its load, naming them by the batch's key column "
+         "(order_id or customer_id) and citing the column and defect type they break; then load_batch loads the "
+         "rest. Only before the batch is loaded; use one call per column and defect type.",
+         (BATCH_ID, Arg("keys", "strlist", "the key values (order_id or customer_id) of the rows to hold back, "
+                                           "at most 1000 a call"), COLUMN, DEFECT_TYPE), shaped=None),
+    Tool("cite_defect", "Cite one more defect (column and defect type) of a batch you quarantined, or whose rows you "
+         "quarantined: every defect a batch has must be cited.", (BATCH_ID, COLUMN, DEFECT_TYPE), shaped=None),
+    Tool("ask_owner", "Ask the contract owner about a column of a batch: the answer gives the owner's rulings on the "
+         "values the contract leaves open there. Free when the contract leaves that column open, otherwise it "
+         "costs part of the night's reward (see the contract).",
+         (BATCH_ID, Arg("column", "str", "the column of the batch's table where the defect is"),
+          Arg("question", "str", "your question to the contract owner", limit=1_000))),
+    Tool("submit_report", "Finish the night: report exactly which batch ids you loaded and which you quarantined, "
+         "as listed. Only the first report counts; without a report the night earns no credit.",
+         (Arg("loaded", "strlist", "batch ids you loaded"), Arg("quarantined", "strlist", "batch ids you quarantined")),
+         shaped=None),
+)
+TOOL_NAMES_V2 = tuple(t.name for t in TOOLS)
+NO_RULING = "The contract owner has nothing to add about {column} in {batch}: the contract stands."
+
+
+class EpisodeV2(Episode):
+    """One play of one v2 case: the world, its ledger, and the ten tools over them."""
+
+    world_class = WorldV2
+
+    def cite(self, batch_id: str, column: str, defect_type: str) -> None:
+        cited = self.world.citations.setdefault(batch_id, [])
+        if (column, defect_type) not in cited:
+            cited.append((column, defect_type))
+
+    # -- the tools that differ in v2 -------------------------------------------------------------
+    def profile_batch(self, batch_id):
+        result = super().profile_batch(batch_id)
+        if batch_id in self.prepared.batches:
+            self.world.sandbox.mark_looked(self.prepared.staging[batch_id])
+        return result
+
+    def load_entry(self, batch_id: str, rows: int, orphans: int) -> dict:
+        return {"batch_id": batch_id, "rows": rows, "orphan_rows": orphans,
+                "held_back": self.world.held_rows.get(batch_id, 0)}
+
+    def load_result(self, batch_id: str, rows: int) -> dict:
+        result = {"status": "loaded", "rows_loaded": rows, "errors": 0}
+        held = self.world.held_rows.get(batch_id, 0)
+        if held:
+            result["rows_held_back"] = held
+        return result
+
+    def quarantine_rows(self, batch_id, keys, column, defect_type):
+        world, prepared = self.world, self.prepared
+        args = {"batch_id": batch_id, "keys": keys, "column": column, "defect_type": defect_type}
+        problem = self.citation_problem("quarantine_rows", args, batch_id, column, defect_type)
+        if problem:
+            return problem
+        table = prepared.batches[batch_id].table
+        key = KEY_COLUMNS[table]
+        if batch_id in world.quarantined:
+            self.ledger.append("quarantine_rows", args, False, "quarantined")
+            return {"error": f"{batch_id} is quarantined"}
+        if world.loads.get(batch_id):
+            self.ledger.append("quarantine_rows", args, False, "already loaded")
+            return {"error": f"{batch_id} is already loaded; rows cannot be held back from a load that happened"}
+        if key not in prepared.headers[batch_id]:
+            self.ledger.append("quarantine_rows", args, False, "no key column")
+            return {"error": f"{batch_id}'s file has no column {key!r} to name its rows by"}
+        if not keys:
+            self.ledger.append("quarantine_rows", args, False, "no keys")
+            return {"error": "keys must name at least one row"}
+        held = world.held.setdefault(batch_id, set())
+        new = sorted(set(keys) - held)
+        found = dict(world.conn.execute(
+            f"SELECT {_quoted(key)}, COUNT(*) FROM {prepared.staging[batch_id]} "
+            f"WHERE {_quoted(key)} IN ({', '.join('?' * len(new))}) GROUP BY 1", new).fetchall()) if new else {}
+        if not found and not (set(keys) & held):
+            self.ledger.append("quarantine_rows", args, False, "unknown keys")
+            return {"error": f"none of these keys names a row of {batch_id} (by {key})"}
+        matched = sum(found.values())
+        self.ledger.append("quarantine_rows", {**args, "rows_matched": matched}, True)
+        held.update(found)
+        world.held_rows[batch_id] = world.held_rows.get(batch_id, 0) + matched
+        self.cite(batch_id, column, defect_type)
+        return {"status": "quarantined", "batch_id": batch_id, "rows_quarantined": matched,
+                "keys_not_found": len(new) - len(found)}
+
+    def cite_defect(self, batch_id, column, defect_type):
+        world = self.world
+        args = {"batch_id": batch_id, "column": column, "defect_type": defect_type}
+        problem = self.citation_problem("cite_defect", args, batch_id, column, defect_type)
+        if problem:
+            return problem
+        if batch_id not in world.quarantined and not world.held.get(batch_id):
+            self.ledger.append("cite_defect", args, False, "not quarantined")
+            return {"error": f"{batch_id} is not quarantined and holds no quarantined rows; quarantine it "
+                             f"(quarantine_batch) or its rows (quarantine_rows) first"}
+        if (column, defect_type) in world.citations.get(batch_id, ()):
+            self.ledger.append("cite_defect", args, False, "already cited")
+            return {"error": f"{batch_id}: {column} / {defect_type} is already cited"}
+        self.ledger.append("cite_defect", args, True)
+        self.cite(batch_id, column, defect_type)
+        return {"status": "cited", "batch_id": batch_id, "citations": len(world.citations[batch_id])}
+
+    def ask_owner(self, batch_id, column, question):
+        prepared = self.prepared
+        args = {"batch_id": batch_id, "column": column, "question": question}
+        if batch_id not in prepared.batches:
+            self.ledger.append("ask_owner", args, False, "unknown batch")
+            return {"error": f"no batch {batch_id!r}"}
+        columns = list(dict.fromkeys([*COLUMNS_V2[prepared.batches[batch_id].table], *prepared.headers[batch_id]]))
+        if column not in columns:
+            self.ledger.append("ask_owner", args, False, "unknown column")
+            return {"error": f"column must be one of {columns}"}
+        self.ledger.append("ask_owner", args, True)
+        rulings = prepared.rulings.get((batch_id, column), [])
+        cost = 0.0 if rulings else float(prepared.contract["ask_owner"]["cost_per_question"])
+        if not rulings:
+            return {"batch_id": batch_id, "column": column, "rulings": [], "cost": cost,
+                    "answer": NO_RULING.format(column=column, batch=batch_id)}
+        return {"batch_id": batch_id, "column": column, "cost": cost,
+                "rulings": [{k: r[k] for k in ("value", "ruling", "defect_type") if k in r} for r in rulings],
+                "answer": " ".join(r["answer"] for r in rulings)}

@@ -1,0 +1,300 @@
+"""A v2 episode's world: a warehouse with a past, staged files, the loader that copies by position.
+
+`PreparedCaseV2` does once per case what every episode of it shares. It builds one SQLite
+database: the warehouse (`wh_customers`, `wh_orders`, each row with the `batch_id` that loaded
+it, and `wh_load_log`), and one staging table per batch with the columns its file's header
+names. The case's CSV text streams into SQLite (no Python object per row is kept), profiles
+are computed by SQLite when first asked for, and the correct mart is one SQL query.
+
+An episode borrows that database inside a transaction which is rolled back when the episode
+ends, so the next episode finds it as built, without a copy of the database per episode; an
+episode that opens while another holds it gets a database of its own, built from the case.
+
+The loader (`load_batch`) copies a file's columns into the warehouse **by position**, whatever
+the header says (as `INSERT INTO wh_orders SELECT * FROM staging` would): the first column
+into the first contract column and so on; extra columns are dropped, missing ones are NULL,
+and the amount (third column of an orders file) is read as the classic loader reads it
+(`float(text.strip())`, 0.0 for anything else). Rows quarantined with `quarantine_rows` (by
+the key column the header names) are held back. It never complains.
+"""
+from __future__ import annotations
+
+import sqlite3
+from functools import cached_property
+
+from ...kernel.cases import Case
+from ...kernel.world import PreparedCase, World, connect
+from .contract import COLUMNS_V2, KEY_COLUMNS
+from .files import header_of, rows_of
+from .layout import INDEXES, LOAD_LOG_COLUMNS, WAREHOUSE_COLUMNS, WAREHOUSE_DDL
+from .sandbox import SandboxV2
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _insert_sql(table: str, columns, values: str | None = None) -> str:
+    return (f"INSERT INTO {table} ({', '.join(_quoted(c) for c in columns)}) "
+            f"VALUES ({values or ', '.join('?' * len(columns))})")
+
+
+def loader_amount(value) -> float:
+    """What the loader makes of an amount: a float, and 0.0 for anything it cannot parse (as the classic's)."""
+    try:
+        return float(str(value).strip())
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _connection() -> sqlite3.Connection:
+    conn = connect()
+    conn.create_function("gate_amount", 1, loader_amount, deterministic=True)
+    return conn
+
+
+class PreparedCaseV2(PreparedCase):
+    """Everything the episodes of a v2 case share. Build once per case, then open many worlds."""
+
+    def __init__(self, case: Case):
+        super().__init__(case)
+        self.night: str = case.data["night"]
+        self.headers = {bid: header_of(b.data["csv"]) for bid, b in self.batches.items()}
+        self.row_counts = {bid: b.data["row_count"] for bid, b in self.batches.items()}
+        self.rulings: dict[tuple[str, str], list[dict]] = {}
+        for r in case.data["owner"]:
+            self.rulings.setdefault((r["batch_id"], r["column"]), []).append(r)
+        self._db: sqlite3.Connection | None = None
+        self._db_busy = False
+        self.total_rows = 0
+        self._db = self.build()
+        self.db_bytes = self.database_bytes(self._db)
+
+    def row_count(self, batch_id: str) -> int:
+        return self.row_counts[batch_id]
+
+    # -- the database ---------------------------------------------------------------------
+    def build(self) -> sqlite3.Connection:
+        """A new database holding the case: the warehouse's past and the staged files."""
+        conn = _connection()
+        total = 0
+        try:
+            conn.execute("BEGIN")
+            for ddl in WAREHOUSE_DDL:
+                conn.execute(ddl)
+            wh = self.case.data["warehouse"]
+            for table in ("customers", "orders"):
+                cur = conn.executemany(_insert_sql(f"wh_{table}", WAREHOUSE_COLUMNS[table]), rows_of(wh[table]))
+                total += max(cur.rowcount, 0)
+            cur = conn.executemany(_insert_sql("wh_load_log", LOAD_LOG_COLUMNS, "?, ?, ?, ?, ?, NULLIF(?, ''), NULLIF(?, '')"),
+                                   rows_of(wh["load_log"]))
+            total += max(cur.rowcount, 0)
+            for bid, batch in self.batches.items():
+                header, name = self.headers[bid], self.staging[bid]
+                conn.execute(f"CREATE TABLE {name} ({', '.join(_quoted(c) + ' TEXT' for c in header)})")
+                cur = conn.executemany(_insert_sql(name, header), rows_of(batch.data["csv"]))
+                total += max(cur.rowcount, 0)
+            for ddl in INDEXES:
+                conn.execute(ddl)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.close()
+            raise
+        self.total_rows = total
+        return conn
+
+    @staticmethod
+    def database_bytes(conn: sqlite3.Connection) -> int:
+        return conn.execute("PRAGMA page_count").fetchone()[0] * conn.execute("PRAGMA page_size").fetchone()[0]
+
+    def open_db(self) -> tuple[sqlite3.Connection, bool]:
+        """(connection, borrowed): the prepared database inside a transaction when no episode holds it,
+        else a database of the episode's own."""
+        if not self._db_busy and self._db is not None:
+            self._db_busy = True
+            self._db.execute("BEGIN")
+            return self._db, True
+        return self.build(), False
+
+    def release_db(self, conn: sqlite3.Connection, borrowed: bool) -> None:
+        if borrowed:
+            try:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+            finally:
+                self._db_busy = False
+        else:
+            conn.close()
+
+    def _reader(self) -> sqlite3.Connection:
+        """A connection to read the staged files and the past from (the prepared database; staging never
+        changes, and the past is told apart from tonight's loads by batch_id)."""
+        if self._db is None:
+            self._db = self.build()
+        return self._db
+
+    # -- what the tools and the grader read ------------------------------------------------
+    def preview(self, batch_id: str, n: int) -> tuple[list[str], list[list]]:
+        """(the file's header, its first n rows), for a human's look (the Dagster asset's metadata)."""
+        rows = []
+        for row in rows_of(self.batches[batch_id].data["csv"]):
+            if len(rows) >= n:
+                break
+            rows.append(row)
+        return list(self.headers[batch_id]), rows
+
+    def profile_of(self, batch_id: str) -> dict:
+        return profile(self._reader(), self.batches[batch_id], self.staging[batch_id], self.headers[batch_id],
+                       self.row_counts[batch_id])
+
+    def warehouse_rows(self) -> dict[str, int]:
+        return {t: sum(1 for _ in rows_of(self.case.data["warehouse"][t])) for t in ("customers", "orders")}
+
+    @cached_property
+    def correct_mart(self) -> float:
+        """The mart if every batch were handled as its truth says: the warehouse's past, every clean batch
+        loaded once, every row-level batch loaded without its bad rows, by the loader's rules."""
+        return correct_mart(self._reader(), self)
+
+    @cached_property
+    def gold_rows(self) -> list[tuple]:
+        from .gold import gold_rows  # pandas + pandera: only when the dense reward is used
+        return gold_rows(self.case, self)
+
+    def close(self) -> None:
+        if self._db is not None and not self._db_busy:
+            self._db.close()
+            self._db = None
+
+
+BLANK_CHARS = " \t\r\n"
+DECIMAL_SQL = ("({c} NOT GLOB '*[^0-9.-]*' AND ({c} GLOB '[0-9]*' OR {c} GLOB '-[0-9]*') AND {c} GLOB '*[0-9]' "
+               "AND instr(substr({c}, 2), '-') = 0 AND length({c}) - length(replace({c}, '.', '')) <= 1)")
+
+
+def decimal_sql(column: str) -> str:
+    """A SQL test that `column` is a plain decimal number: -?[0-9]+(\\.[0-9]+)? (the contract's amount form)."""
+    return DECIMAL_SQL.format(c=column)
+
+
+def profile(conn: sqlite3.Connection, batch, staging: str, header: list[str], rows: int) -> dict:
+    """A batch's profile, computed by SQLite: per column n_null, n_blank, n_distinct, min and max (as
+    text), numeric_min and numeric_max (over values that are plain decimal numbers), top_values (up to
+    8 [value, count], most frequent first, then by value)."""
+    columns = {}
+    for c in header:
+        q = _quoted(c)
+        n_null, n_blank, n_distinct, lo, hi, nlo, nhi = conn.execute(
+            f"SELECT SUM({q} IS NULL), SUM(trim({q}, ?) = ''), COUNT(DISTINCT {q}) + (SUM({q} IS NULL) > 0), "
+            f"MIN({q}), MAX({q}), MIN(CASE WHEN {decimal_sql(q)} THEN CAST({q} AS REAL) END), "
+            f"MAX(CASE WHEN {decimal_sql(q)} THEN CAST({q} AS REAL) END) FROM {staging}", (BLANK_CHARS,)).fetchone()
+        top = conn.execute(f"SELECT {q}, COUNT(*) FROM {staging} GROUP BY {q} ORDER BY 2 DESC, 1 LIMIT 8").fetchall()
+        columns[c] = {"n_null": n_null or 0, "n_blank": n_blank or 0, "n_distinct": n_distinct or 0,
+                      "min": lo, "max": hi, "numeric_min": nlo, "numeric_max": nhi,
+                      "top_values": [[v, n] for v, n in top]}
+    return {"batch_id": batch.batch_id, "table": batch.table, "rows": rows, "columns": columns}
+
+
+def load_exprs(prepared, batch_id: str) -> list[str]:
+    """The SQL expressions that turn a staged file's row into the warehouse columns, by position."""
+    table = prepared.batches[batch_id].table
+    header = prepared.headers[batch_id]
+    exprs = []
+    for i, column in enumerate(COLUMNS_V2[table]):
+        if i >= len(header):
+            exprs.append("NULL")
+        elif table == "orders" and column == "amount":
+            exprs.append(f"gate_amount({_quoted(header[i])})")
+        else:
+            exprs.append(_quoted(header[i]))
+    return exprs
+
+
+def correct_mart(conn: sqlite3.Connection, prepared) -> float:
+    """The correct mart, by SQLite: the past (rows no batch of tonight loaded) and what the loader makes of
+    every batch the truth loads, without the rows it quarantines, joined as the mart joins."""
+    tonight = list(prepared.order)
+    marks = ", ".join("?" * len(tonight))
+    customers = [f"SELECT customer_id FROM wh_customers WHERE batch_id IS NULL OR batch_id NOT IN ({marks})"]
+    orders = [f"SELECT customer_id, amount FROM wh_orders WHERE batch_id IS NULL OR batch_id NOT IN ({marks})"]
+    params_c, params_o = list(tonight), list(tonight)
+    for bid in prepared.order:
+        truth = prepared.truth[bid]
+        if truth["disposition"] == "quarantine":
+            continue
+        table = prepared.batches[bid].table
+        exprs = load_exprs(prepared, bid)
+        bad = sorted({k for d in truth["defects"] for k in d.get("keys", ())})
+        where = f" WHERE {_quoted(KEY_COLUMNS[table])} NOT IN ({', '.join('?' * len(bad))})" if bad else ""
+        if table == "customers":
+            customers.append(f"SELECT {exprs[0]} FROM {prepared.staging[bid]}{where}")
+            params_c += bad
+        else:
+            orders.append(f"SELECT {exprs[1]}, {exprs[2]} FROM {prepared.staging[bid]}{where}")
+            params_o += bad
+    query = (f"WITH c(customer_id) AS ({' UNION ALL '.join(customers)}), "
+             f"o(customer_id, amount) AS ({' UNION ALL '.join(orders)}) "
+             "SELECT COALESCE(SUM(o.amount), 0) FROM o JOIN c ON o.customer_id = c.customer_id")
+    return round(float(conn.execute(query, params_c + params_o).fetchone()[0]), 2)
+
+
+class WorldV2(World):
+    """One v2 episode's warehouse and bookkeeping. Agents reach it only through `suites.v2.tools`."""
+
+    def __init__(self, prepared: PreparedCaseV2, listener=None, deferred_ledger: bool = False):
+        conn, self._borrowed = prepared.open_db()
+        staging = {prepared.staging[bid]: (prepared.headers[bid], prepared.row_counts[bid]) for bid in prepared.order}
+        super().__init__(prepared, conn, SandboxV2(conn, staging, prepared.total_rows), listener, deferred_ledger)
+        self.prepared: PreparedCaseV2 = prepared
+        self.sandbox: SandboxV2
+        self.citations: dict[str, list[tuple[str, str]]] = {}
+        self.held: dict[str, set[str]] = {}           # batch -> keys of the rows quarantined
+        self.held_rows: dict[str, int] = {}           # batch -> rows those keys matched
+        self._closed = False
+
+    def _held_filter(self, batch_id: str) -> str:
+        """The WHERE clause that holds a batch's quarantined rows back (the keys in a temporary table)."""
+        keys = self.held.get(batch_id)
+        if not keys:
+            return ""
+        table = self.prepared.batches[batch_id].table
+        self.conn.execute("CREATE TEMP TABLE IF NOT EXISTS gate_held (k TEXT PRIMARY KEY)")
+        self.conn.execute("DELETE FROM temp.gate_held")
+        self.conn.executemany("INSERT INTO temp.gate_held VALUES (?)", ((k,) for k in keys))
+        return f" WHERE {_quoted(KEY_COLUMNS[table])} NOT IN (SELECT k FROM temp.gate_held)"
+
+    def orphan_rows(self, batch_id: str) -> int:
+        """Rows of an orders batch, held rows aside, whose customer (the file's second column, where the
+        loader puts customer_id) is not in wh_customers right now."""
+        prepared = self.prepared
+        if prepared.batches[batch_id].table != "orders":
+            return 0
+        header = prepared.headers[batch_id]
+        where = self._held_filter(batch_id)
+        customer = _quoted(header[1]) if len(header) > 1 else "NULL"
+        cond = (f"NOT EXISTS (SELECT 1 FROM wh_customers c WHERE c.customer_id = s.{customer})"
+                if customer != "NULL" else "1")
+        sql = f"SELECT COUNT(*) FROM {prepared.staging[batch_id]} s"
+        sql += f"{where} AND {cond}" if where else f" WHERE {cond}"
+        return self.conn.execute(sql).fetchone()[0]
+
+    def rows_to_load(self, batch_id: str) -> int:
+        return self.prepared.row_counts[batch_id] - self.held_rows.get(batch_id, 0)
+
+    def load(self, batch_id: str) -> int:
+        """The loader: copies the file's rows (held rows aside) into the warehouse by position."""
+        prepared = self.prepared
+        table = prepared.batches[batch_id].table
+        select = ", ".join(load_exprs(prepared, batch_id))
+        where = self._held_filter(batch_id)
+        conn = self.conn
+        conn.execute("SAVEPOINT gate_load")
+        cur = conn.execute(f"INSERT INTO wh_{table} ({', '.join(WAREHOUSE_COLUMNS[table])}) "
+                           f"SELECT {select}, ? FROM {prepared.staging[batch_id]}{where}", (batch_id,))
+        conn.execute("RELEASE gate_load")
+        return cur.rowcount
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.prepared.release_db(self.conn, self._borrowed)
