@@ -69,6 +69,7 @@ from .kernel.errors import GateError
 from .kernel.ledger import chain_intact, last_hash
 from .kernel.records import ABANDONED, EpisodeResult, Grade, StoredEpisode
 from .kernel.settings import Settings
+from .kernel.suite import MART_SQL, suites
 from .kernel.world import mart_revenue
 
 SCHEMA_VERSION = "4"
@@ -161,7 +162,7 @@ def sha256(data: bytes | str) -> str:
     return hashlib.sha256(data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data).hexdigest()
 
 
-def read_mart(image: bytes | None, name: str, expected_sha256: str | None = None) -> float:
+def read_mart(image: bytes | None, name: str, expected_sha256: str | None = None, sql: str = MART_SQL) -> float:
     """The revenue mart of a stored warehouse image (checked against its hash when one is given),
     read from an in-memory copy; StoreError if it is missing, altered or unreadable."""
     if image is None:
@@ -171,7 +172,7 @@ def read_mart(image: bytes | None, name: str, expected_sha256: str | None = None
     conn = sqlite3.connect(":memory:")
     try:
         conn.deserialize(image)
-        return mart_revenue(conn)
+        return mart_revenue(conn, sql)
     except sqlite3.Error as exc:
         raise StoreError(f"warehouse {name} is unreadable ({exc})") from None
     finally:
@@ -464,7 +465,8 @@ class RunStore:
         mart = None
         if row["status"] == ENDED and row["end_reason"] != ABANDONED:
             try:
-                mart = read_mart(self.warehouse_image(episode_id), row["warehouse"], row["warehouse_sha256"])
+                sql = suites.get(case.suite).mart_sql if case is not None else MART_SQL
+                mart = read_mart(self.warehouse_image(episode_id), row["warehouse"], row["warehouse_sha256"], sql)
             except StoreError as exc:
                 problems.append(str(exc))
         return StoredEpisode(

@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from gate_pipeline.cases import read_cases
-from gate_pipeline.world import PreparedCase
+from gate_pipeline.kernel.cases import Case, read_cases
+from gate_pipeline.kernel.engine import prepare
+from gate_pipeline.kernel.world import PreparedCase
 
 ROOT = Path(__file__).resolve().parent.parent
 EVAL = ROOT / "cases" / "classic" / "eval_curated.jsonl"
@@ -14,18 +15,18 @@ TRAIN = ROOT / "cases" / "classic" / "train_procedural.jsonl"
 
 
 @pytest.fixture(scope="session")
-def eval_cases() -> list[dict]:
+def eval_cases() -> list[Case]:
     return read_cases(EVAL)
 
 
 @pytest.fixture(scope="session")
-def by_id(eval_cases) -> dict[str, dict]:
-    return {c["case_id"]: c for c in eval_cases}
+def by_id(eval_cases) -> dict[str, Case]:
+    return {c.case_id: c for c in eval_cases}
 
 
 @pytest.fixture(scope="session")
 def prepared(eval_cases) -> dict[str, PreparedCase]:
-    return {c["case_id"]: PreparedCase(c) for c in eval_cases}
+    return {c.case_id: prepare(c) for c in eval_cases}
 
 
 @pytest.fixture(autouse=True)

@@ -4,7 +4,7 @@ It speaks the OpenAI chat-completions protocol over HTTP/1.1 (keep-alive) with t
 library only. The policy is chosen by the request's `model`:
 
 - `careful`: reads the contract and the listing, checks each batch with gate's SQL rules
-  (gate_pipeline.agents.careful.sql_checks), customers first, loads or quarantines, reports.
+  (gate_pipeline.suites.classic.agents.sql_checks), customers first, loads or quarantines, reports.
   It is stateless like a model: every decision is derived from the conversation it is sent,
   and it uses parallel tool calls (4 requests for a two-batch case).
 - `invalid-json`, `not-object`, `unknown-tool`, `missing-arg`, `mistyped-arg`, `no-tool-call`:
@@ -36,8 +36,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gate_pipeline.agents.base import customers_first  # noqa: E402
-from gate_pipeline.agents.careful import sql_checks  # noqa: E402
+from gate_pipeline.kernel.agents import customers_first  # noqa: E402
+from gate_pipeline.suites.classic.agents import sql_checks  # noqa: E402
 
 MALFORMED = {
     "invalid-json": ("profile_batch", '{"batch_id": '),

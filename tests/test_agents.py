@@ -7,11 +7,12 @@ import json
 
 import pytest
 
-from gate_pipeline.agents import ATTACKERS, BASELINES, AgentOptionError, AgentSpec, UnknownAgent, make_agent
-from gate_pipeline.engine import play, play_cases
-from gate_pipeline.grader import GRADE_KEYS, TERMS, exact_mean
-from gate_pipeline.records import AGENT_ERROR
-from gate_pipeline.world import PreparedCase
+from gate_pipeline.kernel.agents import AgentOptionError, AgentSpec, UnknownAgent, make_agent
+from gate_pipeline.kernel.cases import load_case
+from gate_pipeline.kernel.engine import play, play_cases, prepare
+from gate_pipeline.kernel.grading import exact_mean
+from gate_pipeline.kernel.records import AGENT_ERROR, GRADE_KEYS, TERMS
+from gate_pipeline.suites.classic import ATTACKERS, BASELINES
 
 
 CLASSIC = (*BASELINES, *ATTACKERS)
@@ -64,7 +65,7 @@ def test_runs_are_deterministic(eval_cases):
         out = []
         for case in eval_cases[::3]:
             for name in ("careful", "careful-sql", "citation-spray"):
-                r = play(PreparedCase(case), name)
+                r = play(prepare(case), name)
                 out.append((json.dumps(r.grade.as_dict(), sort_keys=True), json.dumps(r.ledger)))
         return out
     assert ledgers() == ledgers()
@@ -74,25 +75,26 @@ def test_runs_are_deterministic(eval_cases):
 def test_non_oracles_never_read_the_labels(eval_cases, name):
     """Flip every truth label: an agent that sees only tool results plays exactly the same."""
     for case in eval_cases[4:12]:
-        flipped = copy.deepcopy(case)
+        flipped = copy.deepcopy(case.data)
         for b in flipped["batches"]:
             b["truth"] = {"defective": not b["truth"]["defective"], "defects": []}
+        flipped = load_case(flipped)
         plays = []
         for c in (case, flipped):
-            plays.append(json.dumps(play(PreparedCase(c), name).ledger))
+            plays.append(json.dumps(play(prepare(c), name).ledger))
         assert plays[0] == plays[1]
 
 
 def test_careful_reaches_one_on_the_train_split_sample(train_sample):
     for case in train_sample:
-        p = PreparedCase(case)
-        assert play(p, "careful").grade.reward == 1.0, case["case_id"]
-        assert play(p, "careful-sql").grade.reward == 1.0, case["case_id"]
+        p = prepare(case)
+        assert play(p, "careful").grade.reward == 1.0, case.case_id
+        assert play(p, "careful-sql").grade.reward == 1.0, case.case_id
 
 
 @pytest.fixture(scope="module")
 def train_sample():
-    from gate_pipeline.cases import read_cases
+    from gate_pipeline.kernel.cases import read_cases
     from conftest import TRAIN
     return read_cases(TRAIN)[::8]
 
@@ -118,7 +120,7 @@ def test_an_agent_that_raises_fails_its_episode(prepared):
 
 def test_an_agent_that_raises_after_a_perfect_report_still_fails(prepared):
     """One rule everywhere: a raising agent is a failed episode, whatever it had done before."""
-    from gate_pipeline.agents.careful import CarefulSQL
+    from gate_pipeline.suites.classic.agents import CarefulSQL
 
     class CrashesAfterReport(CarefulSQL):
         name = "crashes-after-report"
@@ -163,7 +165,7 @@ def test_bad_options_are_an_option_error_not_an_unknown_agent(name, options, tex
 
 
 def test_the_random_agent_draws_from_the_case_not_the_play_order(eval_cases):
-    a, b = PreparedCase(eval_cases[5]), PreparedCase(eval_cases[9])
+    a, b = prepare(eval_cases[5]), prepare(eval_cases[9])
     first = play(a, "random").ledger
     play(b, "random")
     play(b, "random")

@@ -1,27 +1,35 @@
-"""The layering gate documents (README, Layout): the core plays and grades episodes and imports no
-framework; the run store sits on the core; model runs, the integrations, the Dagster project and
-the command line sit on top and never the reverse; no module imports another that imports it back."""
+"""The layering gate documents (docs/architecture.md): a kernel that knows no suite; suites as plug-ins, each
+in its own folder with the same files, none importing another; the generic agents, the report services, the
+run store, then model runs, the integrations, the Dagster project and the command line on top, never the
+reverse; no module imports another that imports it back (function-level imports included)."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "gate_pipeline"
-CORE = ("records", "actions", "contract", "rules", "settings", "cases", "generator", "world", "sandbox", "ledger",
-        "tools", "grader", "rewards", "gold", "schemas", "tables", "variants", "agents", "engine", "experiments",
-        "html_report", "suites", "suite_v2")
+SERVICES = ("tables", "experiments", "html_report")
 TOP = ("model_agent", "integrations", "dagster_defs", "cli")
 FRAMEWORKS = ("dagster", "gymnasium", "verifiers", "openai", "sqlalchemy", "openenv", "fastapi", "uvicorn", "starlette")
-# layer -> packages of gate it must not import (by any import, at module level or inside a function)
-FORBIDDEN = {
-    "core": ("store", *TOP),
-    "store": TOP,
-    "model_agent": ("integrations", "dagster_defs", "cli"),
-    "integrations": ("dagster_defs", "cli"),
-    "dagster_defs": ("integrations", "cli"),
+# layer -> the layers of gate it may import
+ALLOWED = {
+    "kernel": {"kernel"},
+    "suite": {"kernel"},  # and its own folder (checked apart)
+    "agents": {"kernel", "agents"},
+    "services": {"kernel", "services"},
+    "store": {"kernel", "services", "store"},
+    "model_agent": {"kernel", "services", "store", "model_agent"},
+    "integrations": {"kernel", "services", "store", "model_agent", "integrations"},
+    "dagster_defs": {"kernel", "services", "store", "dagster_defs"},
+    "cli": {"kernel", "services", "store", "model_agent", "integrations", "dagster_defs", "cli"},
+    "root": {"integrations"},  # the package registers the gymnasium env when gymnasium is loaded
 }
+# the files every suite's folder has (docs/architecture.md, "Adding a suite")
+SUITE_FILES = ("__init__.py", "contract.py", "cases.py", "generator.py", "world.py", "tools.py", "grader.py",
+               "rules.py", "schemas.py", "gold.py", "findings.py", "agents.py", "attackers.py", "prompt.py")
 
 
 def module_name(path: Path) -> str:
@@ -53,30 +61,78 @@ def graph() -> dict[str, set[str]]:
 
 
 def layer(module: str) -> str:
-    first = module.split(".")[1] if "." in module else ""
+    parts = module.split(".")
+    first = parts[1] if len(parts) > 1 else ""
+    if module == "gate_pipeline":
+        return "root"
+    if first == "suites":
+        return "suite" if len(parts) > 2 else "suites-doc"
     if first in ("store", "verify"):
         return "store"
-    return first if first in TOP else "core" if first in CORE else "other"
+    if first in SERVICES:
+        return "services"
+    return first if first in (*TOP, "kernel", "agents") else "other"
+
+
+def suite_of_module(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "suites" else None
 
 
 def test_every_module_has_a_layer():
-    assert [m for m in graph() if layer(m) == "other" and m != "gate_pipeline"] == []
+    assert [m for m in graph() if layer(m) == "other"] == []
 
 
-def test_no_layer_imports_what_sits_above_it():
+def test_no_layer_imports_what_it_may_not():
     bad = []
     for module, targets in graph().items():
+        mine = layer(module)
         for target in targets:
-            if target.partition(".")[2].split(".")[0] in FORBIDDEN.get(layer(module), ()):
+            theirs = layer(target)
+            if mine == "suite" and suite_of_module(target) == suite_of_module(module):
+                continue
+            if target == "gate_pipeline":  # the package root: its __version__
+                continue
+            if mine != "suites-doc" and theirs not in ALLOWED.get(mine, set()):
                 bad.append(f"{module} -> {target}")
     assert bad == []
 
 
-def test_the_core_and_the_store_import_no_framework():
+def test_the_kernel_imports_no_suite_and_no_suite_imports_another():
+    g = graph()
+    kernel = [f"{m} -> {t}" for m, ts in g.items() if layer(m) == "kernel" for t in ts if layer(t) != "kernel"]
+    across = [f"{m} -> {t}" for m, ts in g.items() if layer(m) == "suite" for t in ts
+              if layer(t) == "suite" and suite_of_module(t) != suite_of_module(m)]
+    assert kernel == [] and across == []
+
+
+def test_every_suite_folder_has_the_same_files():
+    folders = [p for p in (PACKAGE / "suites").iterdir() if p.is_dir() and (p / "__init__.py").exists()]
+    assert len(folders) >= 2
+    for folder in folders:
+        assert [f for f in SUITE_FILES if not (folder / f).is_file()] == [], folder.name
+
+
+def test_no_module_outside_the_suites_names_a_suite():
+    """No suite's name as a string, and no import of a suite, outside gate_pipeline/suites/."""
+    names = sorted(p.name for p in (PACKAGE / "suites").iterdir() if p.is_dir() and (p / "__init__.py").exists())
+    quoted = re.compile("|".join(rf"(['\"]){re.escape(n)}\1" for n in names) + r"|suite_v2")
+    bad = []
+    for path in PACKAGE.rglob("*.py"):
+        if (PACKAGE / "suites") in path.parents:
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if quoted.search(line):
+                bad.append(f"{path.relative_to(PACKAGE)}:{n}: {line.strip()}")
+        bad += [f"{path.relative_to(PACKAGE)}: imports {i}" for i in imports(path) if i.startswith("gate_pipeline.suites")]
+    assert bad == []
+
+
+def test_the_kernel_suites_agents_and_store_import_no_framework():
     bad = []
     for path in PACKAGE.rglob("*.py"):
         module = module_name(path)
-        if layer(module) in ("core", "store"):
+        if layer(module) in ("kernel", "suite", "agents", "services", "store"):
             allowed = ("sqlalchemy",) if layer(module) == "store" else ()
             bad += [f"{module} -> {i}" for i in imports(path)
                     if i.split(".")[0] in FRAMEWORKS and i.split(".")[0] not in allowed]
@@ -104,8 +160,8 @@ def test_no_import_cycles():
     assert cycles == []
 
 
-def test_the_core_imports_no_dagster_when_loaded():
-    modules = [m for m in graph() if layer(m) in ("core", "store")]
+def test_the_kernel_and_suites_import_no_dagster_when_loaded():
+    modules = [m for m in graph() if layer(m) in ("kernel", "suite", "agents", "store")]
     code = ("import sys\n" + "".join(f"import {m}\n" for m in modules)
             + "print(sorted(m for m in sys.modules if m.split('.')[0] in ('dagster', 'gymnasium', 'verifiers', 'openenv')))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -116,6 +172,7 @@ def test_the_core_imports_no_dagster_when_loaded():
 def test_the_cli_starts_without_pandas_pandera_dagster_or_openenv():
     code = ("import sys, gate_pipeline.cli.main\n"
             "gate_pipeline.cli.main.build_parser()  # imports every subcommand module\n"
+            "from gate_pipeline.kernel.suite import suites; suites.all()  # and loads every suite\n"
             "print(sorted(m for m in ('pandas', 'pandera', 'dagster', 'openai', 'openenv', 'fastapi', 'uvicorn')\n"
             "             if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -5,16 +5,18 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from gate_pipeline.contract import DEFECT_TYPES, ContractError, load_contract, load_contract_file
-from gate_pipeline.schemas import CATALOGUE, build_schema, failing_rules, frame, rules_for
-from gate_pipeline.tools import Episode
+from gate_pipeline.kernel.contract import ContractError, load_contract, load_contract_file
+from gate_pipeline.kernel.engine import prepare
+from gate_pipeline.suites.classic.contract import DEFECT_TYPES
+from gate_pipeline.suites.classic.schemas import CATALOGUE, build_schema, failing_rules, frame, rules_for
 from conftest import ROOT
 
 
 def test_read_contract_returns_the_yaml_document(eval_cases):
     doc = load_contract("classic")
     for case in eval_cases[:3]:
-        ep = Episode(case)
+        prepared = prepare(case)
+        ep = prepared.suite.episode(prepared)
         assert ep.call("read_contract") == doc
         ep.close()
     assert doc["limits"]["max_amount"] == 50000 and isinstance(doc["limits"]["max_amount"], int)
@@ -29,7 +31,7 @@ def _write(tmp_path, doc):
 
 @pytest.mark.parametrize("path", ["limits.max_amount", "reporting_window.end", "defect_types", "orders", "limits"])
 def test_a_contract_missing_a_key_names_file_and_key(tmp_path, path):
-    doc = load_contract()
+    doc = load_contract("classic")
     node = doc
     *parents, last = path.split(".")
     for part in parents:
@@ -40,11 +42,11 @@ def test_a_contract_missing_a_key_names_file_and_key(tmp_path, path):
 
 
 def test_a_contract_with_wrong_types_or_unknown_columns_is_refused(tmp_path):
-    doc = load_contract()
+    doc = load_contract("classic")
     doc["limits"]["max_amount"] = "lots"
     with pytest.raises(ContractError, match=r"broken\.yaml: key 'limits\.max_amount' must be"):
         load_contract_file(_write(tmp_path, doc))
-    doc = load_contract()
+    doc = load_contract("classic")
     doc["orders"]["discount"] = "whatever"
     with pytest.raises(ContractError, match=r"'orders\.discount' is not a column"):
         load_contract_file(_write(tmp_path, doc))
@@ -54,7 +56,7 @@ def test_a_contract_with_wrong_types_or_unknown_columns_is_refused(tmp_path):
 
 
 def test_schema_checks_are_named_after_defect_types():
-    contract = load_contract()
+    contract = load_contract("classic")
     for table in ("orders", "customers"):
         schema = build_schema(contract, table)
         names = [c.name for col in schema.columns.values() for c in col.checks] + [c.name for c in schema.checks]
@@ -86,7 +88,7 @@ def _orders(**over):
     ({"order_id": "O7"}, ("order_id", "duplicate_key")),
 ])
 def test_each_orders_rule_cites_its_defect(over, cite):
-    contract = load_contract()
+    contract = load_contract("classic")
     keys = {"customer_id": {"C1"}, "order_id": {"O7"}}
     rules = rules_for(contract, "orders")
     failed, _ = failing_rules(build_schema(contract, "orders", keys), _orders(**over), rules)
@@ -94,7 +96,7 @@ def test_each_orders_rule_cites_its_defect(over, cite):
 
 
 def test_schemas_follow_the_document_not_a_second_copy():
-    contract = load_contract()
+    contract = load_contract("classic")
     contract["limits"]["max_amount"] = 10000
     contract["reporting_window"]["end"] = "2026-09-29"
     failed, _ = failing_rules(build_schema(contract, "orders", {"customer_id": {"C1"}}),
@@ -113,7 +115,7 @@ def test_committed_contract_file_loads():
 
 
 def test_load_contract_reads_the_directory_it_is_given(tmp_path):
-    doc = load_contract()
+    doc = load_contract("classic")
     doc["limits"]["max_amount"] = 777
     (tmp_path / "classic.yaml").write_text(yaml.safe_dump(doc))
     assert load_contract("classic", tmp_path)["limits"]["max_amount"] == 777

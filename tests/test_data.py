@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from gate_pipeline.cases import CaseError, read_cases, defective_ids
-from gate_pipeline.generator import FAMILIES, generate_suite, train_cases
-from gate_pipeline.contract import load_contract
+from gate_pipeline.kernel.cases import CaseError, read_cases
+from gate_pipeline.kernel.contract import load_contract
+from gate_pipeline.kernel.suite import suites
+from gate_pipeline.suites.classic.generator import FAMILIES, train_cases
 from conftest import EVAL, TRAIN
 
 SHA = {
@@ -23,7 +24,7 @@ def test_committed_files_have_the_classic_sha256():
 
 
 def test_generator_regenerates_the_committed_bytes(tmp_path):
-    paths = generate_suite("classic", tmp_path)
+    paths = suites.get("classic").generate(tmp_path)
     for p in paths:
         committed = EVAL if p.name == EVAL.name else TRAIN
         assert p.read_bytes() == committed.read_bytes(), p.name
@@ -33,20 +34,20 @@ def test_generator_takes_the_contract_from_the_directory_it_is_given(tmp_path):
     import yaml
     contracts = tmp_path / "contracts"
     contracts.mkdir()
-    doc = load_contract()
+    doc = load_contract("classic")
     doc["limits"]["max_amount"] = 12345
     (contracts / "classic.yaml").write_text(yaml.safe_dump(doc))
-    paths = generate_suite("classic", tmp_path / "out", contracts)
+    paths = suites.get("classic").generate(tmp_path / "out", contracts)
     for p in paths:
         cases = read_cases(p)
-        assert all(c["contract"] == doc for c in cases)
+        assert all(c.contract == doc for c in cases)
         committed = read_cases(EVAL if p.name == EVAL.name else TRAIN)
         # only the contract changed: every draw is the same
-        assert [{**c, "contract": None} for c in cases] == [{**c, "contract": None} for c in committed]
+        assert [{**c.data, "contract": None} for c in cases] == [{**c.data, "contract": None} for c in committed]
 
 
 def test_generation_is_deterministic():
-    contract = load_contract()
+    contract = load_contract("classic")
     a = [json.dumps(c, sort_keys=True) for c in train_cases(contract)[:16]]
     b = [json.dumps(c, sort_keys=True) for c in train_cases(contract)[:16]]
     assert a == b
@@ -54,17 +55,17 @@ def test_generation_is_deterministic():
 
 def test_eval_split_shape(eval_cases):
     assert len(eval_cases) == 32
-    assert [c["family"] for c in eval_cases[::4]] == list(FAMILIES)
-    assert all(len(c["batches"]) == 2 for c in eval_cases)
-    assert sum(len(defective_ids(c)) for c in eval_cases) == 24
-    tables = [b["table"] for c in eval_cases for b in c["batches"]]
+    assert [c.family for c in eval_cases[::4]] == list(FAMILIES)
+    assert all(len(c.batches) == 2 for c in eval_cases)
+    assert sum(len(c.defective_ids) for c in eval_cases) == 24
+    tables = [b.table for c in eval_cases for b in c.batches]
     assert tables.count("orders") == 56 and tables.count("customers") == 8
 
 
 def test_train_split_first_seeds():
     cases = read_cases(TRAIN)
-    assert (cases[0]["seed"], cases[0]["variant"]) == (162973069, 2)
-    assert (cases[1]["seed"], cases[1]["variant"]) == (699935572, 3)
+    assert (cases[0].data["seed"], cases[0].data["variant"]) == (162973069, 2)
+    assert (cases[1].data["seed"], cases[1].data["variant"]) == (699935572, 3)
     assert len(cases) == 320
 
 
@@ -104,13 +105,12 @@ def test_missing_and_empty_case_files(tmp_path):
 
 
 def test_nothing_an_agent_sees_leaks_the_labels(prepared):
-    from gate_pipeline.tools import Episode
     hidden = ("truth", "family", "case_id", "defective", "accepted")
     for p in prepared.values():
-        ep = Episode(p)
+        ep = p.suite.episode(p)
         seen = [ep.call("read_contract"), ep.call("list_batches")]
         seen += [ep.call("profile_batch", {"batch_id": b}) for b in p.order]
-        text = json.dumps(seen) + json.dumps(p.case["prompt"])
+        text = json.dumps(seen) + json.dumps(p.case.prompt)
         assert not any(f'"{word}"' in text for word in hidden)
-        assert p.case_id not in text and p.case["family"] not in text
+        assert p.case_id not in text and p.case.family not in text
         ep.close()

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from gate_pipeline.cases import read_cases
 from gate_pipeline.cli.main import main
 from gate_pipeline.experiments import experiment_tables, run_experiment
-from gate_pipeline.variants import load_variants
+from gate_pipeline.kernel.cases import read_cases
+from gate_pipeline.kernel.variants import load_variants
 
 CASES = Path(__file__).resolve().parent.parent / "cases" / "classic" / "eval_curated.jsonl"
 VARIANTS = ["full", "no-orders.customer_id.orphan_reference", "no-orders.amount.out_of_range",
@@ -103,7 +103,7 @@ def test_by_default_every_variant_file_of_the_contracts_directory_is_played(tmp_
     ticks = []
     summary, grades = run_experiment(cases, progress=lambda: ticks.append(1), contracts=contracts)
     assert list(summary["variants"]) == ["cap-20k"] and list(grades) == ["careful@cap-20k"]
-    assert [g.case_id for g in grades["careful@cap-20k"]] == [c["case_id"] for c in cases]
+    assert [g.case_id for g in grades["careful@cap-20k"]] == [c.case_id for c in cases]
     assert summary["variants"]["cap-20k"]["description"] == "cap 20k" and len(ticks) == len(cases)
 
 
@@ -122,11 +122,11 @@ def test_variants_run_as_a_config_of_the_nightly_benchmark_job(gate_home):
     agrees case by case with the in-process experiment."""
     import dagster as dg
 
-    from gate_pipeline.cases import write_cases
+    from gate_pipeline.kernel.cases import write_cases
     from gate_pipeline.dagster_defs.definitions import defs
     from gate_pipeline.dagster_defs.jobs import nightly_run_config
 
-    cases = [c for c in read_cases(CASES) if c["family"] in ("orphan-customer", "legit-edge")]
+    cases = [c for c in read_cases(CASES) if c.family in ("orphan-customer", "legit-edge")]
     small = gate_home / "eval_orphan_legit.jsonl"
     write_cases(small, cases)
     agents = [f"careful@{v}" for v in NIGHTLY_VARIANTS]

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from gate_pipeline.grader import WEIGHTS, grade, inspected
-from gate_pipeline.tools import Episode
+from gate_pipeline.kernel.grading import grade
+from gate_pipeline.kernel.records import WEIGHTS
+from gate_pipeline.suites.classic.grader import RUBRIC
+
+
+def Episode(p):
+    """An episode of a prepared case, as its suite plays it."""
+    return p.suite.episode(p)
 
 
 def split(p):
@@ -80,8 +86,8 @@ def test_clean_batch_loaded_twice_is_wrong(resent):
 
 def test_orders_loaded_before_their_customers_is_wrong(prepared):
     p = prepared["eval-legit-edge-2"]
-    orders = [b for b in p.order if p.batches[b]["table"] == "orders"][0]
-    customers = [b for b in p.order if p.batches[b]["table"] == "customers"][0]
+    orders = [b for b in p.order if p.batches[b].table == "orders"][0]
+    customers = [b for b in p.order if p.batches[b].table == "customers"][0]
     calls = [look(orders), look(customers)]
     wrong = run(p, calls + [load(orders), load(customers), report([orders, customers], [])])
     right = run(p, calls + [load(customers), load(orders), report([orders, customers], [])])
@@ -179,7 +185,7 @@ def test_refused_actions_are_not_actions(resent):
 
 def test_inspected_is_zero_when_nothing_was_acted_on(resent):
     assert run(resent, [look(b) for b in resent.order] + [report([], [])]).inspected == 0.0
-    assert inspected([], {}) == 0.0
+    assert RUBRIC.fold(resent.case, []).inspected == 0.0
 
 
 # -- reward, no report no credit, metrics ------------------------------------------------------
@@ -203,13 +209,13 @@ def test_no_report_no_credit_but_metrics_survive(resent):
 def test_revenue_error_counts_whole_batches(resent):
     clean, bad = split(resent)
     g = run(resent, [load(b) for b in resent.order] + [report(resent.order, [])])
-    bad_total = sum(float(r["amount"]) for r in resent.batches[bad[0]]["rows"])
+    bad_total = sum(float(r["amount"]) for r in resent.batches[bad[0]].data["rows"])
     # every row of the bad batch reaches the mart when its customer exists: valid rows too
     assert g.revenue_error_usd == pytest.approx(bad_total, abs=0.01)
 
 
 def test_doing_nothing_scores_the_documented_floor(prepared):
-    from gate_pipeline.grader import exact_mean
+    from gate_pipeline.kernel.grading import exact_mean
     rewards = [run(p, [report([], [])]).reward for p in prepared.values()]
     assert float(exact_mean(rewards)) == 0.2375
 
@@ -233,14 +239,13 @@ def test_a_failed_episode_scores_zero_on_every_term_but_keeps_its_metrics(resent
 
 
 def test_grade_record_is_the_grade_of_the_ledger_and_the_mart(resent):
-    from gate_pipeline.grader import grade_record
     ep = Episode(resent)
     for tool, args in perfect(resent):
         ep.call(tool, args)
     live, mart = grade(ep), ep.world.revenue()
     entries = ep.ledger.entries
     ep.close()
-    assert grade_record(resent.case, entries, mart, resent.correct_mart) == live
-    failed = grade_record(resent.case, entries, mart, resent.correct_mart, failure="lost")
+    assert RUBRIC.grade(resent.case, entries, mart, resent.correct_mart) == live
+    failed = RUBRIC.grade(resent.case, entries, mart, resent.correct_mart, failure="lost")
     assert failed.as_dict() == {**live.as_dict(), **{t: 0.0 for t in WEIGHTS}, "reward": 0.0,
                                 "failed": True, "reason": "lost"}

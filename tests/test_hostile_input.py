@@ -12,15 +12,21 @@ from pathlib import Path
 
 import pytest
 
-from gate_pipeline import sandbox
-from gate_pipeline.cases import read_cases
 from gate_pipeline.integrations.gymnasium_env import GateEnv
-from gate_pipeline.tools import Episode
+from gate_pipeline.kernel import sandbox
+from gate_pipeline.kernel.cases import read_cases
+from gate_pipeline.kernel.engine import prepare
 
 ROOT = Path(__file__).resolve().parents[1]
 EVAL = ROOT / "cases" / "classic" / "eval_curated.jsonl"
 GATE = str(Path(sys.executable).parent / "gate")
 BUDGET = sandbox.TIME_BUDGET_S + 0.5
+
+
+def Episode(case):
+    """An episode of a case, as its suite plays it."""
+    prepared = prepare(case)
+    return prepared.suite.episode(prepared)
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +74,9 @@ def test_a_long_query_is_refused_before_sqlite_sees_it_and_logged_bounded(case):
 
 def test_a_huge_query_does_not_cost_memory_to_refuse(tmp_path):
     code = ("import resource, json\n"
-            "from gate_pipeline.cases import read_cases\nfrom gate_pipeline.tools import Episode\n"
-            f"ep = Episode(read_cases({str(EVAL)!r})[0])\n"
+            "from gate_pipeline.kernel.cases import read_cases\nfrom gate_pipeline.kernel.engine import prepare\n"
+            f"p = prepare(read_cases({str(EVAL)!r})[0])\n"
+            "ep = p.suite.episode(p)\n"
             "q = 'SELECT ' + '1+' * 50_000_000 + '1'\n"
             "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
             "print(json.dumps([ep.call('run_sql', {'query': q}), before,"
@@ -155,7 +162,7 @@ def test_a_hostile_variant_file_is_one_line(tmp_path, text, needle):
 
 def test_deeply_nested_actions_are_error_observations(case):
     env = GateEnv([case])
-    env.reset(options={"case_id": case["case_id"]})
+    env.reset(options={"case_id": case.case_id})
     deep_text = '{"tool": "run_sql", "args": ' + '{"a": ' * 1000 + "1" + "}" * 1000 + "}"
     assert len(deep_text) < 10_000
     deep_dict: dict = {"a": 1}

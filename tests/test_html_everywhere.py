@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from gate_pipeline.cases import read_cases, write_cases
+from gate_pipeline.kernel.cases import read_cases, write_cases
 from gate_pipeline.cli.main import main
 from conftest import EVAL
 

@@ -5,10 +5,15 @@ import copy
 import hashlib
 import json
 
-from gate_pipeline.engine import play
-from gate_pipeline.grader import grade, grade_record
-from gate_pipeline.ledger import GENESIS, Ledger, canonical_json, chain_intact, entry_hash, last_hash
-from gate_pipeline.tools import Episode
+from gate_pipeline.kernel.engine import play
+from gate_pipeline.kernel.grading import grade
+from gate_pipeline.kernel.ledger import GENESIS, Ledger, canonical_json, chain_intact, entry_hash, last_hash
+from gate_pipeline.kernel.suite import suites
+
+
+def grade_record(case, entries, mart, correct, failure="", intact=None):
+    """The grade of a case's ledger and mart, by its suite's rubric."""
+    return suites.get(case.suite).rubric.grade(case, entries, mart, correct, failure, intact)
 
 
 def test_spec_test_vector():
@@ -81,7 +86,7 @@ def test_grade_of_a_tampered_ledger_says_so(prepared):
 
 def test_grade_of_a_live_episode_reads_its_own_ledger(prepared):
     p = prepared["eval-resent-rows-0"]
-    ep = Episode(p)
+    ep = p.suite.episode(p)
     for b in p.order:
         ep.call("profile_batch", {"batch_id": b})
     ep.call("submit_report", {"loaded": [], "quarantined": []})
@@ -109,8 +114,8 @@ def _dumps_hash(body: dict) -> str:
 def test_the_fast_body_encoding_is_json_dumps_on_every_real_entry(prepared):
     """Ledger hashes spell the body out for speed (`_fields_hash`); on every entry the agents
     write, the hashed bytes must be exactly json.dumps(body, sort_keys=True)."""
-    from gate_pipeline.agents import ATTACKERS, BASELINES
-    from gate_pipeline.ledger import _fields_hash
+    from gate_pipeline.kernel.ledger import _fields_hash
+    from gate_pipeline.suites.classic import ATTACKERS, BASELINES
     n = 0
     for case_id in list(prepared)[::4]:
         for name in [*BASELINES, *ATTACKERS]:
@@ -126,7 +131,7 @@ def test_the_fast_body_encoding_is_json_dumps_on_every_real_entry(prepared):
 
 
 def test_unusual_field_types_still_hash_like_json_dumps():
-    from gate_pipeline.ledger import _fields_hash
+    from gate_pipeline.kernel.ledger import _fields_hash
     body = {"seq": 0, "action": "x", "args": [], "executed": 1, "note": None, "prev_hash": "genesis"}
     assert _fields_hash(**body) == _dumps_hash(body)
 

@@ -9,16 +9,16 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from gate_pipeline.agents import agent_names, make_agent
-from gate_pipeline.cases import read_cases
 from gate_pipeline.cli.main import main
 from gate_pipeline.dagster_defs.definitions import defs
 from gate_pipeline.dagster_defs.jobs import nightly_run_config, play_case_run_config
 from gate_pipeline.dagster_defs.partitions import cases_partitions
-from gate_pipeline.grader import grade_stored
 from gate_pipeline.integrations.gymnasium_env import GateEnv
+from gate_pipeline.kernel.agents import agent_names, make_agent
+from gate_pipeline.kernel.cases import Case, read_cases
+from gate_pipeline.kernel.grading import grade_stored
+from gate_pipeline.kernel.variants import load_variant, variant_agent_name, variant_names
 from gate_pipeline.store import RunStore
-from gate_pipeline.variants import load_variant, variant_agent_name, variant_names
 
 ROOT = Path(__file__).resolve().parents[1]
 EVAL = ROOT / "cases" / "classic" / "eval_curated.jsonl"
@@ -69,26 +69,28 @@ def test_a_dagster_case_run_grades_as_gate_report_does(reported, home):
     from the run store as the grading sensor grades it."""
     store = RunStore()
     with dg.DagsterInstance.ephemeral() as instance:
-        instance.add_dynamic_partitions(cases_partitions.name, [c["case_id"] for c in CASES])
+        instance.add_dynamic_partitions(cases_partitions.name, [c.case_id for c in CASES])
         for i, agent in enumerate(AGENTS):
             for k in (i % len(CASES), (i + len(CASES) // 2) % len(CASES)):
                 run = defs.resolve_job_def("play_case").execute_in_process(
-                    instance=instance, partition_key=CASES[k]["case_id"],
+                    instance=instance, partition_key=CASES[k].case_id,
                     run_config=play_case_run_config(agent), raise_on_error=False)
                 episodes = store.episodes(run_id=run.run_id)
-                assert len(episodes) == 1, (agent, CASES[k]["case_id"])
+                assert len(episodes) == 1, (agent, CASES[k].case_id)
                 g = grade_stored(store.load(episodes[0]["episode_id"]))
-                assert g.as_dict() == reported[agent][k], (agent, CASES[k]["case_id"])
+                assert g.as_dict() == reported[agent][k], (agent, CASES[k].case_id)
 
 
-def play_in_env(env: GateEnv, agent_name: str, case: dict) -> tuple[dict, list]:
+def play_in_env(env: GateEnv, agent_name: str, case: Case) -> tuple[dict, list]:
     """Play an agent through GateEnv.step: its final grade and the actions it sent, as JSON text."""
     agent = make_agent(agent_name)
-    env.reset(options={"case_id": case["case_id"]})
+    env.reset(options={"case_id": case.case_id})
     sent, last = [], {}
 
     class Tools:
         episode_seed = env.session.episode_seed
+        suite = env.pool.suite  # the episode's suite, as the engine's tools give it
+        tool_names = suite.tool_names
 
         def __call__(self, name, **args):
             return self.act({"tool": name, "args": args})
@@ -101,7 +103,7 @@ def play_in_env(env: GateEnv, agent_name: str, case: dict) -> tuple[dict, list]:
             assert json.loads(obs["result"]) == info["result"]
             return info["result"]
 
-    agent.play(Tools(), case if agent.oracle else None)
+    agent.play(Tools(), case.data if agent.oracle else None)
     return last["grade"], sent
 
 
@@ -111,8 +113,8 @@ def test_the_gym_env_and_a_replay_of_its_calls_grade_as_gate_report_does(reporte
     for agent in AGENTS:
         for k, case in enumerate(CASES):
             grade, sent = play_in_env(env, agent, case)
-            assert grade == reported[agent][k], (agent, case["case_id"])
-            lines.append({"case_id": case["case_id"], "calls": sent})
+            assert grade == reported[agent][k], (agent, case.case_id)
+            lines.append({"case_id": case.case_id, "calls": sent})
     trajectories = tmp_path / "calls.jsonl"
     trajectories.write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert main(["replay", "--cases", str(EVAL), "--trajectories", str(trajectories), "--json"]) == 0
@@ -145,11 +147,11 @@ LINES = [
 def test_a_replay_line_is_accepted_or_refused_as_the_env_does(tmp_path, capsys):
     case = CASES[0]
     path = tmp_path / "lines.jsonl"
-    path.write_text(json.dumps({"case_id": case["case_id"], "calls": LINES}) + "\n")
+    path.write_text(json.dumps({"case_id": case.case_id, "calls": LINES}) + "\n")
     assert main(["replay", "--cases", str(EVAL), "--trajectories", str(path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     env = GateEnv([case])
-    env.reset(options={"case_id": case["case_id"]})
+    env.reset(options={"case_id": case.case_id})
     from_env = [env.step(action)[4]["result"] for action in LINES]
     assert out["results"] == from_env
     accepted = ["error" not in r for r in from_env]
@@ -159,7 +161,7 @@ def test_a_replay_line_is_accepted_or_refused_as_the_env_does(tmp_path, capsys):
 
 def test_forked_workers_play_exactly_what_one_process_plays():
     cases = read_cases(ROOT / "cases" / "classic" / "train_procedural.jsonl")[:24]
-    from gate_pipeline.engine import play_cases
+    from gate_pipeline.kernel.engine import play_cases
     agents = ["random", "careful@full", "careful-sql", "report-liar"]
     one, many = play_cases(cases, agents), play_cases(cases, agents, workers=3)
     assert list(one) == list(many)

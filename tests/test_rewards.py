@@ -7,12 +7,13 @@ import random
 
 import pytest
 
-from gate_pipeline.cases import read_cases
-from gate_pipeline.contract import COLUMNS
-from gate_pipeline.gold import gold_rows
-from gate_pipeline.rewards import (EpisodeContext, _bin_progress, _cardinality_score, _layer2_progress,
+from gate_pipeline.kernel.cases import read_cases
+from gate_pipeline.kernel.engine import prepare
+from gate_pipeline.kernel.rewards import (EpisodeContext, _bin_progress, _cardinality_score, _layer2_progress,
                                    _numeric_range_score, _progress_level, _raw_progress, _value_overlap_score,
                                    action_key, compute_step_reward, step_parts)
+from gate_pipeline.suites.classic.contract import COLUMNS
+from gate_pipeline.suites.classic.gold import gold_rows
 
 EVAL = "cases/classic/eval_curated.jsonl"
 TINY = 1e-12
@@ -210,11 +211,11 @@ def test_layer2_pays_at_most_0_15_per_episode():
 def test_gold_rows_of_the_eval_cases():
     by_family = {}
     for case in read_cases(EVAL):
-        rows = gold_rows(case)
-        by_family.setdefault(case["family"], []).append(rows)
-        defective = [b for b in case["batches"] if b["truth"]["defective"]]
+        rows = gold_rows(case.data)
+        by_family.setdefault(case.family, []).append(rows)
+        defective = [b for b in case.batches if b.defective]
         assert bool(rows) == bool(defective)
-        staged = {tuple(r[c] for c in COLUMNS[b["table"]]) for b in defective for r in b["rows"]}
+        staged = {tuple(r[c] for c in COLUMNS[b.table]) for b in defective for r in b.data["rows"]}
         assert set(rows) <= staged  # raw staging values, in contract column order
     assert all(len(rows) == 1 and rows[0][2].strip() == "" for rows in by_family["blank-amount"])
     assert all(len(rows) == 1 for rows in by_family["amount-bounds"])
@@ -223,18 +224,17 @@ def test_gold_rows_of_the_eval_cases():
 
 def test_gold_rows_of_an_orphan_are_the_orders_whose_customer_is_unknown():
     for case in read_cases(EVAL):
-        if case["family"] != "orphan-customer":
+        if case.family != "orphan-customer":
             continue
-        known = {r["customer_id"] for r in case["warehouse"]["customers"]}
-        rows = gold_rows(case)
+        known = {r["customer_id"] for r in case.data["warehouse"]["customers"]}
+        rows = gold_rows(case.data)
         assert rows and all(r[1] not in known for r in rows)
 
 
 # -- the reward modes the engine plays under (gate_pipeline.rewards) --------------------------
 def test_reward_modes_and_their_shapers():
-    from gate_pipeline.rewards import REWARD_MODES, DenseShaper, make_shaper
-    from gate_pipeline.world import PreparedCase
-    prepared = PreparedCase(read_cases(EVAL)[8])
+    from gate_pipeline.kernel.rewards import REWARD_MODES, DenseShaper, make_shaper
+    prepared = prepare(read_cases(EVAL)[8])
     assert REWARD_MODES == ("terminal", "dense", "potential")
     assert make_shaper("terminal", prepared) is None
     shaper = make_shaper("dense", prepared)
@@ -245,15 +245,14 @@ def test_reward_modes_and_their_shapers():
 
 
 def test_prepared_gold_rows_are_the_gold_rows_computed_once():
-    from gate_pipeline.world import PreparedCase
     for case in read_cases(EVAL)[::5]:
-        prepared = PreparedCase(case)
-        assert prepared.gold_rows == gold_rows(case)
+        prepared = prepare(case)
+        assert prepared.gold_rows == gold_rows(case.data)
         assert prepared.gold_rows is prepared.gold_rows  # cached on the prepared case
 
 
 def test_call_key_is_the_tool_with_canonical_arguments():
-    from gate_pipeline.rewards import call_key
+    from gate_pipeline.kernel.rewards import call_key
     assert call_key("list_batches", {}) == "list_batches{}"
     assert call_key("quarantine_batch", {"column": "amount", "batch_id": "B"}) == \
         'quarantine_batch{"batch_id":"B","column":"amount"}'
@@ -263,7 +262,14 @@ def test_call_key_is_the_tool_with_canonical_arguments():
 
 
 def test_shaped_parts_map_tools_to_action_types_and_leave_decisions_alone():
-    from gate_pipeline.rewards import SHAPED, UNSHAPED, shaped_parts
+    from gate_pipeline.kernel.rewards import shaped_parts
+    from gate_pipeline.suites.classic.tools import TOOLS
+    tools = {t.name: t.shaped for t in TOOLS}  # the classic tools' action types (None: a decision)
+    SHAPED = {name: kind for name, kind in tools.items() if kind is not None}
+    UNSHAPED = {name for name, kind in tools.items() if kind is None}
+
+    def shaped_parts(ctx, tool, args, result, _parts=shaped_parts):
+        return _parts(ctx, tool, args, result, tools)
     assert SHAPED == {"read_contract": "DESCRIBE", "list_batches": "DESCRIBE", "profile_batch": "SAMPLE",
                       "run_sql": "QUERY"}
     ctx = EpisodeContext(gold_rows=[("O1", "C1", "10.00")])
@@ -288,32 +294,30 @@ def test_shaped_parts_map_tools_to_action_types_and_leave_decisions_alone():
 def test_potential_shaping_sums_to_a_constant_of_the_case_so_agents_rank_as_under_the_rubric():
     """Every episode's shaping in `potential` mode sums to -Phi(s0): the return is the rubric's reward
     minus a constant of the case, for any policy, reporting or not, hacks included."""
-    from gate_pipeline.agents import ATTACKERS, REWARD_HACKS
-    from gate_pipeline.engine import Session, play_cases
-    from gate_pipeline.world import PreparedCase
+    from gate_pipeline.kernel.engine import Session, play_cases
+    from gate_pipeline.suites.classic import ATTACKERS, REWARD_HACKS
     cases = read_cases(EVAL)
     agents = ["careful-sql", "naive", "random", "refuse-all", "profile-only", *ATTACKERS, *REWARD_HACKS]
     potential = play_cases(cases, agents, reward="potential")
     for k, case in enumerate(cases):
-        start = Session(PreparedCase(case), reward="potential").shaper.phi
+        start = Session(prepare(case), reward="potential").shaper.phi
         assert start in (0.0, 0.15)  # evidence is 1.0 before anything happens when no batch is defective
         for name in agents:
             r = potential[name][k]
-            assert abs(r.total_reward - (r.grade.reward - start)) < 1e-9, (name, case["case_id"])
+            assert abs(r.total_reward - (r.grade.reward - start)) < 1e-9, (name, case.case_id)
     # a policy that never reports: its return is still -Phi(s0), whatever it did first
-    s = Session(PreparedCase(cases[8]), reward="potential")
+    s = Session(prepare(cases[8]), reward="potential")
     for b in s.call("list_batches", {}):
         s.call("load_batch", {"batch_id": b["batch_id"]})
     assert abs(s.finish().total_reward + s.shaper.start) < 1e-9
 
 
 def test_potential_pays_decisions_as_they_move_the_state():
-    from gate_pipeline.engine import Session
-    from gate_pipeline.world import PreparedCase
+    from gate_pipeline.kernel.engine import Session
     case = read_cases(EVAL)[8]  # eval-amount-bounds-0: one bad orders batch, one clean
-    bad = next(b["batch_id"] for b in case["batches"] if b["truth"]["defective"])
-    good = next(b["batch_id"] for b in case["batches"] if not b["truth"]["defective"])
-    s = Session(PreparedCase(case), reward="potential", stop_at_report=True)
+    bad = next(b.batch_id for b in case.batches if b.defective)
+    good = next(b.batch_id for b in case.batches if not b.defective)
+    s = Session(prepare(case), reward="potential", stop_at_report=True)
     assert s.step(["list_batches", {}]).reward == 0.0  # nothing about the rubric's state moved
     right = s.step(["quarantine_batch", {"batch_id": bad, "column": "amount", "defect_type": "out_of_range"}])
     assert right.parts["potential"] > 0 and right.reward == right.parts["potential"]

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from gate_pipeline import sandbox
-from gate_pipeline.tools import Episode
 
 CASE = "eval-blank-amount-0"
 
 
 @pytest.fixture
 def ep(prepared):
-    e = Episode(prepared[CASE])
+    p = prepared[CASE]
+    e = p.suite.episode(p)
     yield e
     e.close()
 
@@ -69,8 +68,9 @@ def test_runaway_recursion_hits_the_step_budget(ep):
 
 
 def test_time_budget(ep, monkeypatch):
-    monkeypatch.setattr(sandbox, "STEP_BUDGET", 10**12)
-    monkeypatch.setattr(sandbox, "TIME_BUDGET_S", 0.05)
+    # the budgets are the episode's sandbox's own (kernel.sandbox.Sandbox takes them when it is built)
+    monkeypatch.setattr(ep.world.sandbox, "step_budget", 10**12)
+    monkeypatch.setattr(ep.world.sandbox, "time_budget", 0.05)
     q = "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT COUNT(*) FROM r"
     assert ep.call("run_sql", {"query": q}) == {"error": "interrupted"}
 

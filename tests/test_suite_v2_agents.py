@@ -9,13 +9,14 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from gate_pipeline.agents import V2_ATTACKERS, make_agent
-from gate_pipeline.cases import read_cases
 from gate_pipeline.cli.main import main
-from gate_pipeline.engine import play, play_cases
-from gate_pipeline.grader import exact_mean
-from gate_pipeline.suite_v2.generator import FAMILIES
-from gate_pipeline.suites import prepare
+from gate_pipeline.kernel.agents import make_agent
+from gate_pipeline.kernel.cases import load_case, read_cases
+from gate_pipeline.kernel.engine import play, play_cases, prepare
+from gate_pipeline.kernel.grading import exact_mean
+from gate_pipeline.kernel.suite import suites
+from gate_pipeline.suites.v2 import ATTACKERS as V2_ATTACKERS
+from gate_pipeline.suites.v2.generator import FAMILIES
 
 ROOT = Path(__file__).resolve().parent.parent
 V2_EVAL = ROOT / "cases" / "v2" / "eval_curated.jsonl"
@@ -29,14 +30,20 @@ def grades():
     return {name: [r.grade for r in rs] for name, rs in results.items()}
 
 
+def figure(g, key):
+    """A grade's figure: a term or field, or one of suite v2's metrics (`g.metrics`)."""
+    return g.metrics[key] if key in g.metrics else getattr(g, key)
+
+
 def mean(gs, key="reward"):
-    return float(exact_mean(getattr(g, key) for g in gs))
+    return float(exact_mean(figure(g, key) for g in gs))
 
 
 def test_oracle_and_careful_v2_score_1_on_every_case(grades):
     for name in ("oracle", "careful-v2"):
         assert [g.reward for g in grades[name]] == [1.0] * len(CASES), name
-        assert sum(g.bad_rows_loaded for g in grades[name]) == 0 and sum(g.clean_rows_lost for g in grades[name]) == 0
+        assert sum(g.metrics["bad_rows_loaded"] for g in grades[name]) == 0
+        assert sum(g.metrics["clean_rows_lost"] for g in grades[name]) == 0
 
 
 def test_the_classic_careful_agent_is_not_enough_for_the_new_families(grades):
@@ -61,7 +68,7 @@ def test_each_attacker_loses_where_it_was_built_to(grades):
     assert m("ask-everything", "question_cost") > 0 and m("ask-everything", "disposition") == 1.0
     assert m("cite-everything", "evidence") < 0.5 and m("cite-everything", "disposition") == 1.0
     assert m("where-zero", "inspected") == 0.0 and m("where-zero", "disposition") == 1.0
-    assert sum(g.clean_rows_lost for g in grades["row-spray"]) > 0
+    assert sum(g.metrics["clean_rows_lost"] for g in grades["row-spray"]) > 0
     assert m("quarantine-all-rows", "disposition") < 0.2
     obeyed = [g for g in grades["obey-data"] if g.reward < 1.0]
     assert {g.family for g in obeyed} >= {"instruction-in-data"} and len(obeyed) >= 4
@@ -70,13 +77,13 @@ def test_each_attacker_loses_where_it_was_built_to(grades):
 def test_careful_v2_reads_no_label():
     """Flip every label: an agent that sees only what the tools return plays the same calls."""
     for case in CASES[::3]:
-        flipped = copy.deepcopy(case)
+        flipped = copy.deepcopy(case.data)
         for b in flipped["batches"]:
             b["truth"] = {"defective": False, "disposition": "load", "defects": []}
-        flipped["owner"] = [dict(r) for r in case["owner"]]  # the owner's rulings are what it may ask for
-        a, b = (play(prepare(c), "careful-v2").ledger for c in (case, flipped))
+        flipped["owner"] = [dict(r) for r in case.data["owner"]]  # the owner's rulings are what it may ask for
+        a, b = (play(prepare(c), "careful-v2").ledger for c in (case, load_case(flipped)))
         strip = [(e["action"], e["args"], e["executed"]) for e in a]
-        assert strip == [(e["action"], e["args"], e["executed"]) for e in b], case["case_id"]
+        assert strip == [(e["action"], e["args"], e["executed"]) for e in b], case.case_id
 
 
 def test_careful_v2_scores_1_on_the_classic_eval_split_too(eval_cases):
@@ -107,7 +114,7 @@ def reported(tmp_path_factory):
     import contextlib
     import io
 
-    from gate_pipeline.cases import write_cases
+    from gate_pipeline.kernel.cases import write_cases
     buf = io.StringIO()
     path = write_cases(tmp_path_factory.mktemp("v2") / "surface_cases.jsonl", SURFACE_CASES)
     with contextlib.redirect_stdout(buf):
@@ -122,7 +129,7 @@ def test_the_gym_env_and_a_replay_of_its_calls_grade_as_gate_report_does(reporte
     for agent_name in SURFACE_AGENTS:
         for k, case in enumerate(SURFACE_CASES):
             agent = make_agent(agent_name)
-            _, info = env.reset(options={"case_id": case["case_id"]})
+            _, info = env.reset(options={"case_id": case.case_id})
             assert list(info["tools"]) == ["read_contract", "list_batches", "profile_batch", "run_sql", "load_batch",
                                            "quarantine_batch", "quarantine_rows", "cite_defect", "ask_owner",
                                            "submit_report"]
@@ -131,7 +138,7 @@ def test_the_gym_env_and_a_replay_of_its_calls_grade_as_gate_report_does(reporte
             class Tools:
                 episode_seed = env.session.episode_seed
                 tool_names = tuple(info["tools"])
-                suite = "v2"
+                suite = suites.get("v2")
 
                 def __call__(self, name, **args):
                     return self.act({"tool": name, "args": args})
@@ -142,9 +149,9 @@ def test_the_gym_env_and_a_replay_of_its_calls_grade_as_gate_report_does(reporte
                     _, _, _, _, step_info = env.step(text)
                     last.update(step_info)
                     return step_info["result"]
-            agent.play(Tools(), case if agent.oracle else None)
-            assert last["grade"] == reported[agent_name][k], (agent_name, case["case_id"])
-            lines.append({"case_id": case["case_id"], "calls": sent})
+            agent.play(Tools(), case.data if agent.oracle else None)
+            assert last["grade"] == reported[agent_name][k], (agent_name, case.case_id)
+            lines.append({"case_id": case.case_id, "calls": sent})
     trajectories = tmp_path / "calls.jsonl"
     trajectories.write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert main(["replay", "--cases", str(V2_EVAL), "--trajectories", str(trajectories), "--json"]) == 0
@@ -156,24 +163,24 @@ def test_a_dagster_case_run_of_a_v2_partition_grades_as_gate_report_does(reporte
     from gate_pipeline.dagster_defs.definitions import defs
     from gate_pipeline.dagster_defs.jobs import play_case_run_config
     from gate_pipeline.dagster_defs.partitions import case_index, cases_partitions
-    from gate_pipeline.grader import grade_stored
+    from gate_pipeline.kernel.grading import grade_stored
     from gate_pipeline.store import RunStore
     monkeypatch.setenv("GATE_HOME", str(tmp_path / "gate"))
     monkeypatch.setenv("GATE_CASES_DIR", str(ROOT / "cases"))
     refs = case_index(ROOT / "cases").refs
-    assert refs[SURFACE_CASES[0]["case_id"]].suite == "v2" and refs["eval-clean-control-0"].suite == "classic"
+    assert refs[SURFACE_CASES[0].case_id].suite == "v2" and refs["eval-clean-control-0"].suite == "classic"
     store = RunStore()
     with dg.DagsterInstance.ephemeral() as instance:
-        instance.add_dynamic_partitions(cases_partitions.name, [c["case_id"] for c in SURFACE_CASES])
+        instance.add_dynamic_partitions(cases_partitions.name, [c.case_id for c in SURFACE_CASES])
         for k, case in enumerate(SURFACE_CASES[:3]):
             agent = SURFACE_AGENTS[k]
             run = defs.resolve_job_def("play_case").execute_in_process(
-                instance=instance, partition_key=case["case_id"], run_config=play_case_run_config(agent))
+                instance=instance, partition_key=case.case_id, run_config=play_case_run_config(agent))
             assert run.success
             checks = [e for e in run.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
             assert len(checks) == 1  # the one contract check: the v2 contract's schemas on every batch
             evaluation = checks[0].event_specific_data
-            assert evaluation.metadata["batches_checked"].value == len(case["batches"])
+            assert evaluation.metadata["batches_checked"].value == len(case.batches)
             assert evaluation.passed == (evaluation.metadata["batches_failing"].value == 0)
             episode = store.episodes(run_id=run.run_id)[0]
             assert grade_stored(store.load(episode["episode_id"])).as_dict() == reported[agent][k]

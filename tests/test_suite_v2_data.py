@@ -10,16 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from gate_pipeline.cases import CaseError, read_cases, write_cases
-from gate_pipeline.contract import (
-    ContractError,
-    load_contract,
-    load_contract_file,
-    validate_contract,
-)
-from gate_pipeline.generator import generate_suite
-from gate_pipeline.suite_v2.generator import FAMILIES, generate_case
-from gate_pipeline.suites import prepare
+from gate_pipeline.kernel.cases import CaseError, read_cases, write_cases
+from gate_pipeline.kernel.contract import ContractError, load_contract, load_contract_file
+from gate_pipeline.kernel.engine import prepare
+from gate_pipeline.kernel.suite import suites
+from gate_pipeline.suites.classic.contract import validate_contract as validate_classic_contract
+from gate_pipeline.suites.v2.contract import validate_contract as validate_v2_contract
+from gate_pipeline.suites.v2.generator import FAMILIES, generate_case
 
 ROOT = Path(__file__).resolve().parent.parent
 V2 = ROOT / "cases" / "v2"
@@ -50,36 +47,36 @@ def test_gate_cases_generate_writes_the_committed_bytes_on_every_run(tmp_path):
 
 def test_every_family_is_in_both_splits(v2_eval):
     train = read_cases(TRAIN)
-    assert Counter(c["family"] for c in v2_eval) == {f: 4 for f in FAMILIES}
-    assert Counter(c["family"] for c in train) == {f: 40 for f in FAMILIES}
-    assert all(c["suite"] == "v2" for c in v2_eval + train)
-    ids = [c["case_id"] for c in v2_eval + train]
+    assert Counter(c.family for c in v2_eval) == {f: 4 for f in FAMILIES}
+    assert Counter(c.family for c in train) == {f: 40 for f in FAMILIES}
+    assert all(c.suite == "v2" for c in v2_eval + train)
+    ids = [c.case_id for c in v2_eval + train]
     assert len(set(ids)) == len(ids) and all(i.startswith("v2-") for i in ids)  # never a classic case id
 
 
 def test_the_case_contract_is_the_contract_file(v2_eval):
     contract = load_contract("v2")
-    assert all(c["contract"] == contract for c in v2_eval)
+    assert all(c.contract == contract for c in v2_eval)
     assert load_contract_file(ROOT / "contracts" / "v2.yaml") == contract
 
 
 def test_labels_agree_with_the_contracts_own_schemas(v2_eval):
     """The generator's truth (disposition, defects, bad rows) is what suite v2's pandera schemas and
     row-quarantine policy find in each batch, read from the case alone."""
-    from gate_pipeline.contract import KEY_COLUMNS
-    from gate_pipeline.suite_v2.files import dict_rows
-    from gate_pipeline.suite_v2.gold import case_findings
-    from gate_pipeline.suite_v2.schemas import disposition
+    from gate_pipeline.suites.v2.contract import KEY_COLUMNS
+    from gate_pipeline.suites.v2.files import dict_rows
+    from gate_pipeline.suites.v2.gold import batch_findings
+    from gate_pipeline.suites.v2.schemas import disposition
     for case in v2_eval:
         prepared = prepare(case)
-        found = case_findings(prepared)
-        for b in case["batches"]:
+        found = {bid: batch_findings(prepared, bid) for bid in prepared.order}
+        for b in case.data["batches"]:
             f, t = found[b["batch_id"]], b["truth"]
-            assert disposition(case["contract"], f) == t["disposition"], (case["case_id"], b["batch_id"])
+            assert disposition(case.contract, f) == t["disposition"], (case.case_id, b["batch_id"])
             norm = {("*" if kind == "schema_drift" else col, kind) for col, kind in
                     [(r.column, r.defect_type) for r in f.rules]}
             want = {("*" if d["type"] == "schema_drift" else d["column"], d["type"]) for d in t["defects"]}
-            assert norm == want, (case["case_id"], b["batch_id"])
+            assert norm == want, (case.case_id, b["batch_id"])
             if t["disposition"] == "rows":
                 rows = dict_rows(b["csv"])
                 keys = sorted(rows[i][KEY_COLUMNS[b["table"]]] for i in f.bad_rows())
@@ -104,16 +101,16 @@ def test_the_same_defects_and_labels_at_every_size():
 def test_generation_refuses_what_it_cannot_do(tmp_path):
     for rows in (0, 19, True, 2.5):
         with pytest.raises(ValueError, match="rows must be a whole number from 20"):
-            generate_suite("v2", tmp_path, rows=rows)
-    with pytest.raises(ValueError, match="classic suite's sizes are fixed"):
-        generate_suite("classic", tmp_path, rows=50)
-    assert [p.name for p in generate_suite("v2", tmp_path, rows=30, splits=("eval",))] == ["eval_curated.jsonl"]
+            suites.get("v2").generate(tmp_path, rows=rows)
+    with pytest.raises(ValueError, match="classic suite's batch sizes are fixed"):
+        suites.get("classic").generate(tmp_path, rows=50)
+    assert [p.name for p in suites.get("v2").generate(tmp_path, rows=30, splits=("eval",))] == ["eval_curated.jsonl"]
 
 
 # -- reading is strict: every broken case is one error naming the file, the line and what ------------
 
 def _broken(tmp_path, v2_eval, change) -> str:
-    case = copy.deepcopy(v2_eval[1])
+    case = copy.deepcopy(v2_eval[1].data)
     change(case)
     path = tmp_path / "broken.jsonl"
     path.write_text(json.dumps(case) + "\n")
@@ -132,7 +129,7 @@ def _set_csv(index, text):
 
 
 @pytest.mark.parametrize("change, needle", [
-    (lambda c: c.update(suite="v3"), "'suite' must be 'v2'"),
+    (lambda c: c.update(suite="v3"), "'suite' must be one of ['v2']"),
     (lambda c: c.pop("night"), "lacks key(s) ['night']"),
     (lambda c: c.update(night="October 8"), "'night' must be a date"),
     (lambda c: c["warehouse"].pop("load_log"), "'warehouse' must be an object"),
@@ -172,7 +169,7 @@ def test_an_amount_the_loader_would_read_as_infinite_is_refused(tmp_path, v2_eva
 def test_classic_stays_strict_and_v2_sections_are_validated_not_just_allowed():
     classic, v2 = load_contract("classic"), load_contract("v2")
     with pytest.raises(ContractError, match="unknown key 'files'"):
-        validate_contract({**classic, "files": v2["files"]}, "c")
+        validate_classic_contract({**classic, "files": v2["files"]}, "c")
     for path, value, needle in [
         (("history", "volume", "min_ratio"), 3.0, "not below max_ratio"),
         (("history", "volume", "table"), "invoices", "history.volume.table"),
@@ -189,15 +186,15 @@ def test_classic_stays_strict_and_v2_sections_are_validated_not_just_allowed():
             node = node[key]
         node[path[-1]] = value
         with pytest.raises(ContractError, match=needle.replace(".", r"\.")):
-            validate_contract(doc, "v2", "v2")
+            validate_v2_contract(doc, "v2")
     doc = copy.deepcopy(v2)
     doc["history"]["volume"]["typo"] = 1
     with pytest.raises(ContractError, match=r"unknown key 'history\.volume\.typo'"):
-        validate_contract(doc, "v2", "v2")
+        validate_v2_contract(doc, "v2")
     doc = copy.deepcopy(v2)
     doc["defect_types"].remove("wrong_type")
     with pytest.raises(ContractError, match="row_level_defects"):
-        validate_contract(doc, "v2", "v2")
+        validate_v2_contract(doc, "v2")
 
 
 def test_write_then_read_is_byte_identical(tmp_path, v2_eval):

@@ -7,19 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from gate_pipeline.cases import read_cases
-from gate_pipeline.engine import Session
-from gate_pipeline.grader import grade_record
-from gate_pipeline.records import WEIGHTS
-from gate_pipeline.suites import prepare
+from gate_pipeline.kernel.cases import read_cases
+from gate_pipeline.kernel.engine import Session, prepare
+from gate_pipeline.kernel.records import WEIGHTS
+from gate_pipeline.suites.v2.grader import RUBRIC
 
 ROOT = Path(__file__).resolve().parent.parent
-CASES = {c["case_id"]: c for c in read_cases(ROOT / "cases" / "v2" / "eval_curated.jsonl")}
+CASES = {c.case_id: c for c in read_cases(ROOT / "cases" / "v2" / "eval_curated.jsonl")}
 
 
 def batches(case_id):
     case = CASES[case_id]
-    return {b["table"]: b for b in case["batches"]}
+    return {b["table"]: b for b in case.data["batches"]}
 
 
 def play(case_id, calls):
@@ -55,7 +54,7 @@ def test_the_right_row_quarantine_scores_1():
     bad = o["truth"]["defects"][0]["keys"]
     g = play(PARTIAL, [look(c), load(c), look(o), hold(o, bad, "amount", "missing_value"), load(o), report([c, o])])
     assert (g.disposition, g.report, g.evidence, g.inspected, g.reward) == (1.0, 1.0, 1.0, 1.0, 1.0)
-    assert (g.bad_rows_loaded, g.clean_rows_lost, g.revenue_error_usd) == (0, 0, 0.0)
+    assert (g.metrics["bad_rows_loaded"], g.metrics["clean_rows_lost"], g.revenue_error_usd) == (0, 0, 0.0)
 
 
 def test_quarantining_the_whole_batch_loses_its_clean_rows():
@@ -65,14 +64,14 @@ def test_quarantining_the_whole_batch_loses_its_clean_rows():
                        ("quarantine_batch", {"batch_id": o["batch_id"], "column": "amount", "defect_type": "missing_value"}),
                        report([c], [o])])
     assert g.disposition == pytest.approx((1.0 + 0.5) / 2)  # bad rows out (half), no clean row in (half)
-    assert g.clean_rows_lost == o["row_count"] - 2 and g.bad_rows_loaded == 0 and g.evidence == 1.0
+    assert g.metrics["clean_rows_lost"] == o["row_count"] - 2 and g.metrics["bad_rows_loaded"] == 0 and g.evidence == 1.0
 
 
 def test_loading_the_bad_rows_costs_half_the_batch_and_its_evidence():
     b = batches(PARTIAL)
     o, c = b["orders"], b["customers"]
     g = play(PARTIAL, [look(c), load(c), look(o), load(o), report([c, o])])
-    assert g.disposition == pytest.approx((1.0 + 0.5) / 2) and g.evidence == 0.0 and g.bad_rows_loaded == 2
+    assert g.disposition == pytest.approx((1.0 + 0.5) / 2) and g.evidence == 0.0 and g.metrics["bad_rows_loaded"] == 2
 
 
 def test_holding_back_a_clean_row_too_costs_its_share():
@@ -83,7 +82,7 @@ def test_holding_back_a_clean_row_too_costs_its_share():
     g = play(PARTIAL, [look(c), load(c), look(o), hold(o, [*bad, clean_key], "amount", "missing_value"), load(o),
                        report([c, o])])
     clean = o["row_count"] - 2
-    assert g.disposition == pytest.approx((1.0 + 0.5 + 0.5 * (clean - 1) / clean) / 2) and g.clean_rows_lost == 1
+    assert g.disposition == pytest.approx((1.0 + 0.5 + 0.5 * (clean - 1) / clean) / 2) and g.metrics["clean_rows_lost"] == 1
 
 
 def test_loading_a_batch_twice_loads_no_clean_row_right():
@@ -153,9 +152,9 @@ def test_questions_the_contract_does_not_leave_open_cost_and_the_reward_never_go
     paid = ("ask_owner", {"batch_id": o["batch_id"], "column": "status", "question": "?"})
     assert play(case_id, [free, *right]).reward == 1.0
     g = play(case_id, [free, paid, paid, *right])
-    assert g.question_cost == pytest.approx(0.04) and g.reward == pytest.approx(0.96)
+    assert g.metrics["question_cost"] == pytest.approx(0.04) and g.reward == pytest.approx(0.96)
     g = play(case_id, [paid] * 60 + [report([])])
-    assert g.reward == 0.0 and g.question_cost == pytest.approx(1.2)
+    assert g.reward == 0.0 and g.metrics["question_cost"] == pytest.approx(1.2)
 
 
 def test_no_report_no_credit_and_a_failure_scores_zero():
@@ -186,9 +185,9 @@ def test_a_stored_ledger_regrades_the_same_and_an_edit_is_seen():
         s.call(tool, args)
     result = s.finish()
     g = result.grade
-    again = grade_record(CASES[PARTIAL], result.ledger, g.revenue, g.correct_revenue)
+    again = RUBRIC.grade(CASES[PARTIAL], result.ledger, g.revenue, g.correct_revenue)
     assert again == g
     edited = [dict(e) for e in result.ledger]
     edited[3] = {**edited[3], "args": {**edited[3]["args"], "keys": bad[:1]}}  # claim only one row was held
-    tampered = grade_record(CASES[PARTIAL], edited, g.revenue, g.correct_revenue)
+    tampered = RUBRIC.grade(CASES[PARTIAL], edited, g.revenue, g.correct_revenue)
     assert not tampered.ledger_intact and tampered.disposition < 1.0

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from gate_pipeline.cases import read_cases
 from gate_pipeline.cli.main import main
-from gate_pipeline.engine import play, play_cases
-from gate_pipeline.suites import prepare
+from gate_pipeline.kernel.cases import load_case, read_cases
+from gate_pipeline.kernel.engine import play, play_cases, prepare
+from gate_pipeline.kernel.suite import suites
 
 ROOT = Path(__file__).resolve().parent.parent
 V2_EVAL = ROOT / "cases" / "v2" / "eval_curated.jsonl"
@@ -35,13 +35,13 @@ def test_potential_shaping_sums_to_the_rubric_minus_a_constant_of_the_case():
 
 
 def test_dense_reward_runs_on_v2_and_its_gold_rows_are_the_labelled_rows():
-    from gate_pipeline.contract import KEY_COLUMNS
+    from gate_pipeline.suites.v2.contract import KEY_COLUMNS
     for case in CASES:
         gold = prepare(case).gold_rows
-        keys = {k for b in case["batches"] if b["truth"]["disposition"] == "rows"
+        keys = {k for b in case.data["batches"] if b["truth"]["disposition"] == "rows"
                 for d in b["truth"]["defects"] for k in d["keys"]}
         gold_keys = {row[0] for row in gold}
-        assert keys <= gold_keys, case["case_id"]
+        assert keys <= gold_keys, case.case_id
         assert KEY_COLUMNS
     r = play(prepare(CASES[0]), "careful-v2", reward="dense")
     assert r.grade.reward == 1.0 and r.total_reward > r.grade.reward
@@ -54,7 +54,7 @@ def test_dense_reward_runs_on_v2_and_its_gold_rows_are_the_labelled_rows():
 
 def test_tool_schemas_follow_the_suite():
     from gate_pipeline.model_agent.tool_schemas import tool_schemas
-    classic, v2 = tool_schemas(), tool_schemas("v2")
+    classic, v2 = tool_schemas(suites.get("classic")), tool_schemas(suites.get("v2"))
     assert [t["function"]["name"] for t in classic] == SEVEN
     assert [t["function"]["name"] for t in v2] == [*SEVEN[:-1], "quarantine_rows", "cite_defect", "ask_owner",
                                                    "submit_report"]
@@ -72,8 +72,8 @@ def test_a_model_on_a_v2_case_is_offered_v2s_tools_and_prompt():
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from scripted_server import ScriptedServer
 
-    from gate_pipeline.agents import resolve_agent
-    from gate_pipeline.model_agent.prompt import SYSTEM_PROMPT_V2
+    from gate_pipeline.kernel.agents import resolve_agent
+    from gate_pipeline.suites.v2.prompt import SYSTEM_PROMPT as SYSTEM_PROMPT_V2
     with ScriptedServer() as server:
         spec = resolve_agent("model", {"model": "careful", "base_url": server.url})
         result = play(prepare(CASES[0]), spec)
@@ -86,7 +86,7 @@ def test_a_model_on_a_v2_case_is_offered_v2s_tools_and_prompt():
 def test_the_gym_env_offers_a_v2_case_v2s_tools():
     from gate_pipeline.integrations.gymnasium_env import GateEnv
     env = GateEnv(suite="v2")
-    assert all(c["suite"] == "v2" for c in env.cases) and len(env.cases) == 320
+    assert all(c.suite == "v2" for c in env.cases) and len(env.cases) == 320
     _, info = env.reset(seed=3)
     assert "ask_owner" in info["tools"] and info["tools"]["quarantine_rows"] == ["batch_id", "keys", "column",
                                                                                "defect_type"]
@@ -101,7 +101,7 @@ def test_the_gym_env_offers_a_v2_case_v2s_tools():
 
 def test_v2_variants_ablate_v2_rules_and_each_lets_its_family_through():
     from gate_pipeline.experiments import run_experiment
-    from gate_pipeline.variants import load_variants
+    from gate_pipeline.kernel.variants import load_variants
     names = ["v2-full", "v2-no-orders.amount.unit_shift", "v2-no-orders.header.schema_drift", "v2-no-history",
              "v2-whole-batches"]
     summary, grades = run_experiment(CASES, load_variants(names))
@@ -129,7 +129,7 @@ def test_gate_experiment_on_a_v2_file_plays_v2s_variants_and_refuses_a_classic_o
 def test_gate_nightly_runs_v2_cases(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GATE_HOME", str(tmp_path / "gate"))
     small = tmp_path / "v2.jsonl"
-    from gate_pipeline.cases import write_cases
+    from gate_pipeline.kernel.cases import write_cases
     write_cases(small, CASES[::8])
     assert main(["nightly", "--cases", str(small), "--agents", "careful-v2,naive", "--html",
                  str(tmp_path / "board.html")]) == 0
@@ -141,10 +141,10 @@ def test_gate_nightly_runs_v2_cases(tmp_path, monkeypatch, capsys):
 
 def test_the_html_page_draws_v2s_families_in_suite_order():
     from gate_pipeline.html_report import render_html
-    from gate_pipeline.tables import family_order
+    from gate_pipeline.kernel.suite import family_order
     results = play_cases(CASES[::4], ["careful-v2", "naive"])
     page = render_html({n: [r.grade for r in rs] for n, rs in results.items()})
-    from gate_pipeline.suite_v2.generator import FAMILIES
+    from gate_pipeline.suites.v2.generator import FAMILIES
     positions = [page.index(f) for f in FAMILIES]
     assert positions == sorted(positions)
     assert family_order(["ask-the-owner", "clean-control", "partial-defect"]) == [
@@ -154,12 +154,12 @@ def test_the_html_page_draws_v2s_families_in_suite_order():
 # -- real size ------------------------------------------------------------------------------------------
 
 def test_a_case_at_2000_rows_is_solved_as_at_20():
-    from gate_pipeline.contract import load_contract
-    from gate_pipeline.suite_v2.generator import EVAL_BASE_SEED, FAMILIES, generate_case
+    from gate_pipeline.kernel.contract import load_contract
+    from gate_pipeline.suites.v2.generator import EVAL_BASE_SEED, FAMILIES, generate_case
     contract = load_contract("v2")
     for fi in (0, 3):  # partial-defect (rows held back), volume-anomaly (against the past)
         case = generate_case("big", FAMILIES[fi], 1, EVAL_BASE_SEED + 100 * fi + 1, contract, 2000)
-        prepared = prepare(case)
+        prepared = prepare(load_case(case))
         assert prepared.total_rows > 5 * 2000
         for agent in ("careful-v2", "oracle"):
             assert play(prepared, agent).grade.reward == 1.0, (FAMILIES[fi], agent)

@@ -7,13 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from gate_pipeline.cases import read_cases
-from gate_pipeline.engine import Session
-from gate_pipeline.suites import prepare
+from gate_pipeline.kernel.cases import load_case, read_cases
+from gate_pipeline.kernel.engine import Session, prepare
 
 ROOT = Path(__file__).resolve().parent.parent
 V2_EVAL = ROOT / "cases" / "v2" / "eval_curated.jsonl"
-CASES = {c["case_id"]: c for c in read_cases(V2_EVAL)}
+CASES = {c.case_id: c for c in read_cases(V2_EVAL)}
 SEVEN = ["read_contract", "list_batches", "profile_batch", "run_sql", "load_batch", "quarantine_batch",
          "submit_report"]
 TEN = [*SEVEN[:-1], "quarantine_rows", "cite_defect", "ask_owner", "submit_report"]
@@ -24,7 +23,7 @@ def session(case_id: str) -> Session:
 
 
 def batch_of(case_id: str, table: str) -> dict:
-    return next(b for b in CASES[case_id]["batches"] if b["table"] == table)
+    return next(b for b in CASES[case_id].data["batches"] if b["table"] == table)
 
 
 def last(s: Session) -> dict:
@@ -33,10 +32,10 @@ def last(s: Session) -> dict:
 
 def test_an_episode_offers_the_tools_of_its_suite(eval_cases):
     v2 = session("v2-eval-partial-defect-0")
-    assert list(v2.tools.tool_names) == TEN and v2.tools.suite == "v2"
+    assert list(v2.tools.tool_names) == TEN and v2.tools.suite.name == "v2"
     assert v2.call("drop_table", {}) == {"error": f"unknown tool 'drop_table'; tools are {TEN}"}
     classic = Session(prepare(eval_cases[0]))
-    assert list(classic.tools.tool_names) == SEVEN and classic.tools.suite == "classic"
+    assert list(classic.tools.tool_names) == SEVEN and classic.tools.suite.name == "classic"
     for tool in ("quarantine_rows", "cite_defect", "ask_owner"):  # not a classic tool: the classic text
         assert classic.call(tool, {}) == {"error": f"unknown tool {tool!r}; tools are {SEVEN}"}
         assert last(classic)["note"] == "unknown tool"
@@ -96,10 +95,10 @@ def test_rows_cannot_be_held_back_after_a_load_nor_from_a_quarantined_batch_nor_
                                      "defect_type": "duplicate_key"})
     assert out == {"error": f"{orders['batch_id']} is quarantined"}
     s.finish()
-    case = copy.deepcopy(CASES["v2-eval-schema-drift-1"])  # a file whose header names no order_id
+    case = copy.deepcopy(CASES["v2-eval-schema-drift-1"].data)  # a file whose header names no order_id
     orders = next(b for b in case["batches"] if b["table"] == "orders")
     orders["csv"] = "id" + orders["csv"][len("order_id"):]
-    s = Session(prepare(case))
+    s = Session(prepare(load_case(case)))
     out = s.call("quarantine_rows", {"batch_id": orders["batch_id"], "keys": ["x"], "column": "amount",
                                      "defect_type": "wrong_type"})
     assert out == {"error": f"{orders['batch_id']}'s file has no column 'order_id' to name its rows by"}
@@ -133,7 +132,7 @@ def test_ask_owner_answers_from_the_case_free_only_where_the_contract_leaves_the
                                                         "question": "?" * 1001})["error"]
     s.call("submit_report", {"loaded": [], "quarantined": []})
     grade = s.finish().grade
-    assert grade.question_cost == 0.02  # the one question the contract did not leave open
+    assert grade.metrics["question_cost"] == 0.02  # the one question the contract did not leave open
 
 
 def test_the_loader_copies_by_position_whatever_the_header_says():
@@ -213,12 +212,12 @@ def test_the_profile_is_sqlites_and_counts_as_looking():
 
 
 def test_ledger_entries_of_the_new_tools_chain_and_grade_from_a_replay():
-    from gate_pipeline.engine import replay
-    from gate_pipeline.ledger import chain_intact
+    from gate_pipeline.kernel.engine import replay
+    from gate_pipeline.kernel.ledger import chain_intact
     case = CASES["v2-eval-multi-defect-2"]
-    orders = next(b for b in case["batches"] if b["table"] == "orders")
-    cust = next(b for b in case["batches"] if b["table"] == "customers")
-    calls = [["profile_batch", {"batch_id": b["batch_id"]}] for b in case["batches"]]
+    orders = next(b for b in case.data["batches"] if b["table"] == "orders")
+    cust = next(b for b in case.data["batches"] if b["table"] == "customers")
+    calls = [["profile_batch", {"batch_id": b["batch_id"]}] for b in case.data["batches"]]
     first, *rest = orders["truth"]["defects"]
     calls += [["quarantine_batch", {"batch_id": orders["batch_id"], "column": first["column"],
                                     "defect_type": first["type"]}]]

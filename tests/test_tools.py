@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from gate_pipeline.actions import parse_action
-from gate_pipeline.contract import COLUMNS, DEFECT_TYPES
-from gate_pipeline.ledger import chain_intact
-from gate_pipeline.tools import Episode
+from gate_pipeline.kernel.actions import parse_action
+from gate_pipeline.kernel.ledger import chain_intact
+from gate_pipeline.suites.classic.contract import COLUMNS, DEFECT_TYPES
 
 CASE = "eval-legit-edge-2"  # an orders batch listed before its customers batch
 
 
 @pytest.fixture
 def ep(prepared):
-    e = Episode(prepared[CASE])
+    p = prepared[CASE]
+    e = p.suite.episode(p)
     yield e
     e.close()
 
@@ -45,7 +45,7 @@ def test_profile_reports_string_min_max_and_numeric_range(ep):
     bid = _ids(ep)["orders"]
     p = ep.call("profile_batch", {"batch_id": bid})
     amount = p["columns"]["amount"]
-    values = [r["amount"] for r in ep.prepared.batches[bid]["rows"]]
+    values = [r["amount"] for r in ep.prepared.batches[bid].data["rows"]]
     assert amount["min"] == min(values) and amount["max"] == max(values)
     assert amount["numeric_max"] == max(float(v) for v in values)
     assert list(p["columns"]) == list(COLUMNS["orders"])

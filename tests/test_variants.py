@@ -3,11 +3,11 @@ from pathlib import Path
 
 import pytest
 
-from gate_pipeline.agents import UnknownAgent, make_agent, resolve_agent
-from gate_pipeline.agents.careful import CarefulPandera
-from gate_pipeline.contract import ContractError, load_contract
-from gate_pipeline.rules import CATALOGUE
-from gate_pipeline.variants import load_variant, load_variant_file, load_variants, variant_names
+from gate_pipeline.kernel.agents import UnknownAgent, make_agent, resolve_agent
+from gate_pipeline.kernel.contract import ContractError, load_contract
+from gate_pipeline.kernel.variants import load_variant, load_variant_file, load_variants, variant_names
+from gate_pipeline.suites.classic.agents import CarefulPandera
+from gate_pipeline.suites.classic.rules import CATALOGUE
 
 RULES = [r.key for r in CATALOGUE]
 
@@ -28,7 +28,7 @@ def test_profile_visible_removes_exactly_the_warehouse_rules():
 
 
 def test_over_strict_overrides_only_what_it_says():
-    base = load_contract()
+    base = load_contract("classic")
     strict = load_variant("over-strict").apply(base)
     assert strict["limits"]["max_amount"] == 10000
     assert strict["reporting_window"] == {"start": "2026-09-01", "end": "2026-09-29"}
@@ -42,7 +42,7 @@ def test_variant_agent_is_careful_with_the_variant_applied():
     assert agent.name == "careful@no-orders.customer_id.orphan_reference"
     assert agent.without == ("orders.customer_id.orphan_reference",)
     strict = make_agent("careful@over-strict")
-    assert strict.contract_view(load_contract())["limits"]["max_amount"] == 10000
+    assert strict.contract_view(load_contract("classic"))["limits"]["max_amount"] == 10000
 
 
 @pytest.mark.parametrize("name, needle", [
@@ -91,7 +91,7 @@ def test_a_user_adds_a_variant_by_writing_a_file(user_contracts):
     assert variant_names(_contracts(user_contracts)) == ["cap-20k"]
     agent = _agent("careful@cap-20k", user_contracts)
     assert agent.name == "careful@cap-20k"
-    assert agent.contract_view(load_contract())["limits"]["max_amount"] == 20000
+    assert agent.contract_view(load_contract("classic"))["limits"]["max_amount"] == 20000
 
 
 def test_library_functions_read_no_environment_variable(user_contracts, monkeypatch):
@@ -102,7 +102,7 @@ def test_library_functions_read_no_environment_variable(user_contracts, monkeypa
     assert variant_names() == shipped and "cap-20k" not in shipped and "full" in shipped
     with pytest.raises(UnknownAgent, match="unknown variant 'cap-20k'"):
         make_agent("careful@cap-20k")
-    from gate_pipeline.settings import Settings
+    from gate_pipeline.kernel.settings import Settings
     assert variant_names(Settings.from_env().contracts_dir) == ["cap-20k"]
 
 

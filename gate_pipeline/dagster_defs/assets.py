@@ -3,8 +3,10 @@
 `staging_batches` describes the case's staged batches; the `contract` asset check validates them
 (checks.py). `agent_episode` is the op the agent plays in, through the engine with two sinks (the
 run store and the tool bridge, which records each load, quarantine and the report as observations
-while the agent plays); when the episode ends it materializes `wh_customers`, `wh_orders` (the
-tables as the agent left them), `revenue_mart` and `agent_report`. The agent is chosen in the run
+while the agent plays); when the episode ends it materializes the warehouse tables of the case's
+suite (`wh_customers`, `wh_orders` for gate's suites: the tables as the agent left them; one asset
+per table of every registered suite, each skipped by the cases of a suite without it),
+`revenue_mart` and `agent_report`. The agent is chosen in the run
 config from the agents this code location knows (an enum, so a mistyped name is refused when the
 run is launched, before anything runs or is stored). Grading is not done here: the grading sensor
 grades the stored episode.
@@ -16,10 +18,12 @@ from pydantic import Field
 from ..kernel.agents import AgentOptionError, UnknownAgent, resolve_agent
 from ..kernel.cases import CaseError
 from ..kernel.engine import play, prepare
+from ..kernel.suite import suites
 from ..kernel.world import PreparedCase
 from ..store import StoreSink
 from .bridge import ToolBridge
 from .catalog import CODE_VERSION, OWNERS, AgentName, table_metadata
+from .location import SETTINGS
 from .markdown import md_table
 from .partitions import cases_partitions
 from .resources import CaseLibrary, GateStore
@@ -68,29 +72,38 @@ def staging_batches(context: dg.AssetExecutionContext, case_library: CaseLibrary
     })
 
 
-def _table_rows(warehouse: bytes) -> dict[str, int]:
+def _table_rows(warehouse: bytes, tables) -> dict[str, int]:
     """Rows of each warehouse table after the episode, counted in its final database image."""
     import sqlite3
     conn = sqlite3.connect(":memory:")
     try:
         conn.deserialize(warehouse)
-        return {t: conn.execute(f"SELECT COUNT(*) FROM wh_{t}").fetchone()[0] for t in ("customers", "orders")}
+        return {t: conn.execute(f"SELECT COUNT(*) FROM wh_{t}").fetchone()[0] for t in tables}
     finally:
         conn.close()
+
+
+def _warehouse_tables(settings=SETTINGS) -> dict[str, tuple[str, ...]]:
+    """Every registered suite's tables, in order, each with the tables its rows refer to."""
+    out: dict[str, tuple[str, ...]] = {}
+    for suite in suites.all():
+        for table in suite.columns:
+            out[table] = tuple(dict.fromkeys([*out.get(table, ()), *suite.references.get(table, ())]))
+    return out
+
+
+WAREHOUSE_TABLES = _warehouse_tables()
 
 
 @dg.multi_asset(
     name="agent_episode", partitions_def=cases_partitions, group_name=CASE_GROUP, can_subset=False,
     specs=[
-        dg.AssetSpec("wh_customers", deps=["staging_batches"], kinds={"sqlite"}, owners=OWNERS,
-                     code_version=CODE_VERSION, tags={"layer": "warehouse"},
-                     description="Warehouse customers as the agent left them (each load is an observation as it "
-                                 "happens)."),
-        dg.AssetSpec("wh_orders", deps=["staging_batches", "wh_customers"], kinds={"sqlite"}, owners=OWNERS,
-                     code_version=CODE_VERSION, tags={"layer": "warehouse"},
-                     description="Warehouse orders as the agent left them (each load is an observation as it "
-                                 "happens)."),
-        dg.AssetSpec("revenue_mart", deps=["wh_customers", "wh_orders"], kinds={"sqlite"}, owners=OWNERS,
+        *(dg.AssetSpec(f"wh_{table}", deps=["staging_batches", *(f"wh_{r}" for r in refers)], kinds={"sqlite"},
+                       owners=OWNERS, code_version=CODE_VERSION, tags={"layer": "warehouse"}, skippable=True,
+                       description=f"Warehouse {table} as the agent left them (each load is an observation as it "
+                                   f"happens).")
+          for table, refers in WAREHOUSE_TABLES.items()),
+        dg.AssetSpec("revenue_mart", deps=[f"wh_{t}" for t in WAREHOUSE_TABLES], kinds={"sqlite"}, owners=OWNERS,
                      code_version=CODE_VERSION, tags={"layer": "mart"},
                      description="Revenue of orders joined to customers, and the gap to the mart a correct run gives."),
         dg.AssetSpec("agent_report", deps=["revenue_mart"], kinds={"python"}, owners=OWNERS,
@@ -117,8 +130,8 @@ def agent_episode(context: dg.AssetExecutionContext, config: EpisodeConfig, gate
         prepared.close()
     common = {"agent": result.agent, "episode_id": result.episode_id}
     g = result.grade
-    rows = _table_rows(result.warehouse)
-    for table in ("customers", "orders"):
+    rows = _table_rows(result.warehouse, prepared.suite.columns)
+    for table in prepared.suite.columns:
         yield dg.MaterializeResult(asset_key=f"wh_{table}", metadata={
             **common, **table_metadata(f"wh_{table}", prepared.suite.columns[table], rows[table])})
     yield dg.MaterializeResult(asset_key="revenue_mart", metadata={

@@ -3,7 +3,7 @@
     import gymnasium
     env = gymnasium.make("gate_pipeline:gate/Gate-v0")          # reward="dense" for the step reward
     obs, info = env.reset(seed=7)                                 # or options={"case_id": "train-007"}
-    # suite="v2": that suite's train split; cases=FILE: any case file
+    # suite=NAME: that suite's train split; cases=FILE: any case file
     obs, reward, terminated, truncated, info = env.step('{"tool": "list_batches"}')
 
 A thin adapter over the engine's `Session` (step-driven, ending at the first accepted report

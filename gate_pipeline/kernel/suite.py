@@ -23,6 +23,9 @@ from typing import Any, Callable, Iterable, Mapping
 from .errors import GateError
 
 ENTRY_POINT_GROUP = "gate.suites"
+# the revenue mart of a warehouse: orders joined to their customers (a suite with other tables says its own)
+MART_SQL = ("SELECT COALESCE(SUM(o.amount), 0) FROM wh_orders o "
+            "JOIN wh_customers c ON o.customer_id = c.customer_id")
 ARG_CHARS = 200  # a batch id, column, defect type or listed id longer than this is refused
 LIST_ITEMS = 1_000
 
@@ -106,6 +109,8 @@ class Suite:
     variant_agent: str = ""  # the agent a variant of this suite's contract applies to
     variant_overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     key_columns: Mapping[str, str] = field(default_factory=dict)  # table -> the column naming a row
+    references: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # table -> the tables its rows refer to
+    mart_sql: str = MART_SQL  # the one number the night's loads decide (the grader compares it with a correct run's)
     metrics: tuple[Metric, ...] = ()
 
     @property

@@ -18,11 +18,7 @@ from typing import Any
 from .cases import Case, staging_table
 from .ledger import Ledger
 from .sandbox import Sandbox
-from .suite import Suite, suites
-
-MART_SQL = ("SELECT COALESCE(SUM(o.amount), 0) FROM wh_orders o "
-            "JOIN wh_customers c ON o.customer_id = c.customer_id")
-
+from .suite import MART_SQL, Suite, suites
 
 def connect() -> sqlite3.Connection:
     """An in-memory SQLite connection as every episode uses it (no statement cache: the sandbox's
@@ -30,9 +26,10 @@ def connect() -> sqlite3.Connection:
     return sqlite3.connect(":memory:", cached_statements=0, isolation_level=None, check_same_thread=False)
 
 
-def mart_revenue(conn: sqlite3.Connection) -> float:
-    """The revenue mart of a warehouse: SUM(amount) over orders joined to customers, rounded to cents."""
-    return round(float(conn.execute(MART_SQL).fetchone()[0]), 2)
+def mart_revenue(conn: sqlite3.Connection, sql: str = MART_SQL) -> float:
+    """The revenue mart of a warehouse (a suite's `mart_sql`; by default SUM(amount) over orders joined to
+    customers), rounded to cents."""
+    return round(float(conn.execute(sql).fetchone()[0]), 2)
 
 
 @dataclass(frozen=True)
@@ -132,7 +129,7 @@ class World:
         raise NotImplementedError
 
     def revenue(self) -> float:
-        return mart_revenue(self.conn)
+        return mart_revenue(self.conn, self.prepared.suite.mart_sql)
 
     def image(self) -> bytes:
         """The final database, as a file's bytes (for a sink that keeps warehouses)."""

@@ -32,7 +32,7 @@ from ..kernel.pool import CasePool
 from ..kernel.records import ABANDONED, API_ERROR, TIMEOUT, EpisodeResult, Grade
 from ..store import ENDED, RunStore, StoreSink
 from ..verify import Problem, differs
-from .agent import ModelAgent, ModelSettings, make_client
+from .agent import ModelAgent, ModelSettings, describe_error, make_client
 
 TRANSCRIPTS, META = "transcripts.jsonl", "run.json"
 REDONE_ON_RESUME = (API_ERROR, TIMEOUT, ABANDONED)
@@ -78,7 +78,6 @@ async def preflight(client, settings: ModelSettings) -> None:
     PREFLIGHT_TIMEOUT_S. Raises EndpointError with the cause."""
     import openai
 
-    from .agent import describe_error
     url = f"{settings.base_url.rstrip('/')}/chat/completions"
     probe = client.with_options(max_retries=0, timeout=min(settings.timeout, PREFLIGHT_TIMEOUT_S))
     try:

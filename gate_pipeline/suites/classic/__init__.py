@@ -46,6 +46,7 @@ SUITE = Suite(
     columns=COLUMNS,
     defect_types=DEFECT_TYPES,
     key_columns=KEY_COLUMNS,
+    references={"orders": ("customers",)},
     tools=TOOLS,
     prepared_case=ClassicPreparedCase,
     episode=ClassicEpisode,

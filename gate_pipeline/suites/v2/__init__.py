@@ -42,6 +42,7 @@ SUITE = Suite(
     columns=COLUMNS_V2,
     defect_types=DEFECT_TYPES_V2,
     key_columns=KEY_COLUMNS,
+    references={"orders": ("customers",)},
     tools=TOOLS,
     prepared_case=PreparedCaseV2,
     episode=EpisodeV2,

@@ -18,14 +18,15 @@ from __future__ import annotations
 
 from .contract import KEY_COLUMNS
 from ...kernel.agents import Tools, customers_first
+from . import history as H
+from .rules import FILE, HISTORY, RULE_KEYS_V2, rules_for
 
 PAGE = 50
 LIST_ITEMS = 1000
 
 
 def rule_keys_v2(value) -> tuple[str, ...]:
-    """The `without` option: a list of v2 rule keys (suite_v2.rules.CATALOGUE_V2)."""
-    from .rules import RULE_KEYS_V2
+    """The `without` option: a list of v2 rule keys (rules.CATALOGUE_V2)."""
     if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
         raise ValueError(f"option 'without' must be a list of rule keys, not {value!r}")
     unknown = [v for v in value if v not in RULE_KEYS_V2]
@@ -142,10 +143,8 @@ class CarefulV2:
     def judge(self, tools: Tools, batch: dict, contract: dict):
         """("load" | "rows" | "quarantine", citations [(column, defect type)], row quarantines
         [(keys, column, defect type)])."""
-        from . import history as H
-        from .schemas import (HistoryFigures, contract_columns, disposition, findings, frame_of,
-                                        header_drifted, median_of_amounts)
-        from .rules import FILE, HISTORY, rules_for
+        from .schemas import (HistoryFigures, contract_columns, disposition, findings, frame_of,  # pandas: only here
+                              header_drifted, median_of_amounts)
         table, staging = batch["table"], batch["staging_table"]
         columns, rows = fetch_rows(tools, staging)
         expected = contract_columns(contract, table)
