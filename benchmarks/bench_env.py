@@ -18,18 +18,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gate_pipeline.cases import read_cases  # noqa: E402
-from gate_pipeline.engine import play  # noqa: E402
-from gate_pipeline.gold import gold_rows  # noqa: E402
 from gate_pipeline.integrations.gymnasium_env import GateEnv  # noqa: E402
-from gate_pipeline.world import PreparedCase  # noqa: E402
+from gate_pipeline.kernel.cases import Case, read_cases  # noqa: E402
+from gate_pipeline.kernel.engine import play, prepare  # noqa: E402
+from gate_pipeline.suites.classic.gold import gold_rows  # noqa: E402
 
 
 class Recorder:
     """Wraps an agent: plays it through the engine and keeps the actions it sent."""
 
     def __init__(self, name: str, actions: list):
-        from gate_pipeline.agents import make_agent
+        from gate_pipeline.kernel.agents import make_agent
         self.agent, self.actions = make_agent(name), actions
         self.oracle = False
 
@@ -38,6 +37,7 @@ class Recorder:
 
         class Recording:
             episode_seed = tools.episode_seed
+            suite, tool_names = tools.suite, tools.tool_names
 
             def __call__(self, name, **args):
                 outer.actions.append({"tool": name, "args": args})
@@ -45,15 +45,15 @@ class Recorder:
         self.agent.play(Recording(), case)
 
 
-def record(cases: list[dict]) -> list[tuple[str, list[dict]]]:
+def record(cases: list[Case]) -> list[tuple[str, list[dict]]]:
     """(case id, actions) for careful-sql and the random policy (seed 0) on every case."""
-    from gate_pipeline.agents import AgentSpec
+    from gate_pipeline.kernel.agents import AgentSpec
     out = []
     for name in ("careful-sql", "random"):
         for case in cases:
             actions: list[dict] = []
-            play(PreparedCase(case), AgentSpec(name, {}, lambda: Recorder(name, actions), name))
-            out.append((case["case_id"], actions))
+            play(prepare(case), AgentSpec(name, {}, lambda: Recorder(name, actions), name))
+            out.append((case.case_id, actions))
     return out
 
 
@@ -90,7 +90,7 @@ def main() -> int:
     envs = {mode: GateEnv(cases, reward=mode) for mode in ("terminal", "dense")}
     t0 = time.perf_counter()
     for case in cases:
-        PreparedCase(case)
+        prepare(case)
     prep = (time.perf_counter() - t0) / len(cases)
     t0 = time.perf_counter()
     for case in cases:

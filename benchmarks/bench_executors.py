@@ -36,10 +36,10 @@ sys.path.insert(0, str(ROOT))
 import dagster as dg
 from servers import celery_workers, postgres, redis
 
-from gate_pipeline.cases import read_cases, write_cases
 from gate_pipeline.dagster_defs import definitions
 from gate_pipeline.dagster_defs.instance import prepare_instance_dir
 from gate_pipeline.dagster_defs.jobs import nightly_run_config
+from gate_pipeline.kernel.cases import read_cases, write_cases
 from gate_pipeline.store import RunStore
 
 TRAIN = ROOT / "cases" / "classic" / "train_procedural.jsonl"

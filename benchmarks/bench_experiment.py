@@ -9,9 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-from gate_pipeline.cases import read_cases
 from gate_pipeline.experiments import run_experiment
-from gate_pipeline.variants import load_variants
+from gate_pipeline.kernel.cases import read_cases
+from gate_pipeline.kernel.variants import load_variants
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -45,11 +45,11 @@ def main() -> int:
     t0 = time.perf_counter()
     import dagster as dg
 
-    from gate_pipeline.cases import read_cases
     from gate_pipeline.dagster_defs import definitions
     from gate_pipeline.dagster_defs.jobs import nightly_run_config
-    from gate_pipeline.engine import play_cases
-    from gate_pipeline.grader import grade_stored
+    from gate_pipeline.kernel.cases import read_cases
+    from gate_pipeline.kernel.engine import play_cases
+    from gate_pipeline.kernel.grading import grade_stored
     from gate_pipeline.store import RunStore, StoreSink
     import_s = time.perf_counter() - t0
 

@@ -24,11 +24,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gate_pipeline.agents import ATTACKERS, REWARD_HACKS, make_agent  # noqa: E402
-from gate_pipeline.agents.careful import sql_checks  # noqa: E402
-from gate_pipeline.cases import read_cases  # noqa: E402
-from gate_pipeline.contract import load_contract  # noqa: E402
 from gate_pipeline.integrations.gymnasium_env import GateEnv  # noqa: E402
+from gate_pipeline.kernel.agents import make_agent  # noqa: E402
+from gate_pipeline.kernel.cases import Case, read_cases  # noqa: E402
+from gate_pipeline.kernel.contract import load_contract  # noqa: E402
+from gate_pipeline.suites.classic import ATTACKERS, REWARD_HACKS  # noqa: E402
+from gate_pipeline.suites.classic.agents import sql_checks  # noqa: E402
 
 MODES = ("terminal", "dense", "potential")
 PLAIN_QUERY = 0.025  # what a first successful query pays in dense mode without Layer 2 (step cost + bonuses)
@@ -40,6 +41,8 @@ class EnvTools:
     def __init__(self, env: GateEnv):
         self.env, self.last = env, 0.0
         self.episode_seed = env.session.episode_seed
+        self.suite = env.session.prepared.suite  # the episode's suite, as the engine's tools give it
+        self.tool_names = self.suite.tool_names
 
     def __call__(self, name, **args):
         obs, reward, terminated, truncated, info = self.env.step(json.dumps({"tool": name, "args": args}))
@@ -54,19 +57,19 @@ def episode_return(env: GateEnv) -> float:
     return result.total_reward
 
 
-def play_agent(env: GateEnv, name: str, case: dict) -> float:
-    env.reset(options={"case_id": case["case_id"]})
+def play_agent(env: GateEnv, name: str, case: Case) -> float:
+    env.reset(options={"case_id": case.case_id})
     tools = EnvTools(env)
     agent = make_agent(name, seed=0) if name == "random" else make_agent(name)
-    agent.play(tools, case if agent.oracle else None)
+    agent.play(tools, case.data if agent.oracle else None)
     return episode_return(env)
 
 
-def reward_peek(env: GateEnv, case: dict) -> float:
+def reward_peek(env: GateEnv, case: Case) -> float:
     """Careful-sql's checks, judged by their step reward instead of their rows."""
-    env.reset(options={"case_id": case["case_id"]})
+    env.reset(options={"case_id": case.case_id})
     tools = EnvTools(env)
-    contract = load_contract()  # the checks' thresholds, never read through the tool
+    contract = load_contract("classic")  # the checks' thresholds, never read through the tool
     loaded, quarantined = [], []
     listing = sorted(tools("list_batches"), key=lambda b: (b["table"] != "customers", b["batch_id"]))
     for batch in listing:

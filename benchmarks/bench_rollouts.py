@@ -33,11 +33,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from gate_pipeline.cases import read_cases  # noqa: E402
-from gate_pipeline.model_agent.agent import TOOLS, ModelSettings, make_client  # noqa: E402
+from gate_pipeline.kernel.cases import Case, read_cases  # noqa: E402
+from gate_pipeline.kernel.settings import Settings  # noqa: E402
+from gate_pipeline.kernel.suite import suites  # noqa: E402
+from gate_pipeline.model_agent.agent import ModelSettings, make_client  # noqa: E402
 from gate_pipeline.model_agent.rollouts import TRANSCRIPTS, read_transcripts, run_rollouts  # noqa: E402
-from gate_pipeline.settings import Settings  # noqa: E402
+from gate_pipeline.model_agent.tool_schemas import tool_schemas  # noqa: E402
 from gate_pipeline.store import RunStore  # noqa: E402
+
+TOOLS = tool_schemas(suites.get("classic"))  # the tools a model is offered on the classic eval cases
 
 
 def conversations(run_dir: Path) -> list[list[list[dict]]]:
@@ -71,7 +75,7 @@ async def bare(settings: ModelSettings, rollouts: list[list[list[dict]]], concur
     return time.perf_counter() - t0
 
 
-def gate(settings: ModelSettings, cases: list[dict], rollouts: int, concurrency: int, home: Path,
+def gate(settings: ModelSettings, cases: list[Case], rollouts: int, concurrency: int, home: Path,
          run_dir: Path) -> float:
     store = RunStore(Settings(home=home))
     try:

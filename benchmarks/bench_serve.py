@@ -30,12 +30,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gate_pipeline.cases import read_cases  # noqa: E402
-from gate_pipeline.agents import make_agent  # noqa: E402
-from gate_pipeline.engine import Session, play  # noqa: E402
 from gate_pipeline.integrations.openenv_client import GateAction, GateEnvClient  # noqa: E402
-from gate_pipeline.integrations.openenv_server import CasePool, GateServerEnv  # noqa: E402
-from gate_pipeline.world import PreparedCase  # noqa: E402
+from gate_pipeline.integrations.openenv_server import GateServerEnv  # noqa: E402
+from gate_pipeline.kernel.agents import make_agent  # noqa: E402
+from gate_pipeline.kernel.cases import Case, read_cases  # noqa: E402
+from gate_pipeline.kernel.engine import Session, play, prepare  # noqa: E402
+from gate_pipeline.kernel.pool import CasePool  # noqa: E402
 
 OPENENV_RPS_PER_CORE = 932 / 8  # OpenEnv's tutorial/03-scaling.md: local-uvicorn, 8 cores, 932 requests/s
 
@@ -46,26 +46,28 @@ class Recording:
     def __init__(self, session):
         self.session, self.actions = session, []
         self.episode_seed = session.episode_seed
+        self.suite = session.prepared.suite  # the episode's suite, as the engine's tools give it
+        self.tool_names = self.suite.tool_names
 
     def __call__(self, name, **args):
         self.actions.append({"tool": name, "args": json.loads(json.dumps(args))})
         return self.session.call(name, args)
 
 
-def record(cases: list[dict]) -> dict[str, tuple[list, dict]]:
+def record(cases: list[Case]) -> dict[str, tuple[list, dict]]:
     """{case id: (careful-sql's calls, its grade)}, played in process by the engine."""
     out = {}
     for case in cases:
-        session = Session(PreparedCase(case), "careful-sql")
+        session = Session(prepare(case), "careful-sql")
         tools = Recording(session)
         make_agent("careful-sql").play(tools)
         grade = session.finish().grade.as_dict()
-        assert grade == play(PreparedCase(case), "careful-sql").grade.as_dict()
-        out[case["case_id"]] = (tools.actions, grade)
+        assert grade == play(prepare(case), "careful-sql").grade.as_dict()
+        out[case.case_id] = (tools.actions, grade)
     return out
 
 
-def in_process(cases: list[dict], plays: dict, rounds: int = 3) -> tuple[float, float]:
+def in_process(cases: list[Case], plays: dict, rounds: int = 3) -> tuple[float, float]:
     """CPU seconds per step of careful-sql's calls in this process (this thread's CPU time, the
     measure the server's column uses): through `GateServerEnv.step` (what the server runs per
     step, without the server) and through the engine's `Session.step` alone; the least of

@@ -22,10 +22,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gate_pipeline.agents import BASELINES, resolve_agent  # noqa: E402
-from gate_pipeline.cases import read_cases  # noqa: E402
-from gate_pipeline.engine import play  # noqa: E402
-from gate_pipeline.world import PreparedCase  # noqa: E402
+from gate_pipeline.kernel.agents import resolve_agent  # noqa: E402
+from gate_pipeline.kernel.cases import read_cases  # noqa: E402
+from gate_pipeline.kernel.engine import play, prepare  # noqa: E402
+from gate_pipeline.suites.classic import BASELINES  # noqa: E402
 
 
 def calibration_ms() -> float:
@@ -57,7 +57,7 @@ def main() -> int:
         os.sched_setaffinity(0, {int(os.environ.get("GATE_BENCH_CPU", sorted(os.sched_getaffinity(0))[-1]))})  # one core
     cases = read_cases(a.cases)
     t = time.perf_counter()
-    prepared = [PreparedCase(c) for c in cases]
+    prepared = [prepare(c) for c in cases]
     for p in prepared:
         p.correct_mart
     prep_ms = (time.perf_counter() - t) / len(prepared) * 1e3

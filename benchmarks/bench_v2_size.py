@@ -4,7 +4,7 @@ For each size, one case per v2 family (its eval variant 0, `gate cases generate 
 --rows N` draws the same defects at any size) is written to a case file, then each case is
 measured in a fresh process (so peak memory is that case's):
 
-- **build**: `suites.prepare(case)` (the warehouse's past and the staged files into SQLite)
+- **build**: `kernel.engine.prepare(case)` (the warehouse's past and the staged files into SQLite)
   next to SQLite's own bulk insert of the same rows: the same tables and index in a fresh
   database, `executemany` of the rows already parsed into Python lists, one transaction.
 - **tool calls**: careful-v2 plays the case through the engine's `Session`; for each of its
@@ -67,20 +67,21 @@ def peak_mb() -> float:
 
 # -- one case, in a worker process ---------------------------------------------------------------
 
-def sqlite_bulk_insert_s(case: dict) -> float:
+def sqlite_bulk_insert_s(case) -> float:
     """SQLite's own time to take the case's rows: the same tables and index, rows already parsed."""
-    from gate_pipeline.suite_v2.files import header_of, rows_of
-    from gate_pipeline.suite_v2.layout import (
+    from gate_pipeline.kernel.cases import staging_table
+    from gate_pipeline.suites.v2.files import header_of, rows_of
+    from gate_pipeline.suites.v2.layout import (
         INDEXES,
         LOAD_LOG_COLUMNS,
         WAREHOUSE_COLUMNS,
         WAREHOUSE_DDL,
     )
-    from gate_pipeline.world import staging_table
-    tables = [(f"wh_{t}", WAREHOUSE_COLUMNS[t], list(rows_of(case["warehouse"][t]))) for t in ("customers", "orders")]
-    log = [[None if v == "" else v for v in r] for r in rows_of(case["warehouse"]["load_log"])]
+    warehouse = case.data["warehouse"]
+    tables = [(f"wh_{t}", WAREHOUSE_COLUMNS[t], list(rows_of(warehouse[t]))) for t in ("customers", "orders")]
+    log = [[None if v == "" else v for v in r] for r in rows_of(warehouse["load_log"])]
     tables.append(("wh_load_log", LOAD_LOG_COLUMNS, log))
-    staged = [(staging_table(b["batch_id"]), header_of(b["csv"]), list(rows_of(b["csv"]))) for b in case["batches"]]
+    staged = [(staging_table(b.batch_id), header_of(b.data["csv"]), list(rows_of(b.data["csv"]))) for b in case.batches]
     conn = sqlite3.connect(":memory:", isolation_level=None)
     t = time.perf_counter()
     conn.execute("BEGIN")
@@ -121,7 +122,7 @@ class TimedTools:
 
     def __call__(self, name, **args):
         if name == "run_sql":
-            from gate_pipeline.sandbox import normalise_query
+            from gate_pipeline.kernel.sandbox import normalise_query
             conn = self.mirror.world.conn
             t = time.perf_counter()
             cur = conn.execute(normalise_query(args["query"]))
@@ -139,11 +140,10 @@ class TimedTools:
         return result
 
 
-def measure_calls(case: dict) -> dict:
-    from gate_pipeline.agents.careful_v2 import CarefulV2
-    from gate_pipeline.engine import Session
-    from gate_pipeline.suite_v2.tools import EpisodeV2
-    from gate_pipeline.suites import prepare
+def measure_calls(case) -> dict:
+    from gate_pipeline.kernel.engine import Session, prepare
+    from gate_pipeline.suites.v2.agents import CarefulV2
+    from gate_pipeline.suites.v2.tools import EpisodeV2
     prepared = prepare(case)
     session = Session(prepared, "careful-v2")
     mirror = EpisodeV2(prepared)  # the prepared database is borrowed by the session: a copy of its own
@@ -160,15 +160,15 @@ def measure_calls(case: dict) -> dict:
 
 
 def measure_memory(path: str, agent: str) -> dict:
-    from gate_pipeline.agents.careful_v2 import CarefulV2  # noqa: F401  (every module the episode imports,
-    from gate_pipeline.cases import (
-        read_cases,  # pandas and pandera included, is loaded before
+    from gate_pipeline.kernel.cases import (  # every module the episode imports, pandas and pandera
+        load_case,  # included, is loaded before the baseline is taken
+        read_cases,
     )
-    from gate_pipeline.contract import load_contract
-    from gate_pipeline.engine import play  # the baseline is taken)
-    from gate_pipeline.suite_v2.generator import generate_case
-    from gate_pipeline.suites import prepare
-    warm = generate_case("warm-up", "partial-defect", 0, 1, load_contract("v2"), 20)
+    from gate_pipeline.kernel.contract import load_contract
+    from gate_pipeline.kernel.engine import play, prepare
+    from gate_pipeline.suites.v2.agents import CarefulV2  # noqa: F401
+    from gate_pipeline.suites.v2.generator import generate_case
+    warm = load_case(generate_case("warm-up", "partial-defect", 0, 1, load_contract("v2"), 20))
     play(prepare(warm), agent)  # a 20-row episode first: what any episode loads is loaded before the baseline
     del warm
     reset_peak()  # the peak from here on, not the warm-up's
@@ -190,8 +190,8 @@ def worker(mode: str, path: str) -> None:
     elif mode == "memory-oracle":
         out = measure_memory(path, "oracle")
     else:
-        from gate_pipeline.cases import read_cases
-        from gate_pipeline.suites import prepare
+        from gate_pipeline.kernel.cases import read_cases
+        from gate_pipeline.kernel.engine import prepare
         case = read_cases(path)[0]
         insert_s = min(sqlite_bulk_insert_s(case) for _ in range(3))
         builds = []
@@ -223,9 +223,9 @@ def main() -> int:
     if a.worker:
         worker(*a.worker)
         return 0
-    from gate_pipeline.cases import write_cases
-    from gate_pipeline.contract import load_contract
-    from gate_pipeline.suite_v2.generator import (
+    from gate_pipeline.kernel.cases import write_cases
+    from gate_pipeline.kernel.contract import load_contract
+    from gate_pipeline.suites.v2.generator import (
         EVAL_BASE_SEED,
         FAMILIES,
         MAX_ROWS,

@@ -7,9 +7,8 @@ error, and the same per family; "let through" lists the families a bad batch got
 """
 from __future__ import annotations
 
-from typing import Callable
-
 from pathlib import Path
+from typing import Callable
 
 from .kernel.agents import AgentSpec
 from .kernel.cases import Case, suite_of_cases

@@ -10,7 +10,7 @@ from decimal import Decimal
 from .kernel.cases import Case
 from .kernel.grading import exact_mean
 from .kernel.records import TERMS, WEIGHTS
-from .kernel.suite import Suite, family_order, suites
+from .kernel.suite import family_order, suites
 
 LABEL, COL = 22, 14
 __all__ = ["family_order", "money", "summary", "baseline_tables", "attacker_table"]

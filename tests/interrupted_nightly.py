@@ -12,9 +12,9 @@ from pathlib import Path
 
 import dagster as dg
 
-from gate_pipeline.agents import make_agent
 from gate_pipeline.dagster_defs.definitions import defs
 from gate_pipeline.dagster_defs.jobs import nightly_run_config
+from gate_pipeline.kernel.agents import make_agent
 
 AGENT = "interrupted_nightly:StallOnce"
 STALL_AT = 6  # in the second chunk of 4 cases

@@ -6,17 +6,17 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from gate_pipeline.cases import read_cases, write_cases
-from gate_pipeline.contract import COLUMNS
-from gate_pipeline.dagster_defs.checks import CHECK_NAME, contract_failures
+from gate_pipeline.dagster_defs.checks import CHECK_NAME
 from gate_pipeline.dagster_defs.definitions import defs
 from gate_pipeline.dagster_defs.jobs import play_case_run_config
 from gate_pipeline.dagster_defs.partitions import cases_partitions, sync_case_partitions
 from gate_pipeline.dagster_defs.resources import CaseLibrary, GateStore
-from gate_pipeline.engine import EpisodeStart, play
-from gate_pipeline.grader import GRADE_KEYS, grade_stored
+from gate_pipeline.kernel.cases import read_cases, write_cases
+from gate_pipeline.kernel.engine import EpisodeStart, play, prepare
+from gate_pipeline.kernel.grading import grade_stored
+from gate_pipeline.kernel.records import GRADE_KEYS
 from gate_pipeline.store import RunStore
-from gate_pipeline.world import PreparedCase
+from gate_pipeline.suites.classic.contract import COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.filterwarnings("error::DeprecationWarning")
@@ -35,12 +35,12 @@ def home(tmp_path, monkeypatch):
 @pytest.fixture
 def instance():
     with dg.DagsterInstance.ephemeral() as inst:
-        inst.add_dynamic_partitions(cases_partitions.name, [c["case_id"] for c in read_cases(EVAL)])
+        inst.add_dynamic_partitions(cases_partitions.name, [c.case_id for c in read_cases(EVAL)])
         yield inst
 
 
 def case(case_id):
-    return next(c for c in read_cases(EVAL) if c["case_id"] == case_id)
+    return next(c for c in read_cases(EVAL) if c.case_id == case_id)
 
 
 def run_case(instance, case_id, agent, **options):
@@ -71,7 +71,7 @@ def test_careful_partition_grades_as_the_core(home, instance, case_id):
     [obs] = data.asset_events
     assert obs.asset_key == dg.AssetKey("agent_report") and obs.partition == case_id
     stored = RunStore().latest_grades(case_id)["careful"]
-    core = play(PreparedCase(case(case_id)), "careful").grade.as_dict()
+    core = play(prepare(case(case_id)), "careful").grade.as_dict()
     assert set(CORE_KEYS) <= set(core)
     assert stored.pop("agent") == "careful" and stored.pop("episode_id") == obs.metadata["episode_id"].value
     assert stored.pop("run_id") == result.run_id and obs.metadata["run"].value == result.run_id  # a link to the run
@@ -88,11 +88,11 @@ def test_bridge_observes_each_load_and_the_tables_materialize_once(home, instanc
     loads = [o for o in observed if o.asset_key.path[0] in ("wh_customers", "wh_orders")]
     [episode] = RunStore().episodes(run_id=result.run_id)
     ledger_loads = [e for e in RunStore().entries(episode["episode_id"]) if e["action"] == "load_batch"]
-    assert len(loads) == len(ledger_loads) == len(case(case_id)["batches"])
+    assert len(loads) == len(ledger_loads) == len(case(case_id).batches)
     assert all(o.partition == case_id and o.metadata["agent"].value == "naive" for o in loads)
     assert [o.metadata["ledger_hash"].value for o in loads] == [e["hash"] for e in ledger_loads]
     # each load's table size: the seed warehouse's rows plus every row loaded into that table so far
-    sizes = {t: len(rows) for t, rows in case(case_id)["warehouse"].items()}
+    sizes = {t: len(rows) for t, rows in case(case_id).data["warehouse"].items()}
     for o, e in zip(loads, ledger_loads):
         table = o.asset_key.path[0].removeprefix("wh_")
         sizes[table] += e["args"]["rows"]
@@ -120,8 +120,8 @@ def test_contract_check_names_the_failing_column_and_value(home, instance):
     failures = check.metadata["failures"].value
     [row] = [line for line in failures.splitlines() if "out_of_range" in line]
     cells = [c.strip() for c in row.strip("|").split("|")]
-    bad = next(b for b in case("eval-amount-bounds-2")["batches"] if b["truth"]["defective"])
-    value = bad["rows"][int(cells[2])]["amount"]
+    bad = next(b for b in case("eval-amount-bounds-2").batches if b.defective)
+    value = bad.data["rows"][int(cells[2])]["amount"]
     assert cells[1:] == ["out_of_range", cells[2], "amount", value] and float(value) > 50000
     # staging is described from the case, never written under GATE_HOME: only the run store is there
     assert not (home / "cases").exists()
@@ -130,9 +130,9 @@ def test_contract_check_names_the_failing_column_and_value(home, instance):
 
 def test_contract_check_flags_exactly_the_defective_batches():
     for c in read_cases(EVAL):
-        prepared = PreparedCase(c)
-        flagged = {bid for bid, _, _, failed, _ in contract_failures(prepared) if failed}
-        assert flagged == {bid for bid, t in prepared.truth.items() if t["defective"]}, c["case_id"]
+        prepared = prepare(c)
+        flagged = {found.batch_id for found in prepared.suite.findings(prepared) if found.rules}
+        assert flagged == {bid for bid, t in prepared.truth.items() if t["defective"]}, c.case_id
 
 
 def test_sensor_grades_a_finished_run_exactly_once(home, instance):
@@ -222,11 +222,11 @@ def test_partitions_follow_the_case_files(tmp_path):
         context = dg.build_sensor_context(instance=inst, resources={"case_library": library})
         sensor = defs.resolve_sensor_def("case_partitions_sensor")
         [add] = sensor.evaluate_tick(context).dynamic_partitions_requests
-        assert list(add.partition_keys) == [c["case_id"] for c in cases]
+        assert list(add.partition_keys) == [c.case_id for c in cases]
         sync_case_partitions(inst, tmp_path / "cases")
         write_cases(root / "eval_mini.jsonl", cases[:2])
         [delete] = sensor.evaluate_tick(context).dynamic_partitions_requests
-        assert list(delete.partition_keys) == [cases[2]["case_id"]]
+        assert list(delete.partition_keys) == [cases[2].case_id]
         (root / "broken.jsonl").write_text("{not json\n")  # an unreadable file never deletes anything
         assert sensor.evaluate_tick(context).dynamic_partitions_requests == []
 

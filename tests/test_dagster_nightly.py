@@ -13,13 +13,13 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from gate_pipeline.cases import read_cases, write_cases
 from gate_pipeline.cli.main import main
 from gate_pipeline.dagster_defs.definitions import defs
 from gate_pipeline.dagster_defs.instance import prepare_instance_dir
 from gate_pipeline.dagster_defs.jobs import nightly_run_config
 from gate_pipeline.dagster_defs.scoreboard import regressions
-from gate_pipeline.records import Grade
+from gate_pipeline.kernel.cases import read_cases, write_cases
+from gate_pipeline.kernel.records import Grade
 from gate_pipeline.store import RunStore
 from gate_pipeline.tables import baseline_tables, summary
 
@@ -51,7 +51,7 @@ def test_nightly_scoreboard_equals_gate_report(home, capsys):
             instance=instance, run_config=nightly_run_config(cases_file=str(EVAL)))
         board = result.output_for_node("scoreboard")
         meta = scoreboard_metadata(result)
-        assert set(instance.get_dynamic_partitions("cases")) == {c["case_id"] for c in cases}
+        assert set(instance.get_dynamic_partitions("cases")) == {c.case_id for c in cases}
     assert board["grades"] == reported
     typed = {agent: [Grade.from_dict(g) for g in gs] for agent, gs in reported.items()}
     assert meta["summary"].value == {**summary(cases, typed), "cases_file": str(EVAL)}

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from gate_pipeline.cases import read_cases
 from gate_pipeline.dagster_defs.instance import MARKER
 from gate_pipeline.dagster_defs.webserver import (
     free_port,
@@ -24,12 +23,13 @@ from gate_pipeline.dagster_defs.webserver import (
     wait_for_backfill,
     wait_for_run,
 )
-from gate_pipeline.settings import Settings
+from gate_pipeline.kernel.cases import read_cases
+from gate_pipeline.kernel.settings import Settings
 from gate_pipeline.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
 EVAL = ROOT / "cases" / "classic" / "eval_curated.jsonl"
-ALL_CASES = [c["case_id"] for f in sorted((ROOT / "cases").rglob("*.jsonl")) for c in read_cases(f)]
+ALL_CASES = [c.case_id for f in sorted((ROOT / "cases").rglob("*.jsonl")) for c in read_cases(f)]
 GATE = [sys.executable, "-m", "gate_pipeline.cli.main"]
 
 

@@ -3,9 +3,9 @@ from pathlib import Path
 
 import dagster as dg
 
-from gate_pipeline.cases import read_cases
 from gate_pipeline.dagster_defs.partitions import sync_case_partitions
 from gate_pipeline.dagster_defs.webserver import graphql, webserver
+from gate_pipeline.kernel.cases import read_cases
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,7 +21,7 @@ def test_webserver_serves_assets_and_case_partitions(tmp_path):
     with dg.DagsterInstance.from_config(str(home)) as instance:
         added, _, problems = sync_case_partitions(instance, ROOT / "cases")
     assert not problems
-    case_ids = [c["case_id"] for f in sorted((ROOT / "cases").rglob("*.jsonl")) for c in read_cases(f)]
+    case_ids = [c.case_id for f in sorted((ROOT / "cases").rglob("*.jsonl")) for c in read_cases(f)]
     assert added == case_ids
     env = {"GATE_HOME": str(tmp_path / "gate"), "GATE_CASES_DIR": str(ROOT / "cases")}
     with webserver(ROOT, home, env=env) as base:

@@ -12,17 +12,20 @@ import pytest
 from gymnasium.utils.seeding import np_random
 
 from conftest import EVAL, TRAIN
-from gate_pipeline import engine
-from gate_pipeline.actions import parse_action
-from gate_pipeline.agents import BASELINES, make_agent, resolve_agent
-from gate_pipeline.cases import read_cases
 from gate_pipeline.cli.main import main
 from gate_pipeline.integrations.gymnasium_env import GateEnv
-from gate_pipeline.ledger import chain_intact
-from gate_pipeline.tools import DECISIONS, TOOL_NAMES
-from gate_pipeline.world import PreparedCase
+from gate_pipeline.kernel import engine
+from gate_pipeline.kernel.actions import parse_action
+from gate_pipeline.kernel.agents import make_agent, resolve_agent
+from gate_pipeline.kernel.cases import read_cases
+from gate_pipeline.kernel.engine import prepare
+from gate_pipeline.kernel.ledger import chain_intact
+from gate_pipeline.suites.classic import BASELINES
+from gate_pipeline.suites.classic.tools import TOOL_NAMES, TOOLS
 
 CASES = read_cases(EVAL)
+# the decisions on a batch (loads and quarantines): unshaped tools, the report apart
+DECISIONS = tuple(t.name for t in TOOLS if t.shaped is None and t.name != "submit_report")
 
 
 @dataclass
@@ -44,6 +47,10 @@ class EnvTools:
     @property
     def episode_seed(self) -> int:
         return self.env.unwrapped.session.episode_seed
+
+    @property
+    def suite(self):
+        return self.env.unwrapped.session.prepared.suite
 
     def __call__(self, name, **args):
         return self.act({"tool": name, "args": args})
@@ -75,10 +82,10 @@ def dense_env():
 def test_terminal_mode_final_reward_is_the_core_grade(name):
     env = GateEnv(CASES, reward="terminal")
     for case in CASES:
-        steps = recorded(env, name, case["case_id"])
-        want = engine.play(PreparedCase(case), name).grade.reward
+        steps = recorded(env, name, case.case_id)
+        want = engine.play(prepare(case), name).grade.reward
         *before, last = steps
-        assert last.terminated is True and last.reward == want, case["case_id"]
+        assert last.terminated is True and last.reward == want, case.case_id
         assert last.info["grade"]["reward"] == want and last.info["result"] == {"status": "received"}
         assert all(s.reward == 0.0 and not s.terminated and not s.truncated for s in before)
         assert env.session.done and chain_intact(env.session.result.ledger)
@@ -87,10 +94,10 @@ def test_terminal_mode_final_reward_is_the_core_grade(name):
 
 
 def test_observations_are_text_the_raw_result_is_in_info(dense_env):
-    steps = recorded(dense_env, "careful-sql", CASES[3]["case_id"])
+    steps = recorded(dense_env, "careful-sql", CASES[3].case_id)
     for s in steps:
         assert set(s.obs) == {"prompt", "result", "turn"}
-        assert s.obs["prompt"] == CASES[3]["prompt"] and s.obs["turn"] == s.info["turn"]
+        assert s.obs["prompt"] == CASES[3].prompt and s.obs["turn"] == s.info["turn"]
         assert s.obs["result"] == json.dumps(s.info["result"], ensure_ascii=True, default=str)
         assert dense_env.observation_space.contains(s.obs), s.obs["result"][:200]
     assert [s.obs["turn"] for s in steps] == list(range(1, len(steps) + 1))
@@ -99,7 +106,7 @@ def test_observations_are_text_the_raw_result_is_in_info(dense_env):
 def test_dense_mode_pays_decisions_nothing_and_the_rubric_at_the_report(dense_env):
     for case in CASES:
         for name in ("careful-sql", "careful", "naive", "refuse-all"):
-            steps = recorded(dense_env, name, case["case_id"])
+            steps = recorded(dense_env, name, case.case_id)
             for s in steps:
                 if s.action["tool"] in DECISIONS + ("submit_report",):  # not shaped: no layers, no step reward
                     assert "layer1" not in s.info and "step_reward" not in s.info
@@ -119,27 +126,27 @@ def test_dense_mode_pays_decisions_nothing_and_the_rubric_at_the_report(dense_en
 def test_careful_sql_finds_the_gold_rows_progress(dense_env):
     paid = []
     for case in CASES:
-        steps = recorded(dense_env, "careful-sql", case["case_id"])
+        steps = recorded(dense_env, "careful-sql", case.case_id)
         paid.append(sum(s.info.get("layer2", 0.0) for s in steps))
         assert paid[-1] <= 0.15 + 1e-12
-        if not any(b["truth"]["defective"] for b in case["batches"]):
+        if not any(b.defective for b in case.batches):
             assert paid[-1] == 0.0
     assert sum(p > 0 for p in paid) >= len(CASES) // 2
 
 
 def test_reset_by_case_id_and_by_the_seeded_generator():
     env = GateEnv(EVAL)
-    obs, info = env.reset(options={"case_id": CASES[5]["case_id"]})
-    assert info["case_id"] == CASES[5]["case_id"] and set(info["tools"]) == set(TOOL_NAMES)
-    assert obs == {"prompt": CASES[5]["prompt"], "result": "", "turn": 0}
+    obs, info = env.reset(options={"case_id": CASES[5].case_id})
+    assert info["case_id"] == CASES[5].case_id and set(info["tools"]) == set(TOOL_NAMES)
+    assert obs == {"prompt": CASES[5].prompt, "result": "", "turn": 0}
     assert env.observation_space.contains(obs)
     # the seed seeds the env's generator, which draws the case (not seed % number of cases)
     rng = np_random(3)[0]
-    first, second = (CASES[int(rng.integers(len(CASES)))]["case_id"] for _ in range(2))
+    first, second = (CASES[int(rng.integers(len(CASES)))].case_id for _ in range(2))
     assert env.reset(seed=3)[1]["case_id"] == first
     assert env.reset()[1]["case_id"] == second  # no seed: the generator goes on
     assert env.reset(seed=3)[1]["case_id"] == first  # the same seed, the same case
-    later = CASES[int(np_random(3 + len(CASES))[0].integers(len(CASES)))]["case_id"]
+    later = CASES[int(np_random(3 + len(CASES))[0].integers(len(CASES)))].case_id
     assert env.reset(seed=3 + len(CASES))[1]["case_id"] == later
     assert len({env.reset(seed=s)[1]["case_id"] for s in range(40)}) > 10
     for bad in ({"case_id": "nope"}, {"case": 1}, "x", ["case_id"]):
@@ -153,7 +160,7 @@ def test_reset_by_case_id_and_by_the_seeded_generator():
 
 def test_the_default_cases_are_the_classic_train_split():
     env = GateEnv()
-    assert [c["case_id"] for c in env.cases] == [c["case_id"] for c in read_cases(TRAIN)]
+    assert [c.case_id for c in env.cases] == [c.case_id for c in read_cases(TRAIN)]
     env.close()
 
 
@@ -265,11 +272,11 @@ def test_a_reset_mid_episode_ends_the_old_episode_failed():
 def test_dense_replay_matches_terminal_replay_and_the_env():
     env = GateEnv(CASES, reward="dense")
     for case in CASES[::3]:
-        steps = recorded(env, "careful-sql", case["case_id"])
+        steps = recorded(env, "careful-sql", case.case_id)
         n = len(steps)
         calls = [s.action for s in steps] + [{"tool": "load_batch", "args": {"batch_id": "x"}},
                                              {"tool": "run_sql", "args": {"query": "SELECT 2"}}]
-        prepared = PreparedCase(case)
+        prepared = prepare(case)
         results, dense = engine.replay(prepared, calls, reward="dense")
         core_results, core = engine.replay(prepared, calls)
         assert results == core_results and dense.ledger == core.ledger and dense.grade == core.grade
@@ -286,7 +293,7 @@ def test_dense_replay_matches_terminal_replay_and_the_env():
 def test_dense_replay_without_report_has_no_terminal_reward():
     calls = [{"tool": "run_sql", "args": {"query": "SELECT 1"}}, {"tool": "load_batch", "args": {"batch_id": "B-x"}},
              {"tool": "run_sql", "args": {"query": "SELECT 1"}}, "junk"]
-    results, out = engine.replay(PreparedCase(CASES[0]), calls, reward="dense")
+    results, out = engine.replay(prepare(CASES[0]), calls, reward="dense")
     assert out.rewards[:3] == pytest.approx([0.025, 0.0, -0.015], abs=1e-12)
     assert out.rewards[3] == pytest.approx(-0.005, abs=1e-12)
     assert out.grade.reward == 0.0 and not out.grade.finished and out.end_reason == "no_report"
@@ -296,8 +303,8 @@ def test_dense_replay_without_report_has_no_terminal_reward():
 def test_random_policy_is_seeded_by_its_seed_and_the_case_never_by_play_order(dense_env):
     def ledgers(seed, cases):
         spec = resolve_agent("random", {"seed": seed})
-        return {c["case_id"]: [(e["action"], e["args"]) for e in
-                               engine.play(PreparedCase(c), spec, reward="dense").ledger] for c in cases}
+        return {c.case_id: [(e["action"], e["args"]) for e in
+                               engine.play(prepare(c), spec, reward="dense").ledger] for c in cases}
 
     first = ledgers(1, CASES[:4])
     assert first == ledgers(1, CASES[:4])
@@ -306,7 +313,7 @@ def test_random_policy_is_seeded_by_its_seed_and_the_case_never_by_play_order(de
     tools = {a for episode in ledgers(3, CASES[:4]).values() for a, _ in episode}
     assert {"list_batches", "submit_report"} <= tools and len(tools) >= 4
     # through the env (tools.episode_seed), the same calls as through the engine
-    case_id = CASES[2]["case_id"]
+    case_id = CASES[2].case_id
     dense_env.reset(options={"case_id": case_id})
     steps: list[Recorded] = []
     make_agent("random", seed=1).play(EnvTools(dense_env, steps))
@@ -316,10 +323,10 @@ def test_random_policy_is_seeded_by_its_seed_and_the_case_never_by_play_order(de
 def test_cli_replay_reward_dense(tmp_path, capsys):
     case = CASES[8]
     env = GateEnv(CASES, reward="dense")
-    steps = recorded(env, "careful", case["case_id"], as_text=True)  # actions as JSON text
+    steps = recorded(env, "careful", case.case_id, as_text=True)  # actions as JSON text
     env.close()
     traj = tmp_path / "t.jsonl"
-    traj.write_text(json.dumps({"case_id": case["case_id"], "calls": [s.action for s in steps]}) + "\n")
+    traj.write_text(json.dumps({"case_id": case.case_id, "calls": [s.action for s in steps]}) + "\n")
     assert main(["replay", "--cases", str(EVAL), "--trajectories", str(traj), "--json", "--reward", "dense"]) == 0
     line = json.loads(capsys.readouterr().out)
     assert line["rewards"] == [s.reward for s in steps]
@@ -346,7 +353,7 @@ def test_cli_dense_report_careful_far_above_random(capsys):
 def test_dense_return_splits_into_step_and_terminal_as_the_report_does():
     from gate_pipeline.cli.dense import parts
     for case in CASES[:6]:
-        result = engine.play(PreparedCase(case), "careful-sql", reward="dense")
+        result = engine.play(prepare(case), "careful-sql", reward="dense")
         split = parts(result)
         assert split["terminal"] == result.grade.reward == 1.0
         assert split["step"] == pytest.approx(result.total_reward - result.grade.reward, abs=1e-12)
@@ -357,7 +364,7 @@ def test_gymnasium_registration():
     env = gymnasium.make("gate/Gate-v0", cases=str(EVAL), reward="dense")
     assert isinstance(env.unwrapped, GateEnv)
     obs, info = env.reset(seed=2)
-    assert info["case_id"] == CASES[int(np_random(2)[0].integers(len(CASES)))]["case_id"]
+    assert info["case_id"] == CASES[int(np_random(2)[0].integers(len(CASES)))].case_id
     env.reset(options={"case_id": "eval-clean-control-0"})
     obs, reward, term, trunc, info = env.step({"tool": "run_sql", "args": {"query": "SELECT 1"}})
     assert reward == 0.025 and not term and not trunc
@@ -394,9 +401,9 @@ def test_a_terminal_reward_episode_does_not_import_pandas(tmp_path):
 import json, sys
 import gymnasium
 env = gymnasium.make("gate_pipeline:gate/Gate-v0", cases={str(EVAL)!r})
-from gate_pipeline import engine
-from gate_pipeline.agents import make_agent
-from gate_pipeline.world import PreparedCase
+from gate_pipeline.kernel import engine
+from gate_pipeline.kernel.agents import make_agent
+from gate_pipeline.kernel.engine import prepare
 
 class Tools:
     episode_seed = 0
@@ -412,7 +419,7 @@ tools = Tools()
 make_agent("careful-sql").play(tools)
 reward, term, info = tools.last
 assert term and reward == 1.0, (reward, term)
-result = engine.play(PreparedCase(env.unwrapped.cases[0]), "careful-sql")
+result = engine.play(prepare(env.unwrapped.cases[0]), "careful-sql")
 assert result.grade.reward == 1.0
 print("pandas" in sys.modules, "pandera" in sys.modules)
 """

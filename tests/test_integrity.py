@@ -13,19 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from gate_pipeline.agents import AgentSpec
-from gate_pipeline.cases import read_cases
 from gate_pipeline.cli.main import main
-from gate_pipeline.engine import play
-from gate_pipeline.grader import grade_stored
-from gate_pipeline.ledger import Ledger
-from gate_pipeline.settings import Settings
+from gate_pipeline.kernel.agents import AgentSpec
+from gate_pipeline.kernel.cases import read_cases
+from gate_pipeline.kernel.engine import play, prepare
+from gate_pipeline.kernel.grading import grade_stored
+from gate_pipeline.kernel.ledger import Ledger
+from gate_pipeline.kernel.settings import Settings
 from gate_pipeline.store import RunStore, StoreSink
-from gate_pipeline.world import PreparedCase
 
 ROOT = Path(__file__).resolve().parents[1]
 EVAL = ROOT / "cases" / "classic" / "eval_curated.jsonl"
-CASES = {c["case_id"]: c for c in read_cases(EVAL)}
+CASES = {c.case_id: c for c in read_cases(EVAL)}
 BAD_CASE = "eval-amount-bounds-0"  # one defective batch, one clean
 
 
@@ -55,7 +54,7 @@ def home(tmp_path, monkeypatch):
 
 def stored_episode(agent="naive", case_id=BAD_CASE):
     store = RunStore()
-    result = play(PreparedCase(CASES[case_id]), agent, sinks=[StoreSink(store)], run_id="run-1")
+    result = play(prepare(CASES[case_id]), agent, sinks=[StoreSink(store)], run_id="run-1")
     return store, result
 
 
@@ -104,7 +103,7 @@ def forge_chain(home, episode_id, entries):
 def test_a_rehashed_forged_chain_is_caught_even_with_its_digest_updated(home, capsys):
     store, result = stored_episode("naive")
     original = [(e["action"], e["args"], e["executed"], e["note"]) for e in result.ledger]
-    bad = next(b["batch_id"] for b in CASES[BAD_CASE]["batches"] if b["truth"]["defective"])
+    bad = next(b.batch_id for b in CASES[BAD_CASE].batches if b.defective)
     forged = [e for e in original if not (e[0] == "load_batch" and e[1]["batch_id"] == bad)]
     forged.insert(-1, ("quarantine_batch", {"batch_id": bad, "column": "amount", "defect_type": "out_of_range"},
                        True, ""))

@@ -10,17 +10,19 @@ import time
 
 import pytest
 
-from gate_pipeline import engine
-from gate_pipeline.actions import parse_arguments
-from gate_pipeline.agents import AgentOptionError, UnknownAgent, make_agent, resolve_agent
-from gate_pipeline.agents.base import AgentUnfinished
-from gate_pipeline.ledger import chain_intact
+from gate_pipeline.kernel import engine
+from gate_pipeline.kernel.actions import parse_arguments
+from gate_pipeline.kernel.agents import AgentOptionError, AgentUnfinished, UnknownAgent, make_agent, resolve_agent
+from gate_pipeline.kernel.ledger import chain_intact
+from gate_pipeline.kernel.suite import suites
 from gate_pipeline.model_agent.agent import ModelAgent
 from gate_pipeline.model_agent.tool_schemas import tool_schemas
-from gate_pipeline.tools import SIGNATURES
+from gate_pipeline.suites.classic.tools import TOOLS
 from scripted_server import MALFORMED, ScriptedServer
 
 ANY = "eval-orphan-customer-1"
+CLASSIC = suites.get("classic")
+SIGNATURES = {t.name: [(a.name, a.kind) for a in t.args] for t in TOOLS}  # the classic tools' signatures
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +50,7 @@ def play_one(prepared, server, case_id=ANY, model="careful", **kw):
 
 
 def test_schemas_cover_the_seven_tools_with_their_signatures():
-    schemas = {s["function"]["name"]: s["function"]["parameters"] for s in tool_schemas()}
+    schemas = {s["function"]["name"]: s["function"]["parameters"] for s in tool_schemas(CLASSIC)}
     assert list(schemas) == list(SIGNATURES)
     for tool, sig in SIGNATURES.items():
         assert schemas[tool]["required"] == [name for name, _ in sig]
@@ -60,7 +62,7 @@ def test_careful_policy_scores_one_on_every_eval_case_through_the_http_loop(serv
     before = server.requests["careful"]
     rewards = []
     for case in eval_cases:
-        result, convo = play_one(prepared, server, case["case_id"])
+        result, convo = play_one(prepared, server, case.case_id)
         g = result.grade
         rewards.append(g.reward)
         assert convo["end_reason"] == result.end_reason == "reported" and not result.error and not g.failed

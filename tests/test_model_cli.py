@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from gate_pipeline import engine
 from gate_pipeline.cli.main import main
-from gate_pipeline.grader import grade_stored
+from gate_pipeline.kernel import engine
+from gate_pipeline.kernel.engine import prepare
+from gate_pipeline.kernel.grading import grade_stored
+from gate_pipeline.kernel.settings import Settings
 from gate_pipeline.model_agent.rollouts import read_transcripts
-from gate_pipeline.settings import Settings
 from gate_pipeline.store import ENDED, RunStore
-from gate_pipeline.world import PreparedCase
 from scripted_server import ScriptedServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,17 +100,17 @@ def test_gate_run_episodes_are_in_the_run_store_and_grade_as_their_replay(server
         rows = store.episodes(run_id="st")
         assert len(rows) == 8 and all(r["status"] == ENDED and r["agent"] == "careful" for r in rows)
         assert sorted((r["case_id"], r["rollout"]) for r in rows) == sorted(
-            (c["case_id"], i) for c in eval_cases[:4] for i in range(2))
+            (c.case_id, i) for c in eval_cases[:4] for i in range(2))
         lines = {t["episode_id"]: t for t in read_transcripts(tmp_path / "st" / "transcripts.jsonl")}
         assert set(lines) == {r["episode_id"] for r in rows}
-        by_id = {c["case_id"]: c for c in eval_cases}
+        by_id = {c.case_id: c for c in eval_cases}
         for row in rows:
             stored = store.load(row["episode_id"])
             assert stored.run_id == "st" and stored.rollout == row["rollout"] and not stored.problems
             g = grade_stored(stored)
             line = lines[row["episode_id"]]
             actions = [{"tool": tc["name"], "args": tc["arguments"]} for tc in line["tool_calls"]]
-            _, replayed = engine.replay(PreparedCase(by_id[row["case_id"]]), actions)
+            _, replayed = engine.replay(prepare(by_id[row["case_id"]]), actions)
             assert g == replayed.grade and g.as_dict() == line["grade"] and g.reward == 1.0
             strip = [(e["action"], e["args"], e["executed"], e["note"]) for e in stored.entries]
             assert strip == [(e["action"], e["args"], e["executed"], e["note"]) for e in replayed.ledger]
@@ -120,11 +120,11 @@ def test_gate_run_episodes_are_in_the_run_store_and_grade_as_their_replay(server
 
 
 @pytest.mark.parametrize("flags,needle", [
-    (["-r", "0"], "-r must be more than 0"),
+    (["-r", "0"], "-r must be at least 1"),
     (["-c", "many"], "-c must be a whole number"),
-    (["-n", "-1"], "-n must be more than 0"),
+    (["-n", "-1"], "-n must be at least 1"),
     (["--timeout", "nan"], "--timeout must be more than 0"),
-    (["--max-turns", "0"], "--max-turns must be more than 0"),
+    (["--max-turns", "0"], "--max-turns must be at least 1"),
     (["--run-id", "../escape"], "run id '../escape'"),
     (["--api-key-env", "GATE_SURELY_UNSET_VAR"], "GATE_SURELY_UNSET_VAR: that environment variable is not set"),
     (["--cases", "/nonexistent/cases.jsonl"], "cases.jsonl"),

@@ -6,7 +6,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from gate_pipeline.cases import read_cases
+from gate_pipeline.kernel.cases import read_cases
 from gate_pipeline.dagster_defs.definitions import defs
 from gate_pipeline.dagster_defs.jobs import play_case_run_config
 from gate_pipeline.dagster_defs.partitions import cases_partitions
@@ -31,7 +31,7 @@ def instance(tmp_path, monkeypatch):
     monkeypatch.setenv("GATE_CASES_DIR", str(ROOT / "cases"))
     monkeypatch.delenv("GATE_DB_URL", raising=False)
     with dg.DagsterInstance.ephemeral() as inst:
-        inst.add_dynamic_partitions(cases_partitions.name, [c["case_id"] for c in read_cases(EVAL)])
+        inst.add_dynamic_partitions(cases_partitions.name, [c.case_id for c in read_cases(EVAL)])
         yield inst
 
 

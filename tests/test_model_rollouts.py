@@ -8,15 +8,14 @@ from fractions import Fraction
 
 import pytest
 
-from gate_pipeline.engine import Session
-from gate_pipeline.ledger import chain_intact
+from gate_pipeline.kernel.engine import Session, prepare
+from gate_pipeline.kernel.ledger import chain_intact
+from gate_pipeline.kernel.records import Grade
+from gate_pipeline.kernel.settings import Settings
 from gate_pipeline.model_agent.agent import ModelSettings
 from gate_pipeline.model_agent.passk import pass_rates, pass_table
 from gate_pipeline.model_agent.rollouts import EndpointError, RunError, read_transcripts, run_rollouts
-from gate_pipeline.records import Grade
-from gate_pipeline.settings import Settings
 from gate_pipeline.store import ENDED, RunStore, StoreSink
-from gate_pipeline.world import PreparedCase
 from scripted_server import ScriptedServer
 
 
@@ -62,7 +61,7 @@ def test_rollouts_run_concurrently_and_write_one_full_transcript_line_each(serve
     out = run(cases, settings(server), 3, 4, tmp_path / "r1", store)
     records = out["records"]
     assert out["new"] == 12 and out["kept"] == 0 and len(lines(tmp_path / "r1")) == 12
-    assert [(r["case_id"], r["rollout"]) for r in records] == [(c["case_id"], i) for c in cases for i in range(3)]
+    assert [(r["case_id"], r["rollout"]) for r in records] == [(c.case_id, i) for c in cases for i in range(3)]
     lines_by_id = transcripts(tmp_path / "r1")
     assert set(lines_by_id) == {r["episode_id"] for r in records}  # one line per played episode
     for r in records:
@@ -80,7 +79,7 @@ def test_rollouts_run_concurrently_and_write_one_full_transcript_line_each(serve
             "api_key_env", "")
     rows = store.episodes(run_id="r1")
     assert len(rows) == 12 and all(row["status"] == ENDED and row["agent"] == "careful" for row in rows)
-    assert sorted((row["case_id"], row["rollout"]) for row in rows) == sorted((c["case_id"], i)
+    assert sorted((row["case_id"], row["rollout"]) for row in rows) == sorted((c.case_id, i)
                                                                              for c in cases for i in range(3))
     meta = json.loads((tmp_path / "r1" / "run.json").read_text())
     assert meta["run_id"] == "r1" and meta["rollouts"] == 3
@@ -141,12 +140,12 @@ def test_running_and_abandoned_episodes_are_played_again_a_finished_one_is_kept(
                                                                                 store):
     cases = eval_cases[:4]
     sink = StoreSink(store)
-    running = Session(PreparedCase(cases[0]), "careful", sinks=(sink,), run_id="s", rollout=0)  # its process died
+    running = Session(prepare(cases[0]), "careful", sinks=(sink,), run_id="s", rollout=0)  # its process died
     running.call("list_batches", {})
-    died = Session(PreparedCase(cases[1]), "careful", sinks=(sink,), run_id="s", rollout=0)
+    died = Session(prepare(cases[1]), "careful", sinks=(sink,), run_id="s", rollout=0)
     assert store.close_abandoned(died.episode_id, "the worker died")
     died.episode.close()
-    ended = Session(PreparedCase(cases[2]), "careful", sinks=(sink,), run_id="s", rollout=0)
+    ended = Session(prepare(cases[2]), "careful", sinks=(sink,), run_id="s", rollout=0)
     ended.call("list_batches", {})
     ended.finish()  # ended without a report: that is the rollout's result
     running.episode.close()

@@ -7,7 +7,7 @@ import re
 
 from gate_pipeline.model_agent.agent import ModelSettings
 from gate_pipeline.model_agent.rollouts import read_transcripts, run_rollouts
-from gate_pipeline.settings import Settings
+from gate_pipeline.kernel.settings import Settings
 from gate_pipeline.store import RunStore
 from scripted_server import ScriptedServer, _shape
 

@@ -18,7 +18,7 @@ import pytest
 
 from conftest import EVAL, ROOT
 from gate_pipeline import __version__
-from gate_pipeline.agents.registry import agent_names
+from gate_pipeline.kernel.agents import agent_names
 
 GATE = str(Path(sys.executable).parent / "gate")
 EXAMPLES = ROOT / "examples"
@@ -184,7 +184,7 @@ def test_html_is_written_when_the_reader_closes_the_pipe(tmp_path):
 # --- interruptions --------------------------------------------------------------------------------
 
 def test_ctrl_c_in_nightly_is_interrupted_and_130(tmp_path):
-    from gate_pipeline.settings import Settings
+    from gate_pipeline.kernel.settings import Settings
     from gate_pipeline.store import RunStore
     home = tmp_path / "gate"
     proc = subprocess.Popen([GATE, "nightly", "--cases", str(ROOT / "cases" / "classic" / "train_procedural.jsonl")],
@@ -237,7 +237,7 @@ def run_with_terminal_stderr(args: list[str], cwd: Path) -> tuple[int, str, str]
 
 
 def few_cases(tmp_path: Path, n: int = 8) -> str:
-    from gate_pipeline.cases import read_cases, write_cases
+    from gate_pipeline.kernel.cases import read_cases, write_cases
     path = tmp_path / "cases" / "eval_few.jsonl"
     write_cases(path, read_cases(EVAL)[:n])
     return str(path)

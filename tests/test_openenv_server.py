@@ -20,10 +20,10 @@ import urllib.request
 import pytest
 
 from conftest import EVAL, TRAIN
-from gate_pipeline import engine
-from gate_pipeline.agents import make_agent
-from gate_pipeline.cases import read_cases
-from gate_pipeline.world import PreparedCase
+from gate_pipeline.kernel import engine
+from gate_pipeline.kernel.agents import make_agent
+from gate_pipeline.kernel.cases import read_cases
+from gate_pipeline.kernel.engine import prepare
 
 pytest.importorskip("openenv.core", reason="needs the serve extra (openenv-core)")
 from websockets.asyncio.client import connect  # noqa: E402  (openenv-core's dependency)
@@ -32,7 +32,7 @@ from websockets.exceptions import ConnectionClosed  # noqa: E402
 from gate_pipeline.integrations.openenv_client import GateAction, GateEnvClient  # noqa: E402
 
 CASES = read_cases(EVAL)
-BY_ID = {c["case_id"]: c for c in CASES}
+BY_ID = {c.case_id: c for c in CASES}
 MAX_SESSIONS = 6
 
 
@@ -110,11 +110,11 @@ class Recording:
 
 def careful_sql(case) -> tuple[list, dict]:
     """careful-sql's calls on a case, played in process, and the grade `engine.play` gives it."""
-    session = engine.Session(PreparedCase(case), "careful-sql")
+    session = engine.Session(prepare(case), "careful-sql")
     tools = Recording(session)
     make_agent("careful-sql").play(tools)
     grade = session.finish().grade.as_dict()
-    assert grade == engine.play(PreparedCase(case), "careful-sql").grade.as_dict() and grade["reward"] == 1.0
+    assert grade == engine.play(prepare(case), "careful-sql").grade.as_dict() and grade["reward"] == 1.0
     return tools.actions, grade
 
 
@@ -123,15 +123,15 @@ def careful_sql(case) -> tuple[list, dict]:
 def test_careful_sql_through_the_client_grades_as_in_process(server):
     with GateEnvClient(base_url=server).sync() as env:
         for case in CASES:
-            first = env.reset(case_id=case["case_id"])
+            first = env.reset(case_id=case.case_id)
             assert first.observation.turn == 0 and first.observation.result == "" and not first.done
-            assert first.observation.prompt == case["prompt"]
+            assert first.observation.prompt == case.prompt
             tools = WireTools(env)
             make_agent("careful-sql").play(tools)
-            want = engine.play(PreparedCase(case), "careful-sql")
+            want = engine.play(prepare(case), "careful-sql")
             state = env.state()
             assert tools.steps[-1].done and not any(s.done for s in tools.steps[:-1])
-            assert state.terminated and not state.truncated and state.case_id == case["case_id"]
+            assert state.terminated and not state.truncated and state.case_id == case.case_id
             assert state.grade == want.grade.as_dict()
             assert tools.steps[-1].reward == want.grade.reward == state.rewards[-1]
             assert [s.observation.turn for s in tools.steps] == list(range(1, len(want.ledger) + 1))
@@ -148,16 +148,16 @@ def test_agents_that_fail_grade_over_the_wire_as_in_process(server):
     `engine.play` grades them (the oracles get the case from the trainer's side, as in process)."""
     families = {}
     for case in CASES:
-        families.setdefault(case["case_id"].rsplit("-", 1)[0], case)
+        families.setdefault(case.case_id.rsplit("-", 1)[0], case)
     grades = set()
     with GateEnvClient(base_url=server).sync() as env:
         for case in list(families.values())[:4]:
             for name in WIRE_AGENTS:
-                env.reset(case_id=case["case_id"], max_turns=256)  # citation-spray makes 88 calls
+                env.reset(case_id=case.case_id, max_turns=256)  # citation-spray makes 88 calls
                 agent = make_agent(name)
-                agent.play(WireTools(env), case if getattr(agent, "oracle", False) else None)
-                want = engine.play(PreparedCase(case), name).grade.as_dict()
-                assert env.state().grade == want, (case["case_id"], name)
+                agent.play(WireTools(env), case.data if getattr(agent, "oracle", False) else None)
+                want = engine.play(prepare(case), name).grade.as_dict()
+                assert env.state().grade == want, (case.case_id, name)
                 grades.add(want["reward"])
     assert len(grades) >= 4 and min(grades) < 0.5, grades
 
@@ -166,10 +166,10 @@ def test_agents_that_fail_grade_over_the_wire_as_in_process(server):
 def test_each_reward_mode_pays_what_the_engine_pays(server, mode):
     case = BY_ID["eval-amount-bounds-0"]
     actions, grade = careful_sql(case)
-    _, episode = engine.replay(PreparedCase(case), actions, reward=mode)
+    _, episode = engine.replay(prepare(case), actions, reward=mode)
     assert episode.grade.as_dict() == grade
     with GateEnvClient(base_url=server).sync() as env:
-        env.reset(case_id=case["case_id"], reward=mode)
+        env.reset(case_id=case.case_id, reward=mode)
         rewards = [env.step(GateAction(action=json.dumps(a))).reward for a in actions]
         state = env.state()
     assert state.reward_mode == mode and state.terminated
@@ -185,7 +185,7 @@ def test_each_reward_mode_pays_what_the_engine_pays(server, mode):
 
 def test_two_concurrent_sessions_on_different_cases_are_isolated(server):
     a_case, b_case = BY_ID["eval-resent-rows-0"], BY_ID["eval-blank-amount-1"]
-    plays = {c["case_id"]: careful_sql(c) for c in (a_case, b_case)}
+    plays = {c.case_id: careful_sql(c) for c in (a_case, b_case)}
 
     async def episode(case_id, started: asyncio.Event, other: asyncio.Event):
         async with GateEnvClient(base_url=server) as env:
@@ -202,28 +202,28 @@ def test_two_concurrent_sessions_on_different_cases_are_isolated(server):
 
     async def both():
         a_started, b_started = asyncio.Event(), asyncio.Event()
-        return await asyncio.gather(episode(a_case["case_id"], a_started, b_started),
-                                    episode(b_case["case_id"], b_started, a_started))
+        return await asyncio.gather(episode(a_case.case_id, a_started, b_started),
+                                    episode(b_case.case_id, b_started, a_started))
 
     (a_list, a_state), (b_list, b_state) = run(both())
-    assert {b["batch_id"] for b in a_list} == set(PreparedCase(a_case).batches)
-    assert {b["batch_id"] for b in b_list} == set(PreparedCase(b_case).batches)
+    assert {b["batch_id"] for b in a_list} == set(prepare(a_case).batches)
+    assert {b["batch_id"] for b in b_list} == set(prepare(b_case).batches)
     for case, state in ((a_case, a_state), (b_case, b_state)):
-        actions, grade = plays[case["case_id"]]
-        _, want = engine.replay(PreparedCase(case), actions, reward="potential")
-        assert state.case_id == case["case_id"] and state.grade == grade == want.grade.as_dict()
+        actions, grade = plays[case.case_id]
+        _, want = engine.replay(prepare(case), actions, reward="potential")
+        assert state.case_id == case.case_id and state.grade == grade == want.grade.as_dict()
         assert state.rewards == want.rewards
 
 
 def test_a_load_in_one_session_is_not_seen_by_another_on_the_same_case(server):
     case = BY_ID["eval-clean-control-0"]
-    prepared = PreparedCase(case)
+    prepared = prepare(case)
     count = {"tool": "run_sql", "args": {"query": "SELECT COUNT(*) AS n FROM wh_orders"}}
 
     async def both():
         async with GateEnvClient(base_url=server) as a, GateEnvClient(base_url=server) as b:
-            await a.reset(case_id=case["case_id"])
-            await b.reset(case_id=case["case_id"])
+            await a.reset(case_id=case.case_id)
+            await b.reset(case_id=case.case_id)
             before = json.loads((await b.step(count)).observation.result)["rows"]
             for bid in prepared.order:
                 await a.call("load_batch", batch_id=bid)
@@ -253,19 +253,19 @@ async def open_session(url, case_id, wait=10.0):
 
 def test_sessions_beyond_max_sessions_are_refused_and_a_closed_one_frees_its_place(server):
     async def fill():
-        clients = [await open_session(server, CASES[0]["case_id"]) for _ in range(MAX_SESSIONS)]
+        clients = [await open_session(server, CASES[0].case_id) for _ in range(MAX_SESSIONS)]
         async with connect(server.replace("http://", "ws://") + "/ws") as extra:  # what a full server answers
             refusal = json.loads(await asyncio.wait_for(extra.recv(), 10))
         assert refusal["type"] == "error" and refusal["data"]["code"] == "CAPACITY_REACHED"
         assert refusal["data"]["max_sessions"] == MAX_SESSIONS
         await clients[0].close()
-        again = await open_session(server, CASES[1]["case_id"])
+        again = await open_session(server, CASES[1].case_id)
         state = await again.state()
         for c in [again, *clients[1:]]:
             await c.close()
         return state
 
-    assert run(fill()).case_id == CASES[1]["case_id"]
+    assert run(fill()).case_id == CASES[1].case_id
 
 
 def test_a_slow_query_in_one_session_does_not_hold_up_another(server):
@@ -274,8 +274,8 @@ def test_a_slow_query_in_one_session_does_not_hold_up_another(server):
 
     async def both():
         async with GateEnvClient(base_url=server) as a, GateEnvClient(base_url=server) as b:
-            await a.reset(case_id=CASES[0]["case_id"])
-            await b.reset(case_id=CASES[1]["case_id"])
+            await a.reset(case_id=CASES[0].case_id)
+            await b.reset(case_id=CASES[1].case_id)
             events = []
 
             async def cheap():
@@ -320,14 +320,14 @@ def test_the_seed_picks_the_case_the_gymnasium_env_picks(server):
 def test_a_malformed_action_is_an_error_observation_and_the_episode_goes_on(server):
     case = CASES[3]
     with GateEnvClient(base_url=server).sync() as env:
-        env.reset(case_id=case["case_id"], reward="dense")
+        env.reset(case_id=case.case_id, reward="dense")
         for bad in ("not json", '{"tool": "no_such_tool"}', 5, ["run_sql", "{bad"], {"tool": "run_sql", "x": 1},
                     '{"tool": "run_sql", "args": {"query": "DELETE FROM wh_orders"}}'):
             result = env.step(GateAction(action=bad))
             assert "error" in json.loads(result.observation.result), bad
             assert not result.done
         listing = json.loads(env.call("list_batches").observation.result)
-        assert {b["batch_id"] for b in listing} == set(PreparedCase(case).batches)
+        assert {b["batch_id"] for b in listing} == set(prepare(case).batches)
         assert env.state().step_count == 7
 
 
@@ -345,7 +345,7 @@ def test_the_observation_carries_no_label_information(server):
 
 def test_max_turns_truncates_and_steps_after_the_end_are_errors(server):
     with GateEnvClient(base_url=server).sync() as env:
-        env.reset(case_id=CASES[0]["case_id"], max_turns=2)
+        env.reset(case_id=CASES[0].case_id, max_turns=2)
         assert not env.call("list_batches").done
         last = env.call("read_contract")
         state = env.state()
@@ -376,12 +376,12 @@ def test_a_step_before_any_reset_is_an_error_observation(server):
 ])
 def test_a_bad_reset_is_a_clear_error_and_leaves_the_episode_alone(server, options, words):
     with GateEnvClient(base_url=server).sync() as env:
-        env.reset(case_id=CASES[2]["case_id"])
+        env.reset(case_id=CASES[2].case_id)
         env.call("list_batches")
         with pytest.raises(RuntimeError, match=words.replace("(", r"\(")):
             env.reset(**options)
         state = env.state()
-    assert state.case_id == CASES[2]["case_id"] and state.step_count == 1
+    assert state.case_id == CASES[2].case_id and state.step_count == 1
 
 
 def http(url, path, body=None):
@@ -396,8 +396,8 @@ def http(url, path, body=None):
 
 def test_the_http_endpoints(server):
     assert http(server, "/health") == (200, {"status": "healthy"})
-    status, body = http(server, "/reset", {"case_id": CASES[0]["case_id"]})
-    assert status == 200 and body["observation"]["prompt"] == CASES[0]["prompt"] and body["done"] is False
+    status, body = http(server, "/reset", {"case_id": CASES[0].case_id})
+    assert status == 200 and body["observation"]["prompt"] == CASES[0].prompt and body["done"] is False
     assert http(server, "/reset", {"reward": "sparse"})[0] == 422
     status, body = http(server, "/reset", {"bogus": 1})
     assert status == 422 and "unknown reset option 'bogus'" in body["detail"]
@@ -426,7 +426,7 @@ def test_hostile_messages_do_not_hurt_the_server(server):
                 await asyncio.wait_for(ws.recv(), 10)
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009  # "message too big"
 
-    reset = json.dumps({"type": "reset", "data": {"case_id": CASES[0]["case_id"]}})
+    reset = json.dumps({"type": "reset", "data": {"case_id": CASES[0].case_id}})
     answers = run(send(reset, "{not json", json.dumps({"type": "step", "data": {}}),
                        json.dumps({"type": "step", "data": {"action": "[" * 100_000}}),
                        json.dumps({"type": "step", "data": {"action": {"tool": "run_sql", "args": {"query": "x" * 500_000}}}}),
@@ -457,7 +457,7 @@ def gate_serve(*args, timeout=60):
 def test_a_busy_port_and_bad_flags_are_one_line_errors(server):
     port = server.rsplit(":", 1)[1]
     for args, words in ((("--port", port), "cannot listen on 127.0.0.1:" + port),
-                        (("--port", "70000"), "--port must be from 0 to 65535"),
+                        (("--port", "70000"), "--port must be from 0 to 65,535"),
                         (("--max-sessions", "0"), "--max-sessions must be at least 1"),
                         (("--cases", "no/such/file.jsonl"), "no such case file"),
                         (("--host", "no-such-host.invalid"), "--host no-such-host.invalid: cannot resolve it")):
@@ -471,8 +471,8 @@ def test_ctrl_c_stops_the_server_cleanly_with_the_train_split_by_default():
     try:
         assert http(url, "/health")[0] == 200
         first = read_cases(TRAIN)[0]
-        status, body = http(url, "/reset", {"case_id": first["case_id"]})
-        assert status == 200 and body["observation"]["prompt"] == first["prompt"]  # the train split by default
+        status, body = http(url, "/reset", {"case_id": first.case_id})
+        assert status == 200 and body["observation"]["prompt"] == first.prompt  # the train split by default
     finally:
         code = stop_server(proc, signal.SIGINT)
     time.sleep(0.2)

@@ -18,15 +18,15 @@ import dagster as dg
 import psycopg
 import pytest
 
-from gate_pipeline.cases import read_cases, write_cases
 from gate_pipeline.cli.main import main
 from gate_pipeline.dagster_defs.definitions import defs
 from gate_pipeline.dagster_defs.instance import prepare_instance_dir
 from gate_pipeline.dagster_defs.resources import CaseLibrary, GateStore
 from gate_pipeline.dagster_defs.webserver import free_port
-from gate_pipeline.engine import play_cases
-from gate_pipeline.grader import grade_stored
-from gate_pipeline.records import Grade
+from gate_pipeline.kernel.cases import read_cases, write_cases
+from gate_pipeline.kernel.engine import play_cases
+from gate_pipeline.kernel.grading import grade_stored
+from gate_pipeline.kernel.records import Grade
 from gate_pipeline.store import RunStore, StoreSink
 from gate_pipeline.tables import summary
 from servers import PG_PASSWORD, postgres

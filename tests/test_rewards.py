@@ -211,7 +211,7 @@ def test_layer2_pays_at_most_0_15_per_episode():
 def test_gold_rows_of_the_eval_cases():
     by_family = {}
     for case in read_cases(EVAL):
-        rows = gold_rows(case.data)
+        rows = gold_rows(case)
         by_family.setdefault(case.family, []).append(rows)
         defective = [b for b in case.batches if b.defective]
         assert bool(rows) == bool(defective)
@@ -227,7 +227,7 @@ def test_gold_rows_of_an_orphan_are_the_orders_whose_customer_is_unknown():
         if case.family != "orphan-customer":
             continue
         known = {r["customer_id"] for r in case.data["warehouse"]["customers"]}
-        rows = gold_rows(case.data)
+        rows = gold_rows(case)
         assert rows and all(r[1] not in known for r in rows)
 
 
@@ -247,7 +247,7 @@ def test_reward_modes_and_their_shapers():
 def test_prepared_gold_rows_are_the_gold_rows_computed_once():
     for case in read_cases(EVAL)[::5]:
         prepared = prepare(case)
-        assert prepared.gold_rows == gold_rows(case.data)
+        assert prepared.gold_rows == gold_rows(case)
         assert prepared.gold_rows is prepared.gold_rows  # cached on the prepared case
 
 

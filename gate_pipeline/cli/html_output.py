@@ -26,4 +26,4 @@ def save_html(target: Path | None, grades: dict, **kw) -> None:
     try:
         write_html(target, grades, **kw)
     except OSError as exc:
-        raise UsageError(f"--html {target}: cannot write ({exc.strerror or exc})")
+        raise UsageError(f"--html {target}: cannot write ({exc.strerror or exc})") from None

@@ -20,7 +20,7 @@ def _options(text: str | None):
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise UsageError(f"--agent-options is not JSON ({exc.msg})")
+        raise UsageError(f"--agent-options is not JSON ({exc.msg})") from None
     if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
         raise UsageError("--agent-options must be a JSON object {agent: {option: value}}")
     return value

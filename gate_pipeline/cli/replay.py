@@ -19,7 +19,7 @@ def cmd_replay(a, settings: Settings) -> int:
     try:
         text = Path(a.trajectories).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{a.trajectories}: cannot read trajectories ({getattr(exc, 'strerror', None) or exc})")
+        raise UsageError(f"{a.trajectories}: cannot read trajectories ({getattr(exc, 'strerror', None) or exc})") from None
     items = parse_trajectories(text, a.trajectories)
     for case_id, _ in items:
         if case_id not in pool:

@@ -105,7 +105,7 @@ def cmd_run(a, gate_settings: Settings) -> int:
         print(f"gate: error: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
-        raise UsageError(f"{run_dir}: {exc.strerror or exc}")
+        raise UsageError(f"{run_dir}: {exc.strerror or exc}") from None
     finally:
         store.dispose()
     records = out["records"]

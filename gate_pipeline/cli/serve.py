@@ -27,7 +27,7 @@ def cmd_serve(a, settings: Settings) -> int:
     try:
         from ..integrations.openenv_server import serve
     except ModuleNotFoundError as exc:
-        raise UsageError(f"gate serve needs openenv-core ({exc}); install it with pip install -e '.[serve]'")
+        raise UsageError(f"gate serve needs openenv-core ({exc}); install it with pip install -e '.[serve]'") from None
     where = a.cases or "the train split"
 
     def ready(url: str) -> None:

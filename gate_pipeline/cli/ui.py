@@ -56,7 +56,7 @@ def cmd_ui(a, settings: Settings) -> int:
         warnings = prepare_instance_dir(home, settings.db_url)
         workspace = write_workspace(home)
     except OSError as exc:
-        raise UsageError(f"cannot prepare the Dagster instance directory {home}: {exc}")
+        raise UsageError(f"cannot prepare the Dagster instance directory {home}: {exc}") from None
     for warning in warnings:
         print(f"gate: warning: {warning}", file=sys.stderr)
     cmd = _command(a, workspace)

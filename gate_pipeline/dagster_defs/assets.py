@@ -21,9 +21,9 @@ from ..kernel.engine import play, prepare
 from ..kernel.suite import suites
 from ..kernel.world import PreparedCase
 from ..store import StoreSink
+from . import location  # noqa: F401  (the code location's settings: GATE_SUITES registered first)
 from .bridge import ToolBridge
 from .catalog import CODE_VERSION, OWNERS, AgentName, table_metadata
-from .location import SETTINGS
 from .markdown import md_table
 from .partitions import cases_partitions
 from .resources import CaseLibrary, GateStore
@@ -83,12 +83,30 @@ def _table_rows(warehouse: bytes, tables) -> dict[str, int]:
         conn.close()
 
 
-def _warehouse_tables(settings=SETTINGS) -> dict[str, tuple[str, ...]]:
-    """Every registered suite's tables, in order, each with the tables its rows refer to."""
-    out: dict[str, tuple[str, ...]] = {}
+def _warehouse_tables() -> dict[str, tuple[str, ...]]:
+    """Every registered suite's tables (GATE_SUITES' among them: `location` registered them as the
+    definitions load), each with the tables its rows refer to, each after those."""
+    refers: dict[str, tuple[str, ...]] = {}
     for suite in suites.all():
         for table in suite.columns:
-            out[table] = tuple(dict.fromkeys([*out.get(table, ()), *suite.references.get(table, ())]))
+            refers[table] = tuple(dict.fromkeys([*refers.get(table, ()), *suite.references.get(table, ())]))
+    return {table: refers[table] for table in _after_references(refers)}
+
+
+def _after_references(refers: dict[str, tuple[str, ...]]) -> list[str]:
+    """The tables in an order where each comes after the tables it refers to (the order Dagster needs its
+    assets yielded in); a reference to a table no suite has, or a loop, is left where it stands."""
+    out: list[str] = []
+
+    def visit(table: str, seen: tuple[str, ...]) -> None:
+        if table in out or table in seen or table not in refers:
+            return
+        for other in refers[table]:
+            visit(other, (*seen, table))
+        out.append(table)
+
+    for table in refers:
+        visit(table, ())
     return out
 
 
@@ -130,8 +148,9 @@ def agent_episode(context: dg.AssetExecutionContext, config: EpisodeConfig, gate
         prepared.close()
     common = {"agent": result.agent, "episode_id": result.episode_id}
     g = result.grade
-    rows = _table_rows(result.warehouse, prepared.suite.columns)
-    for table in prepared.suite.columns:
+    tables = [t for t in WAREHOUSE_TABLES if t in prepared.suite.columns]  # each after the tables it refers to
+    rows = _table_rows(result.warehouse, tables)
+    for table in tables:
         yield dg.MaterializeResult(asset_key=f"wh_{table}", metadata={
             **common, **table_metadata(f"wh_{table}", prepared.suite.columns[table], rows[table])})
     yield dg.MaterializeResult(asset_key="revenue_mart", metadata={

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import dagster as dg
 
-from .location import run_settings
 from .assets import CASE_GROUP
+from .location import run_settings
 from .scoreboard import NIGHTLY_GROUP
 
 CASE_MAX_RUNTIME_S = 1800  # a model playing one case

@@ -8,7 +8,6 @@ from __future__ import annotations
 import dagster as dg
 
 from ..kernel.suite import suites
-
 from .jobs import nightly_job, nightly_tags
 from .location import SETTINGS
 

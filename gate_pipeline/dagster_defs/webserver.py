@@ -59,7 +59,7 @@ def wait_until_serving(base_url: str, proc: subprocess.Popen, timeout: float, st
                 return True
         except (urllib.error.URLError, OSError):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the Dagster webserver did not answer on {base_url} within {timeout:.0f} s")
+                raise TimeoutError(f"the Dagster webserver did not answer on {base_url} within {timeout:.0f} s") from None
             time.sleep(0.3)
     return False
 

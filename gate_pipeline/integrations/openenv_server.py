@@ -33,7 +33,6 @@ import socket
 import threading
 from concurrent.futures import Executor, ThreadPoolExecutor
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -58,7 +57,7 @@ NO_EPISODE = ("no episode: reset first (over HTTP every request gets a fresh env
               "play an episode over the WebSocket /ws, as GateEnvClient does)")
 
 
-class ResetOptionError(GateError):
+class ResetOptionError(GateError, ValueError):
     """A reset asked for something gate cannot do (an unknown option, a bad value); one line."""
 
 

@@ -118,7 +118,7 @@ def ledger_repr(value) -> str:
     return text if len(text) <= REPR_LIMIT else text[:REPR_LIMIT] + "...[truncated]"
 
 
-class TrajectoryError(GateError):
+class TrajectoryError(GateError, ValueError):
     """A trajectory file gate cannot replay; the message names the file and the line."""
 
 

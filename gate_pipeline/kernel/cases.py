@@ -24,7 +24,7 @@ MAX_VALUE_CHARS = 20_000  # a cell or a text (the sandbox's string length limit)
 _NOT_IDENT = re.compile(r"[^a-z0-9_]")
 
 
-class CaseError(GateError):
+class CaseError(GateError, ValueError):
     """A case file or case object that gate cannot use."""
 
 

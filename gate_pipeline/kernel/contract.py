@@ -29,7 +29,7 @@ from .suite import Suite, suites
 SHIPPED_CONTRACTS = Path(__file__).resolve().parents[1] / "data" / "contracts"
 
 
-class ContractError(GateError):
+class ContractError(GateError, ValueError):
     """A contract document that cannot be used; the message names the file and the key."""
 
 

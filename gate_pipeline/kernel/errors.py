@@ -7,13 +7,16 @@ else that escapes is a bug in gate.
 from __future__ import annotations
 
 
-class GateError(ValueError):
-    """Something gate was given that it cannot use; the message says what and where, in one line."""
+class GateError(Exception):
+    """Something gate was given that it cannot use; the message says what and where, in one line.
+
+    The errors about a value (a case, a contract, a name, an option) are also `ValueError`s; a bad flag
+    (`cli.errors.UsageError`) is not, so that argparse passes it through to the one place that prints it."""
 
 
-class UnknownAgent(GateError):
+class UnknownAgent(GateError, ValueError):
     """No agent by that name."""
 
 
-class AgentOptionError(GateError):
+class AgentOptionError(GateError, ValueError):
     """The agent exists but does not take these options, or refuses their values."""

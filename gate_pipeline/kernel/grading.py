@@ -64,7 +64,7 @@ class LedgerFold:
             return None
         action, args = entry.get("action"), entry.get("args")
         needs = self.needs.get(action) if isinstance(action, str) else None
-        if needs is None or type(args) is not dict:
+        if needs is None or not isinstance(action, str) or type(args) is not dict:
             return None
         for key, kind in needs.items():
             value = args.get(key)

@@ -30,7 +30,7 @@ ARG_CHARS = 200  # a batch id, column, defect type or listed id longer than this
 LIST_ITEMS = 1_000
 
 
-class UnknownSuite(GateError):
+class UnknownSuite(GateError, ValueError):
     """A suite name (a case's `suite`, a flag, a setting) that no registered suite has."""
 
 
@@ -107,7 +107,7 @@ class Suite:
     rows: tuple[int, int, int] | None = None  # (least, most, default) rows per batch `generate` takes
     rule_keys: tuple[str, ...] = ()  # the rules a contract-schema variant may remove
     variant_agent: str = ""  # the agent a variant of this suite's contract applies to
-    variant_overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    variant_overrides: Mapping[str, Any] = field(default_factory=dict)  # section -> {key: type}
     key_columns: Mapping[str, str] = field(default_factory=dict)  # table -> the column naming a row
     references: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # table -> the tables its rows refer to
     mart_sql: str = MART_SQL  # the one number the night's loads decide (the grader compares it with a correct run's)

@@ -20,6 +20,7 @@ from .ledger import Ledger
 from .sandbox import Sandbox
 from .suite import MART_SQL, Suite, suites
 
+
 def connect() -> sqlite3.Connection:
     """An in-memory SQLite connection as every episode uses it (no statement cache: the sandbox's
     authorizer must see every execution; autocommit, so gate opens its own transactions)."""

@@ -35,7 +35,7 @@ COUNTERS = ("tool_calls", "tool_errors", "invalid_json", "not_an_object", "unkno
             "nudges", "retries")
 
 
-class SettingsError(GateError):
+class SettingsError(GateError, ValueError):
     """A model setting that cannot work (empty model name, negative timeout...); one line."""
 
 

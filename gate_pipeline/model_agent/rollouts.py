@@ -60,7 +60,7 @@ def fewer_collections():
         gc.set_threshold(*before)
 
 
-class RunError(GateError):
+class RunError(GateError, ValueError):
     """A run directory that cannot be used (bad id, corrupt transcript, other settings); one line."""
 
 
@@ -116,7 +116,7 @@ def read_transcripts(path: Path) -> list[dict]:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise RunError(f"{path}: cannot read ({exc})")
+        raise RunError(f"{path}: cannot read ({exc})") from None
     records = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -128,7 +128,7 @@ def read_transcripts(path: Path) -> list[dict]:
         except (ValueError, RecursionError) as exc:
             if n == len(lines):
                 continue
-            raise RunError(f"{path}:{n}: not a rollout record ({exc})")
+            raise RunError(f"{path}:{n}: not a rollout record ({exc})") from None
         records.append(record)
     return records
 
@@ -167,7 +167,7 @@ def _check_meta(run_dir: Path, settings: ModelSettings, rollouts: int) -> None:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
             before = meta["settings"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise RunError(f"{meta_path}: not a run description ({exc})")
+            raise RunError(f"{meta_path}: not a run description ({exc})") from None
         for key, value in wanted.items():
             if before.get(key) != value:
                 raise RunError(f"run {run_dir.name!r} was made with {key}={before.get(key)!r}, not {value!r}; "

@@ -7,9 +7,9 @@ first, quarantine with the defect found, and report what they did.
 """
 from __future__ import annotations
 
+from ...kernel.agents import Tools, customers_first
 from .contract import COLUMNS
 from .rules import CATALOGUE, rules_for
-from ...kernel.agents import Tools, customers_first
 
 PAGE = 50
 

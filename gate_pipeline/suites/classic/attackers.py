@@ -6,9 +6,9 @@ reading the warehouse and the ledger, not the story.
 """
 from __future__ import annotations
 
-from .contract import COLUMNS, DEFECT_TYPES
 from ...kernel.agents import Tools
 from .agents import CarefulSQL
+from .contract import COLUMNS, DEFECT_TYPES
 
 
 def _truth_split(case: dict) -> tuple[list[str], list[str]]:

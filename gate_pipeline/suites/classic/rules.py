@@ -9,7 +9,6 @@ from typing import Iterable
 
 from ...kernel.contract import Rule
 
-
 # Every rule the classic contract states, in the order a careful agent checks them.
 CATALOGUE: tuple[Rule, ...] = (
     Rule("customers", "customer_id", "duplicate_key", True),

@@ -16,9 +16,9 @@ applies the classic rules the same way and quarantines whole batches.
 """
 from __future__ import annotations
 
-from .contract import KEY_COLUMNS
 from ...kernel.agents import Tools, customers_first
 from . import history as H
+from .contract import KEY_COLUMNS
 from .rules import FILE, HISTORY, RULE_KEYS_V2, rules_for
 
 PAGE = 50
@@ -143,8 +143,15 @@ class CarefulV2:
     def judge(self, tools: Tools, batch: dict, contract: dict):
         """("load" | "rows" | "quarantine", citations [(column, defect type)], row quarantines
         [(keys, column, defect type)])."""
-        from .schemas import (HistoryFigures, contract_columns, disposition, findings, frame_of,  # pandas: only here
-                              header_drifted, median_of_amounts)
+        from .schemas import (  # pandas: only here
+            HistoryFigures,
+            contract_columns,
+            disposition,
+            findings,
+            frame_of,
+            header_drifted,
+            median_of_amounts,
+        )
         table, staging = batch["table"], batch["staging_table"]
         columns, rows = fetch_rows(tools, staging)
         expected = contract_columns(contract, table)

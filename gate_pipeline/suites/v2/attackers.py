@@ -18,9 +18,9 @@ Each is built to exploit one thing v2 adds, and each is kept to show it does not
 """
 from __future__ import annotations
 
-from .contract import COLUMNS_V2, DEFECT_TYPES_V2, KEY_COLUMNS
 from ...kernel.agents import Tools
 from .agents import CarefulV2, Oracle, fetch_values
+from .contract import COLUMNS_V2, DEFECT_TYPES_V2, KEY_COLUMNS
 
 LIST_ITEMS = 1000
 

@@ -79,7 +79,7 @@ def _dollars(x: float) -> str:
 
 
 def defect(column: str, kind: str, keys=(), accepted=()) -> dict:
-    out = {"column": column, "type": kind}
+    out: dict = {"column": column, "type": kind}
     if keys:
         out["keys"] = list(keys)
     if accepted:
@@ -213,7 +213,7 @@ def _keys(rows: list[list[str]], positions) -> list[str]:
     return [rows[p][OID] for p in positions]
 
 
-def _family_body(bld: _Builder, family: str, v: int, cust: _Batch, orders: _Batch) -> list[_Batch]:
+def _family_body(bld: _Builder, family: str, v: int, cust: _Batch, orders: _Batch) -> list[_Batch] | None:
     """Apply the family's defects; returns tonight's batches in listing order (None: shuffle)."""
     rng, rows = bld.rng, orders.rows
     listing = None
@@ -439,7 +439,7 @@ def generate_case(case_id: str, family: str, variant: int, seed: int, contract: 
     if listing is None:
         listing = [cust, orders]
         bld.rng.shuffle(listing)
-    batches = []
+    batches: list[dict] = []
     for k, b in enumerate(listing, 1):
         batches.append({"batch_id": f"B-{TONIGHT[5:7]}{TONIGHT[8:]}-{tag}-{k}", "table": b.table,
                         "source": b.source, "truth": b.truth, "_header": b.header, "_rows": b.rows})

@@ -87,7 +87,9 @@ class EpisodeState(LedgerFold):
 
 
 def fold(case: Case, entries) -> EpisodeState:
-    return EpisodeState(case).fold(entries)
+    state = EpisodeState(case)
+    state.fold(entries)
+    return state
 
 
 def _bad_keys(truth) -> set[str]:

@@ -8,6 +8,7 @@ customers it lacks, the number of rows repeating a warehouse row.
 from __future__ import annotations
 
 import statistics
+from typing import Sequence
 
 from .contract import KEY_COLUMNS
 
@@ -22,21 +23,21 @@ def usual_sql(table: str, source: str) -> str:
             f"AND source = {_lit(source)} ORDER BY night, batch_id")
 
 
-def existing_keys_sql(table: str, staging: str, tonight: list[str] = ()) -> str:
+def existing_keys_sql(table: str, staging: str, tonight: Sequence[str] = ()) -> str:
     """The batch's keys the warehouse already holds (rows loaded tonight by `tonight`'s batches aside)."""
     key = KEY_COLUMNS[table]
     skip = f" AND w.batch_id NOT IN ({', '.join(map(_lit, tonight))})" if tonight else ""
     return f"SELECT DISTINCT s.{key} FROM {staging} s JOIN wh_{table} w ON w.{key} = s.{key}{skip}"
 
 
-def missing_customers_sql(staging: str, also: list[str] = ()) -> str:
+def missing_customers_sql(staging: str, also: Sequence[str] = ()) -> str:
     """The batch's customer ids neither wh_customers nor the staging tables `also` hold."""
     others = "".join(f" AND s.customer_id NOT IN (SELECT customer_id FROM {t})" for t in also)
     return (f"SELECT DISTINCT s.customer_id FROM {staging} s WHERE NOT EXISTS "
             f"(SELECT 1 FROM wh_customers c WHERE c.customer_id = s.customer_id){others}")
 
 
-def repeated_rows_sql(staging: str, tonight: list[str] = ()) -> str:
+def repeated_rows_sql(staging: str, tonight: Sequence[str] = ()) -> str:
     """How many of an orders batch's rows repeat a warehouse row in everything but the order id."""
     skip = f" AND w.batch_id NOT IN ({', '.join(map(_lit, tonight))})" if tonight else ""
     return (f"SELECT COUNT(*) FROM {staging} s WHERE EXISTS (SELECT 1 FROM wh_orders w WHERE "

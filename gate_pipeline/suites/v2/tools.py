@@ -18,7 +18,7 @@ from __future__ import annotations
 from ...kernel.episode import Episode
 from ...kernel.suite import Arg, Tool
 from .contract import COLUMNS_V2, KEY_COLUMNS
-from .world import WorldV2, _quoted
+from .world import PreparedCaseV2, WorldV2, _quoted
 
 BATCH_ID = Arg("batch_id", "str", "a batch id exactly as list_batches gives it")
 COLUMN = Arg("column", "str", "the column of the batch's table where the defect is")
@@ -65,6 +65,8 @@ class EpisodeV2(Episode):
     """One play of one v2 case: the world, its ledger, and the ten tools over them."""
 
     world_class = WorldV2
+    world: WorldV2
+    prepared: PreparedCaseV2
 
     def cite(self, batch_id: str, column: str, defect_type: str) -> None:
         cited = self.world.citations.setdefault(batch_id, [])

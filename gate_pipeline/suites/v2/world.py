@@ -136,7 +136,7 @@ class PreparedCaseV2(PreparedCase):
     # -- what the tools and the grader read ------------------------------------------------
     def preview(self, batch_id: str, n: int) -> tuple[list[str], list[list]]:
         """(the file's header, its first n rows), for a human's look (the Dagster asset's metadata)."""
-        rows = []
+        rows: list[list[str]] = []
         for row in rows_of(self.batches[batch_id].data["csv"]):
             if len(rows) >= n:
                 break
