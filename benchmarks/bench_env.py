@@ -52,7 +52,7 @@ def record(cases: list[Case]) -> list[tuple[str, list[dict]]]:
     for name in ("careful-sql", "random"):
         for case in cases:
             actions: list[dict] = []
-            play(prepare(case), AgentSpec(name, {}, lambda: Recorder(name, actions), name))
+            play(prepare(case), AgentSpec(name, {}, lambda name=name, actions=actions: Recorder(name, actions), name))
             out.append((case.case_id, actions))
     return out
 

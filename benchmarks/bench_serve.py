@@ -131,7 +131,7 @@ class Server:
             first = lines.get(timeout=120)
         except queue.Empty:
             self.stop()
-            raise SystemExit(f"gate serve did not start: {''.join(self.err)[-2000:]}")
+            raise SystemExit(f"gate serve did not start: {''.join(self.err)[-2000:]}") from None
         self.url = first.split(" on ", 1)[1].split(" ", 1)[0]
 
     def stop(self) -> int:

@@ -59,7 +59,7 @@ def main() -> int:
     t = time.perf_counter()
     prepared = [prepare(c) for c in cases]
     for p in prepared:
-        p.correct_mart
+        _ = p.correct_mart
     prep_ms = (time.perf_counter() - t) / len(prepared) * 1e3
     print(f"python {platform.python_version()}, sqlite {sqlite3.sqlite_version}, one core, "
           f"{len(cases)} cases from {Path(a.cases).name}")

@@ -9,18 +9,21 @@ whole group when the `with` block ends (Ctrl-C or a failure included); nothing i
 - `redis()`: Debian's `redis-server`, nothing saved to disk.
 - `celery_workers()`: `dagster-celery worker start` processes (dagster-celery's own command),
   each one a Celery worker with one process running tasks, waited for until each answers a ping.
+- `start_server(...)` / `stop_server(proc)`: `gate serve --port 0 ...` and its stop by a signal.
 """
 from __future__ import annotations
 
 import glob
 import os
 import pwd
+import queue
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -191,3 +194,34 @@ def _wait_for_workers(broker: str, names: list[str], procs: list, timeout: float
         raise TimeoutError(f"celery workers {names} did not all answer within {timeout:.0f} s")
     finally:
         app.close()
+
+
+def start_server(*args: str, timeout: float = 60.0):
+    """`gate serve --port 0 ...` in a process group of its own; (process, base URL, stderr lines)."""
+    proc = subprocess.Popen([sys.executable, "-m", "gate_pipeline.cli.main", "serve", "--port", "0", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    lines: queue.Queue = queue.Queue()
+    err: list[str] = []
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True).start()
+    try:
+        first = lines.get(timeout=timeout)
+    except queue.Empty:
+        stop_server(proc)
+        raise AssertionError(f"gate serve printed nothing in {timeout} s: {''.join(err)[-2000:]}") from None
+    url = first.split(" on ", 1)[1].split(" ", 1)[0]
+    assert url.startswith("http://127.0.0.1:"), first
+    return proc, url, err
+
+
+def stop_server(proc, sig=signal.SIGTERM) -> int:
+    """Signal the server's process group and wait; kill it if it does not stop."""
+    try:
+        os.killpg(proc.pid, sig)
+        return proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise AssertionError("gate serve did not stop within 20 s of the signal") from None
+    except ProcessLookupError:
+        return proc.wait()

@@ -14,7 +14,6 @@ from gate_pipeline.kernel.grading import exact_mean
 from gate_pipeline.kernel.records import AGENT_ERROR, GRADE_KEYS, TERMS
 from gate_pipeline.suites.classic import ATTACKERS, BASELINES
 
-
 CLASSIC = (*BASELINES, *ATTACKERS)
 
 
@@ -94,8 +93,9 @@ def test_careful_reaches_one_on_the_train_split_sample(train_sample):
 
 @pytest.fixture(scope="module")
 def train_sample():
-    from gate_pipeline.kernel.cases import read_cases
     from conftest import TRAIN
+
+    from gate_pipeline.kernel.cases import read_cases
     return read_cases(TRAIN)[::8]
 
 

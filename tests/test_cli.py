@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import EVAL, ROOT
 
 GATE = str(Path(sys.executable).parent / "gate")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from conftest import ROOT
 
 from gate_pipeline.kernel.contract import ContractError, load_contract, load_contract_file
 from gate_pipeline.kernel.engine import prepare
 from gate_pipeline.suites.classic.contract import DEFECT_TYPES
 from gate_pipeline.suites.classic.schemas import CATALOGUE, build_schema, failing_rules, frame, rules_for
-from conftest import ROOT
 
 
 def test_read_contract_returns_the_yaml_document(eval_cases):

@@ -5,12 +5,12 @@ import hashlib
 import json
 
 import pytest
+from conftest import EVAL, TRAIN
 
 from gate_pipeline.kernel.cases import CaseError, read_cases
 from gate_pipeline.kernel.contract import load_contract
 from gate_pipeline.kernel.suite import suites
 from gate_pipeline.suites.classic.generator import FAMILIES, train_cases
-from conftest import EVAL, TRAIN
 
 SHA = {
     "eval_curated.jsonl": "62d25f196301b72cfd097fd9fe51d65d3c80932cb95a5311c76b4361e865ac7b",

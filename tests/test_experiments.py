@@ -122,9 +122,9 @@ def test_variants_run_as_a_config_of_the_nightly_benchmark_job(gate_home):
     agrees case by case with the in-process experiment."""
     import dagster as dg
 
-    from gate_pipeline.kernel.cases import write_cases
     from gate_pipeline.dagster_defs.definitions import defs
     from gate_pipeline.dagster_defs.jobs import nightly_run_config
+    from gate_pipeline.kernel.cases import write_cases
 
     cases = [c for c in read_cases(CASES) if c.family in ("orphan-customer", "legit-edge")]
     small = gate_home / "eval_orphan_legit.jsonl"

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import gymnasium
 import pytest
+from conftest import EVAL, TRAIN
 from gymnasium.utils.seeding import np_random
 
-from conftest import EVAL, TRAIN
 from gate_pipeline.cli.main import main
 from gate_pipeline.integrations.gymnasium_env import GateEnv
 from gate_pipeline.kernel import engine

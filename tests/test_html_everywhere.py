@@ -4,10 +4,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from gate_pipeline.kernel.cases import read_cases, write_cases
-from gate_pipeline.cli.main import main
 from conftest import EVAL
+
+from gate_pipeline.cli.main import main
+from gate_pipeline.kernel.cases import read_cases, write_cases
 
 
 @pytest.fixture

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from gate_pipeline.kernel.cases import read_cases
 from gate_pipeline.cli.main import main
-from gate_pipeline.kernel.engine import play_cases
 from gate_pipeline.html_report import render_html, write_html
+from gate_pipeline.kernel.cases import read_cases
+from gate_pipeline.kernel.engine import play_cases
 
 CASES = Path(__file__).resolve().parent.parent / "cases" / "classic" / "eval_curated.jsonl"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

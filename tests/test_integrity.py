@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import sqlite3
 import subprocess
 import sys

@@ -9,6 +9,7 @@ import json
 import time
 
 import pytest
+from scripted_server import MALFORMED, ScriptedServer
 
 from gate_pipeline.kernel import engine
 from gate_pipeline.kernel.actions import parse_arguments
@@ -18,7 +19,6 @@ from gate_pipeline.kernel.suite import suites
 from gate_pipeline.model_agent.agent import ModelAgent
 from gate_pipeline.model_agent.tool_schemas import tool_schemas
 from gate_pipeline.suites.classic.tools import TOOLS
-from scripted_server import MALFORMED, ScriptedServer
 
 ANY = "eval-orphan-customer-1"
 CLASSIC = suites.get("classic")

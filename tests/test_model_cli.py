@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from scripted_server import ScriptedServer
 
 from gate_pipeline.cli.main import main
 from gate_pipeline.kernel import engine
@@ -18,7 +19,6 @@ from gate_pipeline.kernel.grading import grade_stored
 from gate_pipeline.kernel.settings import Settings
 from gate_pipeline.model_agent.rollouts import read_transcripts
 from gate_pipeline.store import ENDED, RunStore
-from scripted_server import ScriptedServer
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -5,14 +5,14 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+from scripted_server import ScriptedServer
 
-from gate_pipeline.kernel.cases import read_cases
 from gate_pipeline.dagster_defs.definitions import defs
 from gate_pipeline.dagster_defs.jobs import play_case_run_config
 from gate_pipeline.dagster_defs.partitions import cases_partitions
 from gate_pipeline.dagster_defs.resources import CaseLibrary, GateStore
+from gate_pipeline.kernel.cases import read_cases
 from gate_pipeline.store import RunStore
-from scripted_server import ScriptedServer
 
 ROOT = Path(__file__).resolve().parents[1]
 EVAL = ROOT / "cases" / "classic" / "eval_curated.jsonl"

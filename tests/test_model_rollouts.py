@@ -7,6 +7,7 @@ import json
 from fractions import Fraction
 
 import pytest
+from scripted_server import ScriptedServer
 
 from gate_pipeline.kernel.engine import Session, prepare
 from gate_pipeline.kernel.ledger import chain_intact
@@ -16,7 +17,6 @@ from gate_pipeline.model_agent.agent import ModelSettings
 from gate_pipeline.model_agent.passk import pass_rates, pass_table
 from gate_pipeline.model_agent.rollouts import EndpointError, RunError, read_transcripts, run_rollouts
 from gate_pipeline.store import ENDED, RunStore, StoreSink
-from scripted_server import ScriptedServer
 
 
 @pytest.fixture(scope="module")

@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import re
 
+from scripted_server import ScriptedServer, _shape
+
+from gate_pipeline.kernel.settings import Settings
 from gate_pipeline.model_agent.agent import ModelSettings
 from gate_pipeline.model_agent.rollouts import read_transcripts, run_rollouts
-from gate_pipeline.kernel.settings import Settings
 from gate_pipeline.store import RunStore
-from scripted_server import ScriptedServer, _shape
 
 
 def without_ids(transcript: dict) -> str:

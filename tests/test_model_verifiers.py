@@ -14,10 +14,10 @@ if not vf.__version__.startswith("0.3."):
     pytest.skip(f"gate's adapter targets verifiers 0.3.x, not {vf.__version__}", allow_module_level=True)
 
 from openai import AsyncOpenAI  # noqa: E402
+from scripted_server import ScriptedServer  # noqa: E402
 from verifiers.legacy.clients import OpenAIChatCompletionsClient  # noqa: E402
 
 from gate_pipeline.integrations.verifiers_env import load_environment  # noqa: E402
-from scripted_server import ScriptedServer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import EVAL, ROOT
+
 from gate_pipeline import __version__
 from gate_pipeline.kernel.agents import agent_names
 

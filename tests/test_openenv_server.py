@@ -6,20 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import queue
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
 
 import pytest
-
 from conftest import EVAL, TRAIN
+from servers import start_server, stop_server
+
 from gate_pipeline.kernel import engine
 from gate_pipeline.kernel.agents import make_agent
 from gate_pipeline.kernel.cases import read_cases
@@ -34,37 +32,6 @@ from gate_pipeline.integrations.openenv_client import GateAction, GateEnvClient 
 CASES = read_cases(EVAL)
 BY_ID = {c.case_id: c for c in CASES}
 MAX_SESSIONS = 6
-
-
-def start_server(*args: str, timeout: float = 60.0):
-    """`gate serve --port 0 ...` in a process group of its own; (process, base URL, stderr lines)."""
-    proc = subprocess.Popen([sys.executable, "-m", "gate_pipeline.cli.main", "serve", "--port", "0", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    lines: queue.Queue = queue.Queue()
-    err: list[str] = []
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
-    threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True).start()
-    try:
-        first = lines.get(timeout=timeout)
-    except queue.Empty:
-        stop_server(proc)
-        raise AssertionError(f"gate serve printed nothing in {timeout} s: {''.join(err)[-2000:]}")
-    url = first.split(" on ", 1)[1].split(" ", 1)[0]
-    assert url.startswith("http://127.0.0.1:"), first
-    return proc, url, err
-
-
-def stop_server(proc, sig=signal.SIGTERM) -> int:
-    """Signal the server's process group and wait; kill it if it does not stop."""
-    try:
-        os.killpg(proc.pid, sig)
-        return proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        raise AssertionError("gate serve did not stop within 20 s of the signal")
-    except ProcessLookupError:
-        return proc.wait()
 
 
 @pytest.fixture(scope="module")

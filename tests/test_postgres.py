@@ -17,6 +17,7 @@ from pathlib import Path
 import dagster as dg
 import psycopg
 import pytest
+from servers import PG_PASSWORD, postgres
 
 from gate_pipeline.cli.main import main
 from gate_pipeline.dagster_defs.definitions import defs
@@ -29,7 +30,6 @@ from gate_pipeline.kernel.grading import grade_stored
 from gate_pipeline.kernel.records import Grade
 from gate_pipeline.store import RunStore, StoreSink
 from gate_pipeline.tables import summary
-from servers import PG_PASSWORD, postgres
 
 ROOT = Path(__file__).resolve().parents[1]
 EVAL = ROOT / "cases" / "classic" / "eval_curated.jsonl"

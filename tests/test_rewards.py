@@ -9,9 +9,19 @@ import pytest
 
 from gate_pipeline.kernel.cases import read_cases
 from gate_pipeline.kernel.engine import prepare
-from gate_pipeline.kernel.rewards import (EpisodeContext, _bin_progress, _cardinality_score, _layer2_progress,
-                                   _numeric_range_score, _progress_level, _raw_progress, _value_overlap_score,
-                                   action_key, compute_step_reward, step_parts)
+from gate_pipeline.kernel.rewards import (
+    EpisodeContext,
+    _bin_progress,
+    _cardinality_score,
+    _layer2_progress,
+    _numeric_range_score,
+    _progress_level,
+    _raw_progress,
+    _value_overlap_score,
+    action_key,
+    compute_step_reward,
+    step_parts,
+)
 from gate_pipeline.suites.classic.contract import COLUMNS
 from gate_pipeline.suites.classic.gold import gold_rows
 

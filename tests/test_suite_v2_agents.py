@@ -143,7 +143,7 @@ def test_the_gym_env_and_a_replay_of_its_calls_grade_as_gate_report_does(reporte
                 def __call__(self, name, **args):
                     return self.act({"tool": name, "args": args})
 
-                def act(self, action):
+                def act(self, action, sent=sent, last=last):
                     text = json.dumps(action)
                     sent.append(text)
                     _, _, _, _, step_info = env.step(text)

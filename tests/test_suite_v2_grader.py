@@ -161,7 +161,7 @@ def test_questions_the_contract_does_not_leave_open_cost_and_the_reward_never_go
 
 def test_no_report_no_credit_and_a_failure_scores_zero():
     b = batches(PARTIAL)
-    o, c = b["orders"], b["customers"]
+    c = b["customers"]
     g = play(PARTIAL, [look(c), load(c)])
     assert (g.reward, g.disposition, g.finished) == (0.0, 0.0, False)
     s = Session(prepare(CASES[PARTIAL]))

@@ -26,7 +26,7 @@ def test_potential_shaping_sums_to_the_rubric_minus_a_constant_of_the_case():
     agents = ["careful-v2", "naive", "where-zero", "row-spray", "random"]
     results = play_cases(CASES, agents, reward="potential")
     offsets = defaultdict(set)
-    for name, rs in results.items():
+    for rs in results.values():
         for r in rs:
             offsets[r.case_id].add(round(r.grade.reward - r.total_reward, 9))
     assert all(len(v) == 1 for v in offsets.values())  # the same constant, whatever the agent

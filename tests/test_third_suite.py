@@ -11,9 +11,9 @@ import sys
 import textwrap
 from pathlib import Path
 
+import mini_suite
 import pytest
 
-import mini_suite
 from gate_pipeline.cli.main import main
 from gate_pipeline.kernel.cases import read_cases
 from gate_pipeline.kernel.engine import play, prepare
@@ -79,7 +79,7 @@ def test_the_gymnasium_env_plays_it_with_one_tool_less(mini):
 
 def test_gate_serve_plays_it_over_the_wire(mini):
     pytest.importorskip("openenv")
-    from test_openenv_server import start_server, stop_server
+    from servers import start_server, stop_server
 
     from gate_pipeline.integrations.openenv_client import GateEnvClient
     path = mini / "mini" / "eval_curated.jsonl"

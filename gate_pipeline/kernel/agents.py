@@ -46,7 +46,10 @@ class AgentUnfinished(Exception):
 
 
 class Tools(Protocol):
+    """What an agent plays through (the engine's, or a wrapper's: it must offer all of these)."""
     episode_seed: int
+    suite: Any  # the episode's Suite: its vocabulary and tools
+    tool_names: tuple[str, ...]
 
     def __call__(self, name: str, **args) -> Any: ...
 
