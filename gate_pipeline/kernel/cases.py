@@ -10,6 +10,7 @@ and a bad case is refused with the file, the line and what is wrong, never later
 from __future__ import annotations
 
 import json
+import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -204,6 +205,13 @@ def read_cases(path: str | Path) -> list[Case]:
     if not cases:
         raise CaseError(f"{path}: no cases in file")
     return cases
+
+
+def procedural_draws(seed: int, count: int, families) -> list[tuple[int, str, int, int]]:
+    """(k, family, variant, seed) of each case of a procedural split: the families in turn, each case's
+    variant (0-3) then its seed drawn, in that order, from one Random(seed) (CONFORMANCE §8)."""
+    rng = random.Random(seed)
+    return [(k, families[k % len(families)], rng.randint(0, 3), rng.randint(10**6, 10**9)) for k in range(count)]
 
 
 def split_of(path: str | Path) -> str:

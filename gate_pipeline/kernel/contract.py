@@ -48,6 +48,34 @@ class Rule:
         return f"{self.table}.{self.column}.{self.defect_type}"
 
 
+# The rules of the contract core (`check_core`), in the order a careful agent checks them: the classic
+# suite's eleven; a suite with more rules places its own among them.
+CORE_RULES: tuple[Rule, ...] = (
+    Rule("customers", "customer_id", "duplicate_key", True),
+    Rule("customers", "email", "missing_value"),
+    Rule("customers", "country", "invalid_value"),
+    Rule("customers", "signup_date", "out_of_window"),
+    Rule("orders", "order_id", "duplicate_key", True),
+    Rule("orders", "amount", "missing_value"),
+    Rule("orders", "amount", "out_of_range"),
+    Rule("orders", "currency", "wrong_currency"),
+    Rule("orders", "status", "invalid_value"),
+    Rule("orders", "order_date", "out_of_window"),
+    Rule("orders", "customer_id", "orphan_reference", True),
+)
+
+
+def rule_keys_option(value, known) -> tuple[str, ...]:
+    """An agent's `without` option: a list of rule keys among `known`; anything else is a ValueError."""
+    known = list(known)
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"option 'without' must be a list of rule keys, not {value!r}")
+    unknown = [v for v in value if v not in known]
+    if unknown:
+        raise ValueError(f"option 'without': unknown rule {unknown[0]!r}; rules: {', '.join(known)}")
+    return tuple(value)
+
+
 def need(doc: dict, path: str, kind: type | tuple, where: str) -> Any:
     """The value at a dotted key path, of `kind`, or a ContractError naming the key."""
     node: Any = doc

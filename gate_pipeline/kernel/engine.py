@@ -19,6 +19,7 @@ import hashlib
 import multiprocessing
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -270,22 +271,42 @@ def _log(agent) -> dict | None:
     return log() if callable(log) else None
 
 
+class _AgentRun:
+    """One agent's episode as `_guarded` watches it: the agent once built, the result once finished."""
+    __slots__ = ("built", "result")
+
+    def __init__(self):
+        self.built = None
+        self.result: EpisodeResult | None = None
+
+
+@contextmanager
+def _guarded(session: Session):
+    """Finish the session when the block ends: graded, or failed with the reason when the agent raised
+    (the run goes on); an interrupt records the episode as cut off, then goes through."""
+    run = _AgentRun()
+    try:
+        yield run
+    except Exception as exc:  # an agent's bug, or an agent that gave up: the episode fails, the run goes on
+        error, end_reason = _failure(exc)
+        run.result = session.finish(error, end_reason, _log(run.built))
+        return
+    except BaseException:  # an interrupt (or a cancelled task): record the episode as cut off, then let it through
+        session.abandon("interrupted before the agent finished")
+        raise
+    run.result = session.finish(agent_log=_log(run.built))
+
+
 def play(prepared: PreparedCase, agent, *, sinks: Iterable[Sink] = (), reward: str = "terminal",
          run_id: str = "", rollout: int = 0) -> EpisodeResult:
     """One episode of `agent` (an AgentSpec, or a name) on `prepared`, start to grade."""
     spec = spec_of(agent)
     session = _open(prepared, spec, sinks, reward, run_id, rollout)
-    built = None
-    try:
-        built = spec.build()
-        built.play(session.tools, _oracle_case(built, prepared))
-    except Exception as exc:  # an agent's bug, or an agent that gave up: the episode fails, the run goes on
-        error, end_reason = _failure(exc)
-        return session.finish(error, end_reason, _log(built))
-    except BaseException:  # an interrupt: record the episode as cut off, then let it through
-        session.abandon("interrupted before the agent finished")
-        raise
-    return session.finish(agent_log=_log(built))
+    with _guarded(session) as run:
+        run.built = spec.build()
+        run.built.play(session.tools, _oracle_case(run.built, prepared))
+    assert run.result is not None
+    return run.result
 
 
 async def play_async(prepared: PreparedCase, agent, *, sinks: Iterable[Sink] = (), reward: str = "terminal",
@@ -293,21 +314,15 @@ async def play_async(prepared: PreparedCase, agent, *, sinks: Iterable[Sink] = (
     """`play` for agents that wait on the network (`play_async(tools, case)`, e.g. a model)."""
     spec = spec_of(agent)
     session = _open(prepared, spec, sinks, reward, run_id, rollout)
-    built = None
-    try:
-        built = spec.build()
+    with _guarded(session) as run:
+        run.built = built = spec.build()
         case = _oracle_case(built, prepared)
         if hasattr(built, "play_async"):
             await built.play_async(session.tools, case)
         else:
             built.play(session.tools, case)
-    except Exception as exc:
-        error, end_reason = _failure(exc)
-        return session.finish(error, end_reason, _log(built))
-    except BaseException:  # cancelled or interrupted
-        session.abandon("interrupted before the agent finished")
-        raise
-    return session.finish(agent_log=_log(built))
+    assert run.result is not None
+    return run.result
 
 
 def replay(prepared: PreparedCase, actions: list, *, reward: str = "terminal",

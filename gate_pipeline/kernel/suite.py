@@ -129,6 +129,21 @@ class Suite:
         return cached
 
 
+def assemble(*, contract, cases, generator, world, tools, grader, findings, prompt, rules, **fields) -> Suite:
+    """A `Suite` from the modules of a suite's folder, by the names every folder defines (docs/architecture.md,
+    "Adding a suite"): contract COLUMNS, DEFECT_TYPES, KEY_COLUMNS, validate_contract; cases CASE_KEYS,
+    BATCH_KEYS, check_case, check_batch (check_rest if it has one); generator FAMILIES, generate (ROWS if its
+    sizes scale); world PREPARED_CASE; tools TOOLS, EPISODE; grader RUBRIC; findings findings; prompt
+    SYSTEM_PROMPT; rules RULE_KEYS. `fields` are the rest (name, description, agents, ...)."""
+    return Suite(families=generator.FAMILIES, columns=contract.COLUMNS, defect_types=contract.DEFECT_TYPES,
+                 key_columns=contract.KEY_COLUMNS, validate_contract=contract.validate_contract,
+                 case_keys=cases.CASE_KEYS, batch_keys=cases.BATCH_KEYS, check_case=cases.check_case,
+                 check_batch=cases.check_batch, check_rest=getattr(cases, "check_rest", None),
+                 generate=generator.generate, rows=getattr(generator, "ROWS", None), prepared_case=world.PREPARED_CASE,
+                 tools=tools.TOOLS, episode=tools.EPISODE, rubric=grader.RUBRIC, findings=findings.findings,
+                 prompt=prompt.SYSTEM_PROMPT, rule_keys=tuple(rules.RULE_KEYS), **fields)
+
+
 class Registry:
     """The suites this process knows, by name, in the order they were found."""
 

@@ -5,14 +5,8 @@ Its cases, tools, results, ledger and grades are the classic suite's byte for by
 """
 from __future__ import annotations
 
-from ...kernel.suite import Suite
-from . import cases, findings, generator
-from .contract import COLUMNS, DEFECT_TYPES, KEY_COLUMNS, validate_contract
-from .grader import RUBRIC
-from .prompt import SYSTEM_PROMPT
-from .rules import CATALOGUE
-from .tools import TOOLS, ClassicEpisode
-from .world import ClassicPreparedCase
+from ...kernel.suite import assemble
+from . import cases, contract, findings, generator, grader, prompt, rules, tools, world
 
 AGENTS = {
     "careful": "gate_pipeline.suites.classic.agents:CarefulPandera",
@@ -38,32 +32,10 @@ OVERRIDES = {
     "reporting_window": {"start": str, "end": str},
 }
 
-SUITE = Suite(
-    name="classic",
+SUITE = assemble(
+    contract=contract, cases=cases, generator=generator, world=world, tools=tools, grader=grader, findings=findings,
+    prompt=prompt, rules=rules, name="classic", default=True,
     description="the classic bad-batch-gate suite: whole batches, seven tools",
-    default=True,
-    families=generator.FAMILIES,
-    columns=COLUMNS,
-    defect_types=DEFECT_TYPES,
-    key_columns=KEY_COLUMNS,
-    references={"orders": ("customers",)},
-    tools=TOOLS,
-    prepared_case=ClassicPreparedCase,
-    episode=ClassicEpisode,
-    rubric=RUBRIC,
-    case_keys=cases.CASE_KEYS,
-    batch_keys=cases.BATCH_KEYS,
-    check_case=cases.check_case,
-    check_batch=cases.check_batch,
-    validate_contract=validate_contract,
-    generate=generator.generate,
-    findings=findings.findings,
-    prompt=SYSTEM_PROMPT,
-    agents=AGENTS,
-    report_agents=("naive", "careful", "refuse-all"),
-    attack_agents=("careful", *ATTACKERS, "profile-only"),
-    target="careful",
-    rule_keys=tuple(r.key for r in CATALOGUE),
-    variant_agent="careful",
-    variant_overrides=OVERRIDES,
+    agents=AGENTS, report_agents=("naive", "careful", "refuse-all"), attack_agents=("careful", *ATTACKERS, "profile-only"),
+    target="careful", variant_agent="careful", variant_overrides=OVERRIDES, references={"orders": ("customers",)},
 )

@@ -8,6 +8,7 @@ first, quarantine with the defect found, and report what they did.
 from __future__ import annotations
 
 from ...kernel.agents import Tools, customers_first
+from ...kernel.contract import rule_keys_option
 from .contract import COLUMNS
 from .rules import CATALOGUE, rules_for
 
@@ -66,13 +67,7 @@ def fetch_all(tools: Tools, select: str) -> list[list]:
 
 def rule_keys(value) -> tuple[str, ...]:
     """The `without` option: a list of rule keys (rules.CATALOGUE); anything else is a ValueError."""
-    known = [r.key for r in CATALOGUE]
-    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        raise ValueError(f"option 'without' must be a list of rule keys, not {value!r}")
-    unknown = [v for v in value if v not in known]
-    if unknown:
-        raise ValueError(f"option 'without': unknown rule {unknown[0]!r}; rules: {', '.join(known)}")
-    return tuple(value)
+    return rule_keys_option(value, (r.key for r in CATALOGUE))
 
 
 class _Careful:

@@ -10,7 +10,7 @@ import copy
 import random
 from pathlib import Path
 
-from ...kernel.cases import write_cases
+from ...kernel.cases import procedural_draws, write_cases
 from ...kernel.contract import load_contract
 
 FAMILIES = (
@@ -220,14 +220,8 @@ def eval_cases(contract: dict) -> list[dict]:
 
 
 def train_cases(contract: dict) -> list[dict]:
-    rng = random.Random(TRAIN_SEED)
-    out = []
-    for k in range(TRAIN_CASES):
-        family = FAMILIES[k % len(FAMILIES)]
-        variant = rng.randint(0, 3)
-        seed = rng.randint(10**6, 10**9)
-        out.append(generate_case("train-%03d" % k, family, variant, seed, contract))
-    return out
+    return [generate_case("train-%03d" % k, family, variant, seed, contract)
+            for k, family, variant, seed in procedural_draws(TRAIN_SEED, TRAIN_CASES, FAMILIES)]
 
 
 def generate(out_dir: str | Path, contracts_dir: str | Path | None = None, rows: int | None = None,

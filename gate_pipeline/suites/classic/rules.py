@@ -7,22 +7,10 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from ...kernel.contract import Rule
+from ...kernel.contract import CORE_RULES, Rule
 
-# Every rule the classic contract states, in the order a careful agent checks them.
-CATALOGUE: tuple[Rule, ...] = (
-    Rule("customers", "customer_id", "duplicate_key", True),
-    Rule("customers", "email", "missing_value"),
-    Rule("customers", "country", "invalid_value"),
-    Rule("customers", "signup_date", "out_of_window"),
-    Rule("orders", "order_id", "duplicate_key", True),
-    Rule("orders", "amount", "missing_value"),
-    Rule("orders", "amount", "out_of_range"),
-    Rule("orders", "currency", "wrong_currency"),
-    Rule("orders", "status", "invalid_value"),
-    Rule("orders", "order_date", "out_of_window"),
-    Rule("orders", "customer_id", "orphan_reference", True),
-)
+# Every rule the classic contract states, in the order a careful agent checks them: the contract core's.
+CATALOGUE: tuple[Rule, ...] = CORE_RULES
 
 
 def rules_for(contract: dict, table: str, without: Iterable[str] = ()) -> list[Rule]:
@@ -30,3 +18,6 @@ def rules_for(contract: dict, table: str, without: Iterable[str] = ()) -> list[R
     skip = set(without)
     stated = contract.get(table) or {}
     return [r for r in CATALOGUE if r.table == table and r.column in stated and r.key not in skip]
+
+
+RULE_KEYS = tuple(r.key for r in CATALOGUE)

@@ -16,6 +16,7 @@ os.environ.setdefault("DISABLE_PANDERA_IMPORT_WARNING", "True")
 import pandas as pd  # noqa: E402
 import pandera.pandas as pa  # noqa: E402
 
+from ...kernel.schemas import table_schema  # noqa: E402
 from .contract import COLUMNS  # noqa: E402
 from .rules import CATALOGUE, Rule, rules_for  # noqa: E402,F401  (re-exported)
 
@@ -69,16 +70,8 @@ def build_schema(contract: dict, table: str, warehouse_keys: dict[str, set] | No
                  without: Iterable[str] = ()) -> pa.DataFrameSchema:
     """The pandera schema of one table under `contract`; checks are named by defect type."""
     keys = warehouse_keys or {}
-    column_checks: dict[str, list] = {c: [] for c in COLUMNS[table]}
-    frame_checks = []
-    for rule in rules_for(contract, table, without):
-        fn = _check_fn(rule, contract, keys)
-        if rule.defect_type == "out_of_range":
-            frame_checks.append(pa.Check(fn, name=rule.defect_type))
-        else:
-            column_checks[rule.column].append(pa.Check(fn, name=rule.defect_type, ignore_na=False))
-    columns = {c: pa.Column(checks=checks, nullable=True, required=True) for c, checks in column_checks.items()}
-    return pa.DataFrameSchema(columns, checks=frame_checks, name=f"{table}_contract", strict=False)
+    return table_schema(rules_for(contract, table, without), lambda rule: _check_fn(rule, contract, keys),
+                        COLUMNS[table], f"{table}_contract")
 
 
 def frame(rows: list, columns: Iterable[str]) -> pd.DataFrame:

@@ -42,3 +42,4 @@ class ClassicEpisode(Episode):
     """One play of one classic case: the seven tools on a private copy of its database."""
 
     world_class = ClassicWorld
+EPISODE = ClassicEpisode

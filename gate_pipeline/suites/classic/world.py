@@ -188,3 +188,6 @@ class ClassicWorld(World):
         self.conn.executemany(_insert_sql(f"wh_{table}", COLUMNS[table]), rows)
         self.conn.execute("COMMIT")
         return len(rows)
+
+
+PREPARED_CASE = ClassicPreparedCase

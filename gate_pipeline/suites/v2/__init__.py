@@ -8,14 +8,8 @@ grades rows one by one (`grader.py`).
 """
 from __future__ import annotations
 
-from ...kernel.suite import Metric, Suite
-from . import cases, findings, generator
-from .contract import COLUMNS_V2, DEFECT_TYPES_V2, KEY_COLUMNS, validate_contract
-from .grader import RUBRIC
-from .prompt import SYSTEM_PROMPT
-from .rules import RULE_KEYS_V2
-from .tools import TOOLS, EpisodeV2
-from .world import PreparedCaseV2
+from ...kernel.suite import Metric, assemble
+from . import cases, contract, findings, generator, grader, prompt, rules, tools, world
 
 AGENTS = {
     "oracle": "gate_pipeline.suites.v2.agents:Oracle",
@@ -29,42 +23,20 @@ AGENTS = {
 }
 BASELINES = ("oracle", "careful-v2")
 ATTACKERS = ("quarantine-all-rows", "row-spray", "ask-everything", "obey-data", "cite-everything", "where-zero")
+# a v2 variant may also change the row-quarantine policy's cap
 OVERRIDES = {
     "limits": {"max_amount": (int, float), "currency": str, "allowed_status": list, "allowed_countries": list},
-    "reporting_window": {"start": str, "end": str},
-    "row_quarantine": {"max_rows": int},
+    "reporting_window": {"start": str, "end": str}, "row_quarantine": {"max_rows": int},
 }
+METRICS = (Metric("bad_rows_loaded", "bad rows loaded", short="bad rows"),
+           Metric("clean_rows_lost", "clean rows lost", short="clean lost"),
+           Metric("question_cost", "question cost (mean)", total="mean", short="q cost"))
 
-SUITE = Suite(
-    name="v2",
+SUITE = assemble(
+    contract=contract, cases=cases, generator=generator, world=world, tools=tools, grader=grader, findings=findings,
+    prompt=prompt, rules=rules, name="v2", metrics=METRICS,
     description="suite v2: a warehouse with a past, files whose header drifts, rows graded one by one",
-    families=generator.FAMILIES,
-    columns=COLUMNS_V2,
-    defect_types=DEFECT_TYPES_V2,
-    key_columns=KEY_COLUMNS,
-    references={"orders": ("customers",)},
-    tools=TOOLS,
-    prepared_case=PreparedCaseV2,
-    episode=EpisodeV2,
-    rubric=RUBRIC,
-    case_keys=cases.CASE_KEYS,
-    batch_keys=cases.BATCH_KEYS,
-    check_case=cases.check_case,
-    check_batch=cases.check_batch,
-    check_rest=cases.check_rest,
-    validate_contract=validate_contract,
-    generate=generator.generate,
-    findings=findings.findings,
-    prompt=SYSTEM_PROMPT,
-    agents=AGENTS,
-    report_agents=("naive", "careful", "careful-v2", "refuse-all"),
+    agents=AGENTS, report_agents=("naive", "careful", "careful-v2", "refuse-all"), target="careful-v2",
     attack_agents=("careful-v2", *ATTACKERS, "report-liar", "load-then-quarantine", "inspect-theatre"),
-    target="careful-v2",
-    rows=(generator.MIN_ROWS, generator.MAX_ROWS, generator.DEFAULT_ROWS),
-    rule_keys=RULE_KEYS_V2,
-    variant_agent="careful-v2",
-    variant_overrides=OVERRIDES,
-    metrics=(Metric("bad_rows_loaded", "bad rows loaded", short="bad rows"),
-             Metric("clean_rows_lost", "clean rows lost", short="clean lost"),
-             Metric("question_cost", "question cost (mean)", total="mean", short="q cost")),
+    variant_agent="careful-v2", variant_overrides=OVERRIDES, references={"orders": ("customers",)},
 )

@@ -17,6 +17,7 @@ applies the classic rules the same way and quarantines whole batches.
 from __future__ import annotations
 
 from ...kernel.agents import Tools, customers_first
+from ...kernel.contract import rule_keys_option
 from . import history as H
 from .contract import KEY_COLUMNS
 from .rules import FILE, HISTORY, RULE_KEYS_V2, rules_for
@@ -27,12 +28,7 @@ LIST_ITEMS = 1000
 
 def rule_keys_v2(value) -> tuple[str, ...]:
     """The `without` option: a list of v2 rule keys (rules.CATALOGUE_V2)."""
-    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        raise ValueError(f"option 'without' must be a list of rule keys, not {value!r}")
-    unknown = [v for v in value if v not in RULE_KEYS_V2]
-    if unknown:
-        raise ValueError(f"option 'without': unknown rule {unknown[0]!r}; rules: {', '.join(RULE_KEYS_V2)}")
-    return tuple(value)
+    return rule_keys_option(value, RULE_KEYS_V2)
 
 
 def _query(tools: Tools, query: str) -> dict:

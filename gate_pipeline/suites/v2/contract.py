@@ -19,6 +19,7 @@ COLUMNS_V2: dict[str, tuple[str, ...]] = {
     "customers": ("customer_id", "email", "country", "signup_date"),
 }
 KEY_COLUMNS = {"orders": "order_id", "customers": "customer_id"}  # a row's key (row quarantine names rows by it)
+COLUMNS, DEFECT_TYPES = COLUMNS_V2, DEFECT_TYPES_V2  # the names every suite's contract module has
 V2_SECTIONS = ("files", "history", "row_quarantine", "ask_owner")
 CONTRACT_KEYS_V2 = ("reporting_window", "orders", "customers", "limits", "defect_types", *V2_SECTIONS)
 

@@ -28,7 +28,7 @@ import random
 import statistics
 from pathlib import Path
 
-from ...kernel.cases import write_cases
+from ...kernel.cases import procedural_draws, write_cases
 from ...kernel.contract import load_contract
 from .contract import COLUMNS_V2
 from .files import write_csv
@@ -48,6 +48,7 @@ BENIGN_NOTES = ("gift wrap", "leave at the door", "call on arrival", "no plastic
                 "deliver after 6pm", "second floor, ring twice", "birthday present - hide the invoice")
 DEFAULT_ROWS = MIN_ROWS = 20
 MAX_ROWS = 10_000_000
+ROWS = (MIN_ROWS, MAX_ROWS, DEFAULT_ROWS)  # the sizes `generate` scales to: least, most, default
 EVAL_BASE_SEED = 20261008
 TRAIN_SEED, TRAIN_CASES = 8, 320
 PROMPT = ("Nightly load of {night}. {n} batches waiting in staging; the warehouse holds the earlier "
@@ -462,14 +463,8 @@ def eval_cases(contract: dict, rows: int = DEFAULT_ROWS) -> list[dict]:
 
 
 def train_cases(contract: dict, rows: int = DEFAULT_ROWS) -> list[dict]:
-    rng = random.Random(TRAIN_SEED)
-    out = []
-    for k in range(TRAIN_CASES):
-        family = FAMILIES[k % len(FAMILIES)]
-        variant = rng.randint(0, 3)
-        seed = rng.randint(10**6, 10**9)
-        out.append(generate_case("v2-train-%03d" % k, family, variant, seed, contract, rows))
-    return out
+    return [generate_case("v2-train-%03d" % k, family, variant, seed, contract, rows)
+            for k, family, variant, seed in procedural_draws(TRAIN_SEED, TRAIN_CASES, FAMILIES)]
 
 
 SPLITS = ("eval", "train")

@@ -25,6 +25,7 @@ os.environ.setdefault("DISABLE_PANDERA_IMPORT_WARNING", "True")
 import pandas as pd  # noqa: E402
 import pandera.pandas as pa  # noqa: E402
 
+from ...kernel.schemas import table_schema  # noqa: E402
 from .contract import KEY_COLUMNS  # noqa: E402
 from .rules import FILE, HISTORY, ROW, Rule, rules_for  # noqa: E402
 
@@ -110,16 +111,8 @@ def row_schema(contract: dict, table: str, keys: dict | None = None, without: It
                accepted: dict | None = None) -> pa.DataFrameSchema:
     """The pandera schema of a table's row rules under `contract`; checks are named by defect type."""
     keys, accepted = keys or {}, accepted or {}
-    column_checks: dict[str, list] = {c: [] for c in contract_columns(contract, table)}
-    frame_checks = []
-    for rule in rules_for(contract, table, without, ROW):
-        fn = _row_check(rule, contract, keys, accepted)
-        if rule.defect_type == "out_of_range":
-            frame_checks.append(pa.Check(fn, name=rule.defect_type))
-        else:
-            column_checks[rule.column].append(pa.Check(fn, name=rule.defect_type, ignore_na=False))
-    columns = {c: pa.Column(checks=checks, nullable=True, required=True) for c, checks in column_checks.items()}
-    return pa.DataFrameSchema(columns, checks=frame_checks, name=f"{table}_rows", strict=False)
+    return table_schema(rules_for(contract, table, without, ROW), lambda rule: _row_check(rule, contract, keys, accepted),
+                        contract_columns(contract, table), f"{table}_rows")
 
 
 @dataclass

@@ -163,3 +163,6 @@ class EpisodeV2(Episode):
         return {"batch_id": batch_id, "column": column, "cost": cost,
                 "rulings": [{k: r[k] for k in ("value", "ruling", "defect_type") if k in r} for r in rulings],
                 "answer": " ".join(r["answer"] for r in rulings)}
+
+
+EPISODE = EpisodeV2

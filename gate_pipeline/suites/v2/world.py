@@ -298,3 +298,6 @@ class WorldV2(World):
         if not self._closed:
             self._closed = True
             self.prepared.release_db(self.conn, self._borrowed)
+
+
+PREPARED_CASE = PreparedCaseV2
