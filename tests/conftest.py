@@ -33,3 +33,18 @@ def prepared(eval_cases) -> dict[str, PreparedCase]:
 def _own_gate_home(tmp_path_factory, monkeypatch):
     """Every test keeps its runs in a home of its own (a test that needs another sets GATE_HOME itself)."""
     monkeypatch.setenv("GATE_HOME", str(tmp_path_factory.mktemp("gate-home")))
+
+
+# The fast tier (`pytest -m "not slow"`) leaves out what starts servers, clusters, browsers or other
+# processes, builds a wheel, or plays every agent on every surface; a test elsewhere that does the same
+# carries @pytest.mark.slow itself. `pytest` with no -m runs everything.
+SLOW_MODULES = frozenset({
+    "test_dagster_stack", "test_dagster_webserver", "test_dagster_nightly", "test_celery", "test_postgres",
+    "test_install", "test_one_engine", "test_newcomer", "test_readme", "test_openenv_server", "test_model_cli",
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.module.__name__ in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)

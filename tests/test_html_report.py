@@ -73,6 +73,7 @@ def _pixels_near(png: Path, rgb: tuple[int, int, int], tol: int = 6) -> int:
     return int((abs(img - rgb).max(axis=2) <= tol).sum())
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium not installed (apt-get install -y chromium)")
 def test_charts_render_in_headless_chromium(tmp_path, capsys):
     page = tmp_path / "report.html"

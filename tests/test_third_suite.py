@@ -77,6 +77,7 @@ def test_the_gymnasium_env_plays_it_with_one_tool_less(mini):
         assert terminated and info["grade"]["reward"] == 1.0 and info["grade"]["suite"] == "mini"
 
 
+@pytest.mark.slow
 def test_gate_serve_plays_it_over_the_wire(mini):
     pytest.importorskip("openenv")
     from servers import start_server, stop_server
@@ -117,6 +118,7 @@ def test_gate_serve_plays_it_over_the_wire(mini):
         assert stop_server(proc) == 0, "".join(err)[-2000:]
 
 
+@pytest.mark.slow
 def test_a_dagster_case_run_plays_it(mini, tmp_path):
     """In a fresh process that registers the suite through GATE_SUITES, as a code location would."""
     case = read_cases(mini / "mini" / "eval_curated.jsonl")[1]
