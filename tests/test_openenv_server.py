@@ -446,3 +446,21 @@ def test_ctrl_c_stops_the_server_cleanly_with_the_train_split_by_default():
     assert code == 0 and "stopped (SIGINT)" in "".join(err) and "Traceback" not in "".join(err)
     with pytest.raises(OSError):  # nothing listens there any more
         socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=2).close()
+
+
+def test_suite_v2_cases_are_served_and_grade_as_in_process():
+    """`gate serve --cases cases/v2/eval_curated.jsonl`: a v2 episode over the wire (v2's ten tools,
+    rows held back, citations) grades as the engine grades it."""
+    v2 = EVAL.parent.parent / "v2" / "eval_curated.jsonl"
+    cases = read_cases(v2)[::4]  # one case of each family
+    proc, url, err = start_server("--cases", str(v2))
+    try:
+        with GateEnvClient(base_url=url).sync() as env:
+            for case in cases:
+                for name in ("careful-v2", "oracle", "naive"):
+                    env.reset(case_id=case.case_id, max_turns=1024)
+                    agent = make_agent(name)
+                    agent.play(WireTools(env), case.data if agent.oracle else None)
+                    assert env.state().grade == engine.play(prepare(case), name).grade.as_dict(), (case.case_id, name)
+    finally:
+        assert stop_server(proc) == 0, "".join(err)[-2000:]
