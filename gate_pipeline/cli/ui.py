@@ -177,7 +177,8 @@ def register(subparsers) -> None:
                               epilog="examples:\n  gate ui\n  gate ui --port 3001 --no-daemon\n"
                                      "  gate ui --max-runtime 7200   # asset-page runs of a slow model")
     u.add_argument("--port", type=int_arg("--port", 1, 65535), default=3000, help="port on 127.0.0.1 (default 3000)")
-    u.add_argument("--no-daemon", action="store_true", help="webserver only (no sensors, schedules or queued runs)")
+    u.add_argument("--no-daemon", action="store_true", help="no daemon: the webserver and the code server only (no "
+                   "sensors, schedules or queued runs)")
     u.add_argument("--max-runtime", type=int_arg("--max-runtime", 0, 10**7), default=None, metavar="SECONDS",
                    help="how long a run without a dagster/max_runtime tag of its own (the asset page's and "
                         "backfills' runs) may go before run monitoring fails it; 0: no limit (default 1800)")
