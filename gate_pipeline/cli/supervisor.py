@@ -7,9 +7,9 @@ of each record: a run the stop interrupts logs its stack trace to its event log,
 `Supervisor.check()` looks at every service: one that exited without being asked to is started
 again, with one line on `out` saying which, why and how many restarts the hour has left, at most
 `restarts` times in any hour; one more exit and `check()` raises `GaveUp`, whose message names the
-service, how it ended (exit status or signal) and the last error it printed. A service that stops
-again soon after a restart waits a little longer before the next (1 s, 2 s, 4 s...), so a service
-that cannot start uses its restarts in seconds, not in a tight loop.
+service, how it ended (exit status or signal) and the last error it printed. A restart waits
+`delay` (1 s); one of a service that lived less than a minute waits `delay` × 2ⁿ, n its restarts in
+the hour, so a service that cannot start uses its restarts in seconds, not in a tight loop.
 
 Nothing here knows Dagster: the command line decides what runs (cli/ui.py).
 """
