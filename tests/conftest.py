@@ -14,6 +14,15 @@ EVAL = ROOT / "cases" / "classic" / "eval_curated.jsonl"
 TRAIN = ROOT / "cases" / "classic" / "train_procedural.jsonl"
 
 
+def pytest_terminal_summary(terminalreporter):
+    """One line at the end when a system package the tests start is missing (scripts/test-setup)."""
+    from servers import SETUP
+    missing = [p.name for p in SETUP.missing()]
+    if missing:
+        terminalreporter.write_line(f"system packages: {', '.join(missing)} missing; the tests that need them are "
+                                    f"skipped (`{SETUP.INSTALL}` installs them)")
+
+
 @pytest.fixture(scope="session")
 def eval_cases() -> list[Case]:
     return read_cases(EVAL)

@@ -3,6 +3,8 @@
 Each one runs in a process group of its own, in a temporary directory, and is stopped with its
 whole group when the `with` block ends (Ctrl-C or a failure included); nothing is left behind.
 
+- `need(*packages)`: skip the test, in one line naming the packages, when one of the system packages
+  scripts/test-setup knows (postgresql, redis-server, chromium) is not installed.
 - `postgres()`: Debian's PostgreSQL (`initdb` and `postgres` from /usr/lib/postgresql/*/bin, or
   on PATH), a fresh cluster in a temporary directory, password authentication over TCP. Run as
   root, it runs as the `postgres` user (`runuser`), since PostgreSQL refuses root.
@@ -13,7 +15,8 @@ whole group when the `with` block ends (Ctrl-C or a failure included); nothing i
 """
 from __future__ import annotations
 
-import glob
+import importlib.machinery
+import importlib.util
 import os
 import pwd
 import queue
@@ -35,13 +38,28 @@ BIN = Path(sys.executable).parent
 PG_USER, PG_PASSWORD = "gate", "gate-test-pw"
 
 
-def postgres_bin(name: str) -> str | None:
-    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), key=lambda p: int(p.split("/")[4]))
-    return found[-1] if found else shutil.which(name)
+def _test_setup():
+    """scripts/test-setup, the one place that says where the system packages the tests start are."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / "test-setup"
+    spec = importlib.util.spec_from_loader("gate_test_setup", importlib.machinery.SourceFileLoader("gate_test_setup",
+                                                                                                    str(path)))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (its dataclass looks itself up there)
+    spec.loader.exec_module(module)
+    return module
 
 
-def have_postgres() -> bool:
-    return postgres_bin("initdb") is not None and postgres_bin("postgres") is not None
+SETUP = _test_setup()
+postgres_bin = SETUP.postgres_bin
+
+
+def need(*packages: str) -> None:
+    """Skip the calling test, in one line naming the Debian packages, when any of `packages` is not installed."""
+    absent = SETUP.missing(packages)
+    if absent:
+        import pytest
+        pytest.skip(SETUP.skip_reason(absent))
 
 
 def _wait_for_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 60.0) -> None:
@@ -79,7 +97,7 @@ def postgres(timeout: float = 60.0):
     """A PostgreSQL server on a free port of 127.0.0.1, in a temporary cluster; yields a `Postgres`."""
     initdb, server = postgres_bin("initdb"), postgres_bin("postgres")
     if initdb is None or server is None:
-        raise RuntimeError("PostgreSQL is not installed (Debian: apt-get install postgresql; .ci/run does it)")
+        raise RuntimeError(SETUP.PACKAGES["postgresql"].skip_reason())
     root = Path(tempfile.mkdtemp(prefix="gate-pg-"))
     as_user: list[str] = []
     if os.geteuid() == 0:  # PostgreSQL will not run as root
@@ -133,7 +151,7 @@ def redis(timeout: float = 30.0):
     """A Redis server on a free port of 127.0.0.1 (nothing saved); yields its URL."""
     exe = shutil.which("redis-server")
     if exe is None:
-        raise RuntimeError("redis-server is not installed (Debian: apt-get install redis-server; .ci/run does it)")
+        raise RuntimeError(SETUP.PACKAGES["redis-server"].skip_reason())
     root = Path(tempfile.mkdtemp(prefix="gate-redis-"))
     port = free_port()
     proc = subprocess.Popen([exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from servers import celery_workers, postgres, redis
+from servers import celery_workers, need, postgres, redis
 
 from gate_pipeline.dagster_defs import definitions
 from gate_pipeline.dagster_defs.instance import prepare_instance_dir
@@ -29,6 +29,7 @@ KEY = "the-store-key-every-machine-of-the-cluster-has-0123"
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """(database URL, broker URL, worker node names): PostgreSQL, Redis, two Celery workers."""
+    need("postgresql", "redis-server")
     tmp = tmp_path_factory.mktemp("cluster")
     with postgres() as pg, redis() as broker:
         url = pg.create_database(f"gate_{uuid.uuid4().hex[:12]}")

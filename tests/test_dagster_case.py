@@ -8,7 +8,7 @@ import pytest
 
 from gate_pipeline.dagster_defs.checks import CHECK_NAME
 from gate_pipeline.dagster_defs.definitions import defs
-from gate_pipeline.dagster_defs.jobs import play_case_run_config
+from gate_pipeline.dagster_defs.jobs import nightly_run_config, play_case_run_config
 from gate_pipeline.dagster_defs.partitions import cases_partitions, sync_case_partitions
 from gate_pipeline.dagster_defs.resources import CaseLibrary, GateStore
 from gate_pipeline.kernel.cases import read_cases, write_cases
@@ -57,6 +57,15 @@ def open_episode(store, case_id, agent, run_id):
     return episode_id
 
 
+def fields(obs) -> dict:
+    """A grade observation's own keys without the agent (`careful/reward` -> `reward`): reward, reason,
+    episode_id, run; and nothing of it unkeyed, so a partition's page keeps `agent` the materializer's."""
+    prefix = obs.tags["gate/agent"] + "/"
+    assert set(obs.metadata) == {prefix + k for k in ("reward", "reason", "episode_id", "run")} | {
+        "latest_grade_by_agent"}
+    return {k[len(prefix):]: v.value for k, v in obs.metadata.items() if k.startswith(prefix)}
+
+
 def tick(instance, cursor=None):
     context = dg.build_sensor_context(instance=instance, cursor=cursor,
                                       resources={"gate_store": GateStore(), "case_library": CaseLibrary()})
@@ -73,11 +82,13 @@ def test_careful_partition_grades_as_the_core(home, instance, case_id):
     stored = RunStore().latest_grades(case_id)["careful"]
     core = play(prepare(case(case_id)), "careful").grade.as_dict()
     assert set(CORE_KEYS) <= set(core)
-    assert stored.pop("agent") == "careful" and stored.pop("episode_id") == obs.metadata["episode_id"].value
-    assert stored.pop("run_id") == result.run_id and obs.metadata["run"].value == result.run_id  # a link to the run
+    got = fields(obs)
+    assert stored.pop("agent") == "careful" and stored.pop("episode_id") == got["episode_id"]
+    assert stored.pop("run_id") == result.run_id and got["run"] == result.run_id  # a link to the run
     assert stored == core
-    assert obs.metadata["reward"].value == core["reward"] == 1.0
-    assert obs.metadata["ledger_intact"].value is True
+    assert got["reward"] == core["reward"] == 1.0 and got["reason"] == ""
+    assert "| careful | 1.0000 | 1.0000 | 1.0000 | 1.0000 | 1.0000 | 0 | 0.00 | True |  |" in \
+        obs.metadata["latest_grade_by_agent"].value
 
 
 def test_bridge_observes_each_load_and_the_tables_materialize_once(home, instance):
@@ -89,15 +100,15 @@ def test_bridge_observes_each_load_and_the_tables_materialize_once(home, instanc
     [episode] = RunStore().episodes(run_id=result.run_id)
     ledger_loads = [e for e in RunStore().entries(episode["episode_id"]) if e["action"] == "load_batch"]
     assert len(loads) == len(ledger_loads) == len(case(case_id).batches)
-    assert all(o.partition == case_id and o.metadata["agent"].value == "naive" for o in loads)
-    assert [o.metadata["ledger_hash"].value for o in loads] == [e["hash"] for e in ledger_loads]
+    assert all(o.partition == case_id and all(k.startswith("naive/") for k in o.metadata) for o in observed)
+    assert [o.metadata["naive/ledger_hash"].value for o in loads] == [e["hash"] for e in ledger_loads]
     # each load's table size: the seed warehouse's rows plus every row loaded into that table so far
     sizes = {t: len(rows) for t, rows in case(case_id).data["warehouse"].items()}
     for o, e in zip(loads, ledger_loads):
         table = o.asset_key.path[0].removeprefix("wh_")
         sizes[table] += e["args"]["rows"]
-        assert o.metadata["rows_loaded"].value == e["args"]["rows"]
-        assert o.metadata["table_rows"].value == sizes[table], o.metadata["batch_id"].value
+        assert o.metadata["naive/rows_loaded"].value == e["args"]["rows"]
+        assert o.metadata["naive/table_rows"].value == sizes[table], o.metadata["naive/batch_id"].value
     mats = {e.event_specific_data.materialization.asset_key.path[0]: e.event_specific_data.materialization
             for e in result.get_asset_materialization_events()}
     assert set(mats) == {"staging_batches", "wh_customers", "wh_orders", "revenue_mart", "agent_report"}
@@ -139,14 +150,15 @@ def test_sensor_grades_a_finished_run_exactly_once(home, instance):
     run_case(instance, "eval-clean-control-0", "careful")
     run_case(instance, "eval-clean-control-0", "naive")  # another agent: its own run, its own grade
     first = tick(instance)
-    assert len(first.asset_events) == 2 and first.cursor == "2"
+    assert len(first.asset_events) == 2 and first.cursor.startswith("2 · careful on eval-clean-control-0 1.0000, ")
+    assert first.skip_message == f"recorded 2 grades: {first.cursor.split(' · ', 1)[1]}"  # the tick's message
     again = tick(instance, cursor=first.cursor)
-    assert again.asset_events == [] and again.skip_message
+    assert again.asset_events == [] and again.skip_message == "no new grades" and again.cursor == "2"
     # a restart: a new store object over the same files, and the cursor Dagster kept
     store = RunStore()
     assert store.ungraded() == []
     assert tick(instance, cursor=first.cursor).asset_events == []
-    graded = {e.metadata["episode_id"].value for e in first.asset_events}
+    graded = {fields(e)["episode_id"] for e in first.asset_events}
     assert graded == {ep["episode_id"] for ep in store.episodes()}
     for episode_id in graded:
         ep = store.episode(episode_id)
@@ -173,8 +185,9 @@ def test_an_agent_that_fails_is_graded_zero_with_the_reason(home, instance, serv
     result = failing_run(instance, "eval-clean-control-1", server)
     assert not result.success
     [obs] = tick(instance).asset_events
-    assert obs.metadata["reward"].value == 0.0 and obs.metadata["failed"].value is True
-    assert "api_error" in obs.metadata["reason"].value and "not a chat completion" in obs.metadata["reason"].value
+    got = fields(obs)
+    assert got["reward"] == 0.0
+    assert "api_error" in got["reason"] and "not a chat completion" in got["reason"]
     grade = RunStore().latest_grades("eval-clean-control-1")["garbage"]
     assert grade["reward"] == 0.0 and grade["failed"] is True
     assert all(grade[t] == 0.0 for t in ("disposition", "report", "evidence", "inspected"))
@@ -194,8 +207,10 @@ def test_an_unknown_agent_is_refused_at_launch_and_nothing_runs_or_is_stored(hom
 def test_agent_options_reach_the_agent(home, instance):
     result = run_case(instance, "eval-amount-bounds-0", "careful", without=["orders.amount.out_of_range"])
     assert result.success
-    grade = tick(instance).asset_events[0]
-    assert grade.metadata["bad_batches_loaded"].value >= 1  # the ablated rule let the bad batch through
+    [obs] = tick(instance).asset_events
+    assert fields(obs)["reward"] < 1.0
+    assert RunStore().latest_grades("eval-amount-bounds-0")["careful"]["bad_batches_loaded"] >= 1  # the ablated
+    # rule let the bad batch through
 
 
 def test_abandoned_episode_is_closed_and_graded_zero(home, instance):
@@ -204,11 +219,10 @@ def test_abandoned_episode_is_closed_and_graded_zero(home, instance):
     store = RunStore()
     episode_id = open_episode(store, "eval-clean-control-2", "careful", result.run_id)  # never ended: a crash
     data = tick(instance)
-    grades = {e.metadata["episode_id"].value: e for e in data.asset_events}
+    grades = {g["episode_id"]: g for g in map(fields, data.asset_events)}
     assert len(grades) == 2  # the run's own episode, and the abandoned one
-    assert grades[episode_id].metadata["reward"].value == 0.0
-    assert grades[episode_id].metadata["failed"].value is True
-    assert "ended (SUCCESS) before the episode did" in grades[episode_id].metadata["reason"].value
+    assert grades[episode_id]["reward"] == 0.0
+    assert grades[episode_id]["reason"] == "the Dagster run ended (SUCCESS) before the episode did"
     episode = store.episode(episode_id)
     assert episode["status"] == "ended" and episode["end_reason"] == "abandoned"
 
@@ -243,5 +257,60 @@ def test_failed_run_sensor_closes_the_runs_open_episodes(home, instance, server)
     defs.resolve_sensor_def("failed_run_sensor")(context)
     episode = store.episode(episode_id)
     assert episode["status"] == "ended" and episode["error"].startswith("the Dagster run failed: ")
-    grades = {e.metadata["episode_id"].value: e for e in tick(instance).asset_events}
-    assert grades[episode_id].metadata["reward"].value == 0.0
+    assert "Steps failed: ['agent_episode']" in episode["error"]  # Dagster's own failure message
+    grades = {g["episode_id"]: g for g in map(fields, tick(instance).asset_events)}
+    assert grades[episode_id]["reward"] == 0.0
+
+
+V2_EVAL = ROOT / "cases" / "v2" / "eval_curated.jsonl"
+
+
+def test_a_run_without_an_agent_plays_the_target_agent_of_the_partitions_suite(home):
+    """The asset page's Materialize and a backfill launch with no run config: careful on a classic case,
+    careful-v2 on a v2 case (the classic careful would let v2's bad batches through)."""
+    v2 = read_cases(V2_EVAL)[0]
+    with dg.DagsterInstance.ephemeral() as inst:
+        inst.add_dynamic_partitions(cases_partitions.name, ["eval-amount-bounds-2", v2.case_id])
+        job = defs.resolve_job_def("__ASSET_JOB")
+        for case_id, target in (("eval-amount-bounds-2", "careful"), (v2.case_id, "careful-v2")):
+            result = job.execute_in_process(instance=inst, partition_key=case_id, asset_selection=[
+                dg.AssetKey(k) for k in ("staging_batches", "wh_customers", "wh_orders", "revenue_mart", "agent_report")])
+            assert result.success
+            assert inst.get_run_by_id(result.run_id).tags["gate/agent"] == target
+            [episode] = RunStore().episodes(run_id=result.run_id)
+            assert episode["agent"] == target
+            report = next(e.event_specific_data.materialization for e in result.get_asset_materialization_events()
+                          if e.event_specific_data.materialization.asset_key.path == ["agent_report"])
+            assert report.metadata["agent"].value == target
+        assert tick(inst).asset_events[1].metadata["careful-v2/reward"].value == 1.0
+
+
+def test_a_later_nightly_never_hides_the_agent_that_materialized_a_partition(home, instance, tmp_path):
+    """The partition page shows, per metadata key, the latest observation's value before the materialization's
+    (Dagster's UI: AssetEventMetadataEntriesTable); every observation's keys are its agent's, so `agent` stays
+    the materializing agent's."""
+    case_id = "eval-amount-bounds-2"
+    assert run_case(instance, case_id, "careful").success
+    small = tmp_path / "one.jsonl"
+    write_cases(small, [case(case_id)])
+    nightly = defs.resolve_job_def("nightly_benchmark").execute_in_process(
+        instance=instance, run_config=nightly_run_config(str(small), ["refuse-all"]))
+    assert nightly.success
+    for asset in ("staging_batches", "agent_report"):
+        latest = instance.get_latest_materialization_event(dg.AssetKey(asset))
+        mat = latest.asset_materialization
+        observed = [e.event_specific_data.asset_observation for e in nightly.all_events
+                    if e.event_type_value == "ASSET_OBSERVATION"
+                    and e.event_specific_data.asset_observation.asset_key.path == [asset]]
+        assert observed and all(set(o.metadata) and all(k.startswith("refuse-all/") for k in o.metadata)
+                                for o in observed)
+        shown: dict = {}
+        for label, value in [*(kv for o in reversed(observed) for kv in o.metadata.items()), *mat.metadata.items()]:
+            shown.setdefault(label, value)  # the UI: the latest observation's entries first, then the materialization's
+        if asset == "agent_report":
+            assert shown["agent"].value == "careful"
+        assert shown["refuse-all/action" if asset == "staging_batches" else "refuse-all/loaded"] is not None
+    # the grades too: the sensor's observation of careful's and refuse-all's grades keep to their own keys
+    grades = tick(instance).asset_events
+    assert {e.tags["gate/agent"] for e in grades} == {"careful", "refuse-all"}
+    assert all("agent" not in e.metadata for e in grades)

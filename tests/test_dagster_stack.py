@@ -1,14 +1,20 @@
 """`gate ui` as a data engineer runs it: the real webserver, daemon, queued run coordinator and
-code server, driven through GraphQL as the UI's buttons drive it.
+code server, driven through GraphQL as the UI's buttons drive it, and its processes killed.
 
-One stack serves the module (starting it costs ~15 s); the last test stops it with SIGTERM and
-checks that nothing it started is left and the port is free.
+One stack serves most of the module (starting it costs ~15 s); its last test stops it with Ctrl-C's
+SIGINT while a nightly runs and checks that nothing it started is left, the port is free and the
+log has no stack trace. A second stack (`--max-runtime 20 --restarts 2`) then loses its daemon, its
+webserver, and its code server with a run worker under an asset-page run, and last gives up on a
+webserver that cannot start again.
 """
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -17,6 +23,7 @@ from gate_pipeline.dagster_defs.instance import MARKER
 from gate_pipeline.dagster_defs.webserver import (
     free_port,
     graphql,
+    launch_assets,
     launch_backfill,
     launch_run,
     port_in_use,
@@ -69,7 +76,7 @@ def wait_until(predicate, timeout: float, what: str, poll: float = 0.5):
 
 
 class Stack:
-    def __init__(self, tmp: Path):
+    def __init__(self, tmp: Path, *args: str):
         self.gate_home = tmp / "gate"
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
@@ -78,9 +85,20 @@ class Stack:
         self.env.pop("DAGSTER_HOME", None)
         self.env.pop("GATE_DB_URL", None)
         with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen([*GATE, "ui", "--port", str(self.port)], env=self.env, stdout=out,
+            self.proc = subprocess.Popen([*GATE, "ui", "--port", str(self.port), *args], env=self.env, stdout=out,
                                          stderr=subprocess.STDOUT)
-        self.served_at = wait_until(self._url_printed, 180, "gate ui printed its URL")
+        try:
+            self.served_at = wait_until(self._url_printed, 180, "gate ui printed its URL")
+        except BaseException:  # a failed or interrupted start leaves nothing behind
+            self.stop()
+            raise
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def service(self, needle: str) -> list[int]:
+        """The live processes of this stack whose command line has `needle`."""
+        return [p for p in started_by(self.gate_home) if needle in cmdline(p)]
 
     def _url_printed(self):
         if self.proc.poll() is not None:
@@ -96,13 +114,21 @@ class Stack:
             self.proc.wait(timeout=90)
 
 
+@contextmanager
+def running(tmp: Path, *args: str):
+    s = Stack(tmp, *args)
+    try:
+        yield s
+    finally:
+        s.stop()
+        for pid in started_by(s.gate_home):  # only if a test failed before the last one stopped it
+            os.kill(pid, signal.SIGKILL)
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    s = Stack(tmp_path_factory.mktemp("stack"))
-    yield s
-    s.stop()
-    for pid in started_by(s.gate_home):  # only if a test failed before the last one stopped it
-        os.kill(pid, signal.SIGKILL)
+    with running(tmp_path_factory.mktemp("stack")) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")
@@ -183,9 +209,151 @@ def test_a_killed_run_worker_is_failed_by_monitoring_and_its_episode_graded_zero
     assert wait_for_run(stack.base, again, timeout=180) == "SUCCESS"
 
 
-def test_sigterm_ends_every_process_and_frees_the_port(stack):
-    assert len(started_by(stack.gate_home)) >= 4  # gate ui, dagster dev, webserver, daemon (+ code servers)
-    stack.proc.send_signal(signal.SIGTERM)
-    assert stack.proc.wait(timeout=90) == 128 + signal.SIGTERM
+TICK_LINE = re.compile(r"grading_sensor - (\d+) episodes graded this tick; (\d+) grades recorded as observations: (.*)$")
+
+
+def test_a_nightly_prints_info_not_every_event_and_grades(stack):
+    before = len(stack.text().splitlines())
+    run_id = launch_run(stack.base, "nightly_benchmark")
+    assert wait_for_run(stack.base, run_id, timeout=300) == "SUCCESS"
+    episodes = stack.store().episodes(run_id=run_id)
+    assert len(episodes) == 96
+    wait_until(lambda: all(stack.store().recorded_grade(e["episode_id"]) for e in episodes), 120,
+               "the grading sensor graded the nightly's 96 episodes")
+    time.sleep(2)  # the tick's last lines reach the log
+    lines = stack.text().splitlines()[before:]
+    assert not [line for line in lines if " - DEBUG - " in line]  # not one line per Dagster event, as a run's
+    # console logger writes them (its event log keeps them): one per grade and one per grading tick
+    ticks = [m for m in map(TICK_LINE.search, lines) if m]
+    assert sum(int(m.group(2)) for m in ticks) >= 96  # (with, perhaps, the previous test's last grade)
+    assert len([line for line in lines if "grading_sensor - graded " in line]) >= 96
+    if len(ticks) == 1:  # a tick that graded the whole night says it as a night
+        for agent, mean in (("naive", "0.5344"), ("careful", "1.0000"), ("refuse-all", "0.3875")):
+            assert f"{agent} 32 (mean {mean})" in ticks[0].group(3)
+
+
+TICKS = """query($s: InstigationSelector!) { instigationStateOrError(instigationSelector: $s) {
+  ... on InstigationState { ticks(limit: 100) { status skipReason cursor } } } }"""
+
+
+def test_grading_ticks_say_what_they_graded(stack):
+    selector = {"repositoryLocationName": "gate", "repositoryName": "__repository__", "name": "grading_sensor"}
+    ticks = [t for t in graphql(stack.base, TICKS, {"s": selector})["instigationStateOrError"]["ticks"]
+             if t["status"] != "STARTED"]  # (one may be under way)
+    graded = [t for t in ticks if (t["skipReason"] or "").startswith("recorded ")]
+    idle = [t for t in ticks if t["skipReason"] == "no new grades"]
+    assert graded and idle and len(graded) + len(idle) == len(ticks)  # never "Sensor function returned an empty..."
+    for t in graded:  # "recorded 2 grades: careful on eval-... 1.0000, ..." and the cursor "7 · careful on ..."
+        count, summary = re.fullmatch(r"recorded (\d+) grades: (.+)", t["skipReason"]).groups()
+        seq, said = re.fullmatch(r"(\d+) · (.+)", t["cursor"]).groups()
+        assert said == summary and int(seq) >= int(count)
+        assert re.search(r"(careful|naive|refuse-all|hang)( on eval-\S+| \d+ \(mean) \d\.\d{4}", summary), summary
+    assert all(t["cursor"].isdigit() for t in idle)  # an idle tick's cursor does not repeat an older summary
+
+
+def test_ctrl_c_under_a_running_nightly_ends_every_process_without_a_traceback(stack):
+    assert len(started_by(stack.gate_home)) >= 5  # gate ui, code server (and its gRPC server), webserver, daemon
+    run_id = launch_run(stack.base, "nightly_benchmark")
+    wait_until(lambda: stack.store().episodes(run_id=run_id), 120, "the nightly started playing")
+    stack.proc.send_signal(signal.SIGINT)  # what Ctrl-C in the terminal sends
+    assert stack.proc.wait(timeout=120) == 128 + signal.SIGINT
     assert started_by(stack.gate_home) == []
     assert not port_in_use(stack.port)
+    _, stopping = stack.text().split("gate ui: SIGINT: stopping Dagster\n")
+    assert "Traceback" not in stopping and "Stack Trace" not in stopping and "KeyboardInterrupt" not in stopping
+    assert "Shutting down Dagster code proxy server" in stopping  # Dagster's own lines still say what stops
+
+
+# --- a second stack, whose processes die ---
+
+CASE_ASSETS = ["staging_batches", "wh_customers", "wh_orders", "revenue_mart", "agent_report"]
+MAX_RUNTIME_S, POLL_S = 20, 15  # the crash stack's --max-runtime; run monitoring's poll (instance.py)
+
+
+@pytest.fixture(scope="module")
+def crash_stack(tmp_path_factory):
+    with running(tmp_path_factory.mktemp("crash"), "--max-runtime", str(MAX_RUNTIME_S), "--restarts", "2") as s:
+        yield s
+
+
+def restarted(stack: Stack, name: str) -> list[str]:
+    return [line for line in stack.text().splitlines() if line.startswith(f"gate ui: the Dagster {name} stopped")]
+
+
+def test_a_killed_daemon_is_restarted_and_the_next_grading_tick_grades(crash_stack):
+    [daemon] = crash_stack.service("dagster-daemon run")
+    os.killpg(daemon, signal.SIGKILL)
+    [line] = wait_until(lambda: restarted(crash_stack, "daemon"), 60, "gate ui said it restarts the daemon")
+    assert "(killed by SIGKILL after " in line and "(restart 1 of at most 2 an hour)" in line
+    wait_until(lambda: [p for p in crash_stack.service("dagster-daemon run") if p != daemon], 60, "a new daemon")
+    case_id = "eval-amount-bounds-2"  # queued: only a daemon launches it
+    run_id = launch_run(crash_stack.base, "play_case", tags={"dagster/partition": case_id})
+    assert wait_for_run(crash_stack.base, run_id, timeout=300) == "SUCCESS"
+    grade = wait_until(lambda: crash_stack.store().latest_grades(case_id).get("careful"), 90,
+                       "the restarted daemon's grading sensor graded the run")
+    assert grade["run_id"] == run_id and grade["reward"] == 1.0
+    assert crash_stack.proc.poll() is None
+
+
+def test_a_killed_webserver_is_restarted_on_the_same_url(crash_stack):
+    [web] = crash_stack.service("dagster-webserver")
+    os.killpg(web, signal.SIGKILL)
+    wait_until(lambda: restarted(crash_stack, "webserver"), 60, "gate ui said it restarts the webserver")
+    keys = wait_until(lambda: _partitions(crash_stack.base), 120, "the webserver answers again")
+    assert keys == ALL_CASES
+
+
+def _bound(sock: socket.socket, port: int) -> bool:
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        return False
+    return True
+
+
+def _partitions(base: str):
+    try:
+        return graphql(base, PARTITIONS, timeout=5)["assetNodeOrError"]["partitionKeysByDimension"][0]["partitionKeys"]
+    except OSError:
+        return None
+
+
+def test_an_asset_page_run_whose_worker_and_code_server_die_fails_within_its_max_runtime(crash_stack,
+                                                                                        hanging_server):
+    case_id = "eval-clean-control-1"
+    options = {"model": "hang", "base_url": hanging_server.url, "retries": 0, "timeout": 300}
+    # the asset page's Materialize with its launchpad's config: no dagster/max_runtime tag of its own
+    run_id = launch_assets(crash_stack.base, CASE_ASSETS, case_id,
+                           {"ops": {"agent_episode": {"config": {"agent": "model", "agent_options": options}}}})
+    store = crash_stack.store()
+    [episode] = wait_until(lambda: store.episodes(run_id=run_id), 120, "the episode started")
+    started = time.monotonic()
+    [code] = crash_stack.service("code-server start")
+    workers = [p for p in crash_stack.service("multiprocessing.spawn") if os.getpgid(p) == code]
+    assert len(workers) == 1  # the run worker, in the code server's process group
+    os.killpg(code, signal.SIGKILL)  # the code server, its gRPC server and the run worker at once: none reports
+    wait_until(lambda: restarted(crash_stack, "code server"), 60, "gate ui said it restarts the code server")
+    assert wait_for_run(crash_stack.base, run_id, timeout=MAX_RUNTIME_S + 3 * POLL_S + 60) == "FAILURE"
+    assert time.monotonic() - started < MAX_RUNTIME_S + 2 * POLL_S + 15  # failed by monitoring once past it
+    grade = wait_until(lambda: crash_stack.store().latest_grades(case_id).get("hang"), 120,
+                       "the orphaned episode was graded")
+    assert grade["reward"] == 0.0 and grade["failed"] is True
+    assert grade["reason"].startswith("the Dagster run failed: ")
+    assert f"maximum runtime of {MAX_RUNTIME_S} seconds" in grade["reason"]
+    assert crash_stack.store().episode(episode["episode_id"])["status"] == "ended"
+
+
+def test_gate_ui_gives_up_with_the_cause_when_a_part_cannot_start_again(crash_stack):
+    [web] = crash_stack.service("dagster-webserver")
+    with socket.socket() as squatter:  # someone takes the port the moment the webserver is gone
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past the old connections' TIME_WAIT
+        os.killpg(web, signal.SIGKILL)
+        wait_until(lambda: _bound(squatter, crash_stack.port), 5, "the port is taken", poll=0.02)  # before gate ui
+        squatter.listen()                                                                      # restarts it (1 s)
+        assert crash_stack.proc.wait(timeout=180) == 1
+    log = crash_stack.text().splitlines()
+    [error] = [line for line in log if line.startswith("gate: error: ")]
+    assert error.startswith("gate: error: the Dagster webserver stopped (exit status ")
+    assert "address already in use" in error
+    assert "already restarted 2 times within the hour (at most 2): gate ui gives up and stops Dagster" in error
+    assert started_by(crash_stack.gate_home) == []

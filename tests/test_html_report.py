@@ -1,10 +1,10 @@
 """The HTML report: self-contained, and its charts really render in headless Chromium."""
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from servers import SETUP
 
 from gate_pipeline.cli.main import main
 from gate_pipeline.html_report import render_html, write_html
@@ -12,7 +12,8 @@ from gate_pipeline.kernel.cases import read_cases
 from gate_pipeline.kernel.engine import play_cases
 
 CASES = Path(__file__).resolve().parent.parent / "cases" / "classic" / "eval_curated.jsonl"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM = SETUP.PACKAGES["chromium"].found()
+NO_CHROMIUM = SETUP.PACKAGES["chromium"].skip_reason()
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +75,7 @@ def _pixels_near(png: Path, rgb: tuple[int, int, int], tol: int = 6) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium not installed (apt-get install -y chromium)")
+@pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
 def test_charts_render_in_headless_chromium(tmp_path, capsys):
     page = tmp_path / "report.html"
     assert main(["report", "--cases", str(CASES), "--agents", "naive,careful", "--html", str(page)]) == 0
@@ -97,7 +98,7 @@ def test_charts_render_in_headless_chromium(tmp_path, capsys):
     assert imread(shot).shape[:2] == (2200, 1280)
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium not installed (apt-get install -y chromium)")
+@pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
 def test_pass_k_chart_renders_in_headless_chromium(tmp_path, grades):
     pass_k = {"model-x": {"amount-bounds": {"cases": 4, "pass@1": 0.75, "pass^3": 0.5},
                           "all": {"cases": 4, "pass@1": 0.75, "pass^3": 0.5}}}

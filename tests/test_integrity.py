@@ -193,11 +193,11 @@ def test_an_unreadable_ledger_row_fails_its_episode_only(home):
         from gate_pipeline.dagster_defs.resources import GateStore
         context = dg.build_sensor_context(instance=instance, resources={"gate_store": GateStore()})
         data = defs.resolve_sensor_def("grading_sensor").evaluate_tick(context)
-    observed = {e.metadata["episode_id"].value: e.metadata for e in data.asset_events}
+    observed = {e.metadata["careful-sql/episode_id"].value: e.metadata for e in data.asset_events}  # keyed by agent
     assert set(observed) == {broken.episode_id, fine.episode_id}
-    assert observed[fine.episode_id]["reward"].value == 1.0
-    assert observed[broken.episode_id]["reward"].value == 0.0
-    assert "ledger entry 2 is not readable" in observed[broken.episode_id]["reason"].value
+    assert observed[fine.episode_id]["careful-sql/reward"].value == 1.0
+    assert observed[broken.episode_id]["careful-sql/reward"].value == 0.0
+    assert "ledger entry 2 is not readable" in observed[broken.episode_id]["careful-sql/reason"].value
 
 
 def _open_store(home: str, queue) -> None:

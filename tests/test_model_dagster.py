@@ -55,8 +55,8 @@ def play_and_grade(instance, options):
 
 def test_the_model_agent_is_selectable_in_the_run_config(server, instance):
     result, obs = play_and_grade(instance, {"model": "careful", "base_url": server.url})
-    assert result.success and obs.metadata["reward"].value == 1.0
-    assert obs.metadata["agent"].value == "careful"  # a model agent is named by its model
+    assert result.success and obs.metadata["careful/reward"].value == 1.0  # keyed by the agent: a model agent
+    assert obs.tags["gate/agent"] == "careful"                              # is named by its model
     latest = RunStore().latest_grades(CASE)
     assert list(latest) == ["careful"] and latest["careful"]["reward"] == 1.0
 
@@ -66,8 +66,8 @@ def test_an_unfinished_model_rollout_fails_the_step_with_the_reason(server, inst
     assert not result.success
     failure = next(e for e in result.all_events if e.is_step_failure)
     assert "max_turns: no report after 2 turns" in failure.event_specific_data.error.message
-    assert obs.metadata["reward"].value == 0.0 and obs.metadata["failed"].value is True
-    assert "max_turns: no report after 2 turns" in obs.metadata["reason"].value
+    assert obs.metadata["silent/reward"].value == 0.0
+    assert "max_turns: no report after 2 turns" in obs.metadata["silent/reason"].value
 
 
 def test_bad_model_options_fail_the_run_clearly(server, instance):

@@ -6,17 +6,19 @@ run store and the tool bridge, which records each load, quarantine and the repor
 while the agent plays); when the episode ends it materializes the warehouse tables of the case's
 suite (`wh_customers`, `wh_orders` for gate's suites: the tables as the agent left them; one asset
 per table of every registered suite, each skipped by the cases of a suite without it),
-`revenue_mart` and `agent_report`. The agent is chosen in the run
-config from the agents this code location knows (an enum, so a mistyped name is refused when the
-run is launched, before anything runs or is stored). Grading is not done here: the grading sensor
-grades the stored episode.
+`revenue_mart` and `agent_report`. The agent is chosen in the run config from the agents this code
+location knows (an enum, so a mistyped name is refused when the run is launched, before anything
+runs or is stored); without one (the asset page's Materialize, a backfill) the case's suite's
+target agent plays. Grading is not done here: the grading sensor grades the stored episode.
 """
+
+from typing import Optional
 
 import dagster as dg
 from pydantic import Field
 
 from ..kernel.agents import AgentOptionError, UnknownAgent, resolve_agent
-from ..kernel.cases import CaseError
+from ..kernel.cases import Case, CaseError
 from ..kernel.engine import play, prepare
 from ..kernel.suite import suites
 from ..kernel.world import PreparedCase
@@ -33,8 +35,21 @@ PREVIEW_ROWS = 5
 
 
 class EpisodeConfig(dg.Config):
-    agent: AgentName = Field(default=AgentName["careful"], description="the agent that plays the case")
+    agent: Optional[AgentName] = Field(default=None, description="the agent that plays the case (default: the "
+                                                                 "target agent of the case's suite: careful on a "
+                                                                 "classic case, careful-v2 on a v2 case)")
     agent_options: dict = Field(default_factory=dict, description="keyword options for the agent's constructor")
+
+
+def agent_for(config: EpisodeConfig, case: Case) -> str:
+    """The agent a run plays a case with: the one configured, else the target agent of the case's suite."""
+    if config.agent is not None:
+        return config.agent.value
+    target = suites.get(case.suite).target
+    if not target:
+        raise dg.Failure(description=f"suite {case.suite!r} names no target agent: choose one in the run config "
+                                     f"(ops: agent_episode: config: agent)")
+    return target
 
 
 def _case(case_library: CaseLibrary, case_id: str):
@@ -133,7 +148,7 @@ def agent_episode(context: dg.AssetExecutionContext, config: EpisodeConfig, gate
                   case_library: CaseLibrary):
     case, _ = _case(case_library, context.partition_key)
     try:
-        spec = resolve_agent(config.agent.value, config.agent_options,
+        spec = resolve_agent(agent_for(config, case), config.agent_options,
                              contracts=case_library.settings().contracts_dir)
     except (UnknownAgent, AgentOptionError) as exc:  # nothing is played or stored for an agent that cannot be built
         raise dg.Failure(description=str(exc)) from None

@@ -4,10 +4,14 @@ An engine sink (`engine.Sink`): the engine hands it each ledger entry as it is a
 the bridge turns the entry into a Dagster event on the case's partition: an executed load is an
 observation of `wh_customers` or `wh_orders` (rows loaded, the table's rows now), every other
 decision of the suite's tools (a quarantine of a batch or of its rows, a further citation) one of
-`staging_batches`, the report one of `agent_report`; reads, questions and refused calls are logged. Observations, not materializations: a case run materializes the tables once, when the
-episode ends (assets.py), and the nightly job, which plays many cases, materializes only its
-scoreboard. It reads only the ledger and the case (row counts come from the case's seed
-warehouse plus the rows each load entry records), never the episode's database. The agent never sees Dagster; it only gets the tool's JSON value.
+`staging_batches`, the report one of `agent_report`, each metadata key prefixed with the agent
+(`naive/rows_loaded`); reads (at debug level), questions and refused calls are logged.
+
+Observations, not materializations: a case run materializes the tables once, when the episode
+ends (assets.py), and the nightly job, which plays many cases, materializes only its scoreboard.
+It reads only the ledger and the case (row counts come from the case's seed warehouse plus the
+rows each load entry records), never the episode's database. The agent never sees Dagster; it
+only gets the tool's JSON value.
 """
 from __future__ import annotations
 
@@ -40,8 +44,10 @@ class ToolBridge(Sink):
         self.decisions = frozenset(t.name for t in tools if t.shaped is None) - {"load_batch", "submit_report"}
 
     def _meta(self, entry: dict, **extra) -> dict:
-        return {"agent": self.agent, "episode_id": self.episode_id, "ledger_seq": entry["seq"],
-                "ledger_hash": entry["hash"], **extra}
+        """An observation's metadata, each key prefixed with the agent (`naive/batch_id`): a partition's page
+        shows the latest value of each key, so an observation never hides which agent materialized it."""
+        fields = {"episode_id": self.episode_id, "ledger_seq": entry["seq"], "ledger_hash": entry["hash"], **extra}
+        return {f"{self.agent}/{k}": v for k, v in fields.items()}
 
     def entry(self, episode_id: str, entry: dict) -> None:
         action, args, log = entry["action"], entry["args"], self.context.log
@@ -68,8 +74,8 @@ class ToolBridge(Sink):
         elif action == "submit_report":
             self.context.log_event(dg.AssetObservation(
                 asset_key=REPORT, partition=self.case_id, description=f"{self.agent} submitted its report",
-                metadata=self._meta(entry, loaded=dg.MetadataValue.json(args["loaded"]),
-                                    quarantined=dg.MetadataValue.json(args["quarantined"]))))
+                metadata=self._meta(entry, loaded=", ".join(args["loaded"]) or "none",
+                                    quarantined=", ".join(args["quarantined"]) or "none")))
         elif self.log_reads:
             detail = f"read {args.get('tables_read')}: {args['query']}" if action == "run_sql" else f"{action} {args}"
             log.debug(f"{tag} {detail}")

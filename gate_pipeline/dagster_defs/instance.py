@@ -9,10 +9,13 @@ own (its first line is MARKER); a `dagster.yaml` someone wrote by hand is left a
 `gate ui` says which of gate's settings it lacks.
 
 Run monitoring (Dagster's daemon): a run that has not started within START_TIMEOUT_S fails; a
-run still going past its `dagster/max_runtime` tag (every gate job sets one, see jobs.py) fails,
-which is how a run whose worker died with the machine ends: Dagster's default run launcher
-cannot ask a worker's health. Both are checked every POLL_INTERVAL_S. When such a run fails,
-`failed_run_sensor` closes its open episodes and the grading sensor grades them 0 with the reason.
+run still going past its maximum runtime fails, which is how a run whose worker died with its code
+server (or the machine) ends: Dagster's default run launcher cannot ask a worker's health. The
+maximum runtime is the run's `dagster/max_runtime` tag (every gate job sets one, see jobs.py), else
+the instance's `max_runtime_seconds` (MAX_RUNTIME_S unless `gate ui --max-runtime` says otherwise):
+the backstop of the runs no job tags, the asset page's and backfills' `__ASSET_JOB` runs. Both are
+checked every POLL_INTERVAL_S. When such a run fails, `failed_run_sensor` closes its open episodes
+and the grading sensor grades them 0 with the reason.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ MARKER = "# written by gate ui: delete this line to keep your own edits"
 POLL_INTERVAL_S = 15
 START_TIMEOUT_S = 180
 CANCEL_TIMEOUT_S = 180
+MAX_RUNTIME_S = 1800  # a model playing one case; the play_case job's own tag (jobs.py)
 
 SQLITE_STORAGE = "# SQLite run, event and schedule storage in this directory (Dagster's default).\n"
 INSTANCE_YAML = f"""{MARKER}
@@ -34,10 +38,12 @@ run_monitoring:
   poll_interval_seconds: {POLL_INTERVAL_S}
   start_timeout_seconds: {START_TIMEOUT_S}
   cancel_timeout_seconds: {CANCEL_TIMEOUT_S}
+  max_runtime_seconds: {{max_runtime}}
 """
 
 REQUIRED = {"run_monitoring": "runs whose worker died stay STARTED",
             "telemetry": "Dagster's telemetry is on"}
+MAX_RUNTIME_KEY = "max_runtime_seconds"
 
 
 def postgres_url(db_url: str | None) -> str | None:
@@ -55,18 +61,20 @@ def postgres_url(db_url: str | None) -> str | None:
     return url.set(drivername="postgresql+psycopg2").render_as_string(hide_password=False)
 
 
-def instance_yaml(db_url: str | None = None) -> str:
-    """gate's dagster.yaml: Dagster's storage in PostgreSQL when `db_url` is a PostgreSQL URL."""
+def instance_yaml(db_url: str | None = None, max_runtime: int = MAX_RUNTIME_S) -> str:
+    """gate's dagster.yaml: Dagster's storage in PostgreSQL when `db_url` is a PostgreSQL URL; runs without
+    a `dagster/max_runtime` tag of their own fail after `max_runtime` seconds (0: never)."""
     pg = postgres_url(db_url)
+    text = INSTANCE_YAML.replace("{max_runtime}", str(int(max_runtime)))
     if pg is None:
-        return INSTANCE_YAML.replace("{storage}", SQLITE_STORAGE)
+        return text.replace("{storage}", SQLITE_STORAGE)
     storage = ("# runs, events and schedules in the run store's PostgreSQL database (GATE_DB_URL), through\n"
                "# dagster-postgres\n"
                f"storage:\n  postgres:\n    postgres_url: {json.dumps(pg)}\n")
-    return INSTANCE_YAML.replace("{storage}", storage)
+    return text.replace("{storage}", storage)
 
 
-def prepare_instance_dir(home: Path, db_url: str | None = None) -> list[str]:
+def prepare_instance_dir(home: Path, db_url: str | None = None, max_runtime: int = MAX_RUNTIME_S) -> list[str]:
     """Write gate's dagster.yaml into `home` unless someone else's is there; return warnings."""
     home.mkdir(parents=True, exist_ok=True)
     path = home / "dagster.yaml"
@@ -75,7 +83,7 @@ def prepare_instance_dir(home: Path, db_url: str | None = None) -> list[str]:
     except (OSError, UnicodeDecodeError) as exc:
         return [f"cannot read {path} ({exc}); Dagster will report what is wrong with it"]
     if existing is None or existing.startswith(MARKER):
-        wanted = instance_yaml(db_url)
+        wanted = instance_yaml(db_url, max_runtime)
         if existing != wanted:
             tmp = path.with_name(f".dagster.yaml.{os.getpid()}")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it may hold a password
@@ -83,8 +91,12 @@ def prepare_instance_dir(home: Path, db_url: str | None = None) -> list[str]:
                 fh.write(wanted)
             os.replace(tmp, path)
         return []
-    return [f"{path} is not gate's, so it is kept as it is; it has no `{key}` section: {why}"
-            for key, why in REQUIRED.items() if not _has_section(existing, key)]
+    kept = f"{path} is not gate's, so it is kept as it is"
+    out = [f"{kept}; it has no `{key}` section: {why}" for key, why in REQUIRED.items() if not _has_section(existing, key)]
+    if _has_section(existing, "run_monitoring") and not _has_key(existing, MAX_RUNTIME_KEY):
+        out.append(f"{kept}; its `run_monitoring` has no `{MAX_RUNTIME_KEY}`: runs launched from an asset page or a "
+                   f"backfill whose worker died stay STARTED")
+    return out
 
 
 def _has_section(text: str, key: str) -> bool:
@@ -92,19 +104,28 @@ def _has_section(text: str, key: str) -> bool:
                for line in text.splitlines())
 
 
+def _has_key(text: str, key: str) -> bool:
+    """Whether an indented `key:` is set anywhere (gate looks no further into a YAML it did not write)."""
+    return any(line[:1].isspace() and line.split("#", 1)[0].strip().startswith(f"{key}:") for line in text.splitlines())
+
+
 LOCATION = "gate"
-WORKSPACE_YAML = f"""# written by gate ui (rewritten at every start): gate's code location from the installed package
+MODULE, ATTRIBUTE = "gate_pipeline.dagster_defs.definitions", "defs"
+WORKSPACE_YAML = f"""# written by gate ui (rewritten at every start): gate's code location, served by the code server gate ui
+# runs on 127.0.0.1:{{port}} (`dagster code-server start -m {MODULE} -a {ATTRIBUTE} --location-name {LOCATION}`)
 load_from:
-  - python_module:
-      module_name: gate_pipeline.dagster_defs.definitions
-      attribute: defs
+  - grpc_server:
+      host: 127.0.0.1
+      port: {{port}}
       location_name: {LOCATION}
 """
 
 
-def write_workspace(home: Path) -> Path:
-    """The workspace file `gate ui` serves: the code location named `gate`, as in the repository's workspace.yaml."""
+def write_workspace(home: Path, port: int) -> Path:
+    """The workspace file `gate ui`'s webserver and daemon load: the code location `gate` (as in the
+    repository's workspace.yaml), from the code server `gate ui` keeps running on `port`."""
     path = home / "gate-workspace.yaml"
-    if not path.exists() or path.read_text(encoding="utf-8") != WORKSPACE_YAML:
-        path.write_text(WORKSPACE_YAML, encoding="utf-8")
+    text = WORKSPACE_YAML.replace("{port}", str(int(port)))
+    if not path.exists() or path.read_text(encoding="utf-8") != text:
+        path.write_text(text, encoding="utf-8")
     return path

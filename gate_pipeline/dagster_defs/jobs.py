@@ -7,20 +7,22 @@ is the same nightly job on Dagster's multiprocess executor, one process per chun
 task on the broker at GATE_CELERY_BROKER, run by whichever `dagster-celery worker` takes it; the
 `celery` extra). See docs/many-machines.md.
 
-Every run carries a maximum runtime (the `dagster/max_runtime` tag, in seconds): with the run
-monitoring `gate ui` turns on, a run whose worker is gone (a crash, a reboot) is failed once it
-passes it, and the grading sensor then grades its open episodes 0 with the reason. Set the tag
-on a launch to allow longer (a model playing many cases).
+Every run of these jobs carries a maximum runtime (the `dagster/max_runtime` tag, in seconds): with
+the run monitoring `gate ui` turns on, a run whose worker is gone (a crash, a reboot) is failed once
+it passes it, and the grading sensor then grades its open episodes 0 with the reason. Set the tag
+on a launch to allow longer (a model playing many cases). The runs no job tags (the asset page's
+and backfills' `__ASSET_JOB`) get the instance's `max_runtime_seconds` (instance.py).
 """
 from __future__ import annotations
 
 import dagster as dg
 
 from .assets import CASE_GROUP
+from .instance import MAX_RUNTIME_S
 from .location import run_settings
 from .scoreboard import NIGHTLY_GROUP
 
-CASE_MAX_RUNTIME_S = 1800  # a model playing one case
+CASE_MAX_RUNTIME_S = MAX_RUNTIME_S  # a model playing one case
 NIGHTLY_MAX_RUNTIME_S = 6 * 3600
 
 play_case_job = dg.define_asset_job(

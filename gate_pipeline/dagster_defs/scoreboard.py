@@ -113,11 +113,24 @@ def play_chunk(context: dg.OpExecutionContext, chunk: dict, gate_store: GateStor
     return {"cases_file": chunk["cases_file"], "played": _play(context, chunk, gate_store, case_library)}
 
 
+def short_cases(path: str) -> str:
+    """A case file as a table names it: its folder (the suite) and its name, `classic/eval_curated.jsonl`."""
+    p = Path(path)
+    return f"{p.parent.name}/{p.name}" if p.parent.name else p.name
+
+
+def short_run(run_id: str | None) -> str:
+    """A run id as Dagster's UI shows it (its first 8 characters), linking to the run's page."""
+    return f"[{run_id[:8]}](/runs/{run_id})" if run_id else ""
+
+
 def _history(nights: list[dict], agents: list[str]) -> str:
-    rows = [[n["night"], n["run_id"] or "", n["summary"].get("cases_file", ""),
-             *(f"{n['summary']['agents'][a]['reward']:.4f}" if a in n["summary"]["agents"] else "-" for a in agents)]
+    """Each night's mean reward per agent first, then the case file and the run (short, so the rewards fit)."""
+    rows = [[n["night"],
+             *(f"{n['summary']['agents'][a]['reward']:.4f}" if a in n["summary"]["agents"] else "-" for a in agents),
+             short_cases(n["summary"].get("cases_file", "")), short_run(n["run_id"])]
             for n in nights]
-    return md_table(["night", "run", "cases", *agents], rows)
+    return md_table(["night", *agents, "cases", "run"], rows)
 
 
 def regressions(previous: dict | None, current: dict) -> list[str]:

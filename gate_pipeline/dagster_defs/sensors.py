@@ -6,7 +6,16 @@ computed once per episode (its row in the store is the marker, so a restart cann
 twice); the sensor's cursor is the last grade it emitted, so each grade becomes exactly one
 observation on `agent_report` for the case's partition. An episode whose Dagster run ended
 while it was still open (a crash, a cancelled run) is closed with that reason and grades 0;
-`failed_run_sensor` does the same at once for a failed run, with Dagster's failure message.
+`failed_run_sensor` does the same at once for any failed run of this code location (the jobs,
+and the asset page's and backfills' `__ASSET_JOB` runs), with Dagster's failure message.
+
+Dagster shows every tick that launches no run as skipped, with the result's skip reason as its
+message: a grading tick's message and its cursor say what it graded ("2 · careful on
+eval-amount-bounds-2 1.0000, naive on eval-amount-bounds-2 0.4500"); only a tick with nothing
+to grade says "no new grades". A grade observation's metadata is keyed by its agent
+(`careful/reward`, `careful/reason`, `careful/episode_id`, `careful/run`), so the partition's page,
+which shows the latest value of each key, keeps the agent that materialized the partition under
+`agent`, and each agent's latest grade beside it.
 """
 
 import dagster as dg
@@ -14,14 +23,24 @@ import dagster as dg
 from ..kernel.grading import grade_stored, zero_grade
 from ..kernel.records import TERMS
 from ..store import RUNNING
-from .jobs import NIGHTLY_JOBS, play_case_job
 from .markdown import md_table
 from .partitions import cases_partitions, partition_changes
 from .resources import CaseLibrary, GateStore
 
 REPORT_KEY = dg.AssetKey("agent_report")
 MAX_GRADES_PER_TICK = 500
-METRICS = ("bad_batches_loaded", "revenue_error_usd", "ledger_intact", "finished")
+
+
+def run_end_reason(instance: dg.DagsterInstance, run: dg.DagsterRun) -> str:
+    """Why a finished run ended, from its own events: Dagster's failure message, preceded by the
+    cancel request that led to it (run monitoring's "exceeding maximum runtime") when there was one."""
+    kinds = {dg.DagsterEventType.RUN_CANCELING, dg.DagsterEventType.RUN_FAILURE, dg.DagsterEventType.RUN_CANCELED}
+    messages = [e.dagster_event.message for e in instance.all_logs(run.run_id, of_type=kinds)
+                if e.dagster_event is not None and e.dagster_event.message]
+    said = " ".join(m if m.endswith(".") else f"{m}." for m in dict.fromkeys(m.strip() for m in messages))
+    head = ("the Dagster run failed" if run.status == dg.DagsterRunStatus.FAILURE
+            else f"the Dagster run ended ({run.status.value}) before the episode did")
+    return f"{head}: {said}" if said else head
 
 
 def close_abandoned(store, instance: dg.DagsterInstance) -> list[str]:
@@ -29,8 +48,8 @@ def close_abandoned(store, instance: dg.DagsterInstance) -> list[str]:
     closed = []
     for ep in store.episodes(status=RUNNING):
         run = instance.get_run_by_id(ep["run_id"]) if ep["run_id"] else None
-        if run is not None and run.is_finished and store.close_abandoned(
-                ep["episode_id"], f"the Dagster run ended ({run.status.value}) before the episode did"):
+        if run is not None and run.is_finished and store.close_abandoned(ep["episode_id"],
+                                                                         run_end_reason(instance, run)):
             closed.append(ep["episode_id"])
     return closed
 
@@ -49,18 +68,39 @@ def by_agent_table(latest: dict[str, dict]) -> str:
 
 
 def grade_observation(grade: dict, latest: dict[str, dict], instance: dg.DagsterInstance) -> dg.AssetObservation:
+    """One grade as an observation of the case's `agent_report` partition: four keys of the agent's own
+    (`careful/reward`, `careful/reason`: why it failed, or empty, `careful/episode_id`, `careful/run`) and the
+    table of every agent's latest grade on the case (its terms and figures)."""
     agent = str(grade.get("agent", "?"))
     run_id = str(grade.get("run_id") or "")
     played_by = (dg.MetadataValue.dagster_run(run_id) if run_id and instance.get_run_by_id(run_id) is not None
                  else run_id)  # a Dagster run links to its page; a `gate run` id is text
-    metadata = {"agent": agent, "episode_id": str(grade.get("episode_id", "")), "run": played_by,
-                "reward": _number(grade, "reward"),
-                **{t: _number(grade, t) for t in TERMS}, **{m: grade.get(m) for m in METRICS},
-                "failed": bool(grade.get("failed", True)), "reason": str(grade.get("reason") or ""),
+    metadata = {f"{agent}/reward": _number(grade, "reward"), f"{agent}/reason": str(grade.get("reason") or ""),
+                f"{agent}/episode_id": str(grade.get("episode_id", "")), f"{agent}/run": played_by,
                 "latest_grade_by_agent": dg.MetadataValue.md(by_agent_table(latest))}
     return dg.AssetObservation(asset_key=REPORT_KEY, partition=str(grade.get("case_id")), metadata=metadata,
                                tags={"gate/agent": agent[:63]},
                                description=f"grade of {agent} on {grade.get('case_id')}: {_number(grade, 'reward'):.4f}")
+
+
+def graded_summary(grades: list[dict], listed: int = 3) -> str:
+    """What one tick graded, in a line: each grade when there are few, else each agent's count and mean."""
+    failed = sum(1 for g in grades if g.get("failed"))
+    tail = f"; {failed} failed" if failed else ""
+    if len(grades) <= listed:
+        return ", ".join(f"{g.get('agent')} on {g.get('case_id')} {_number(g, 'reward'):.4f}" for g in grades) + tail
+    by_agent: dict[str, list[float]] = {}
+    for g in grades:
+        by_agent.setdefault(str(g.get("agent")), []).append(_number(g, "reward"))
+    cases = len({g.get("case_id") for g in grades})
+    return (f"{len(grades)} episodes of {cases} cases: "
+            + ", ".join(f"{a} {len(r)} (mean {sum(r) / len(r):.4f})" for a, r in by_agent.items()) + tail)
+
+
+def last_grade(cursor: str | None) -> int:
+    """The grade sequence number a cursor starts with (the rest of it is for people)."""
+    head = (cursor or "").split(" ", 1)[0]
+    return int(head) if head.isdigit() else 0
 
 
 @dg.sensor(minimum_interval_seconds=15, default_status=dg.DefaultSensorStatus.RUNNING,
@@ -81,10 +121,10 @@ def grading_sensor(context: dg.SensorEvaluationContext, gate_store: GateStore):
                 graded += 1
                 context.log.info(f"graded {row['agent']} on {grade.case_id}: {grade.reward:.4f}"
                                  + (f" (failed: {grade.reason})" if grade.failed else ""))
-        last = int(context.cursor) if (context.cursor or "").isdigit() else 0
+        last = last_grade(context.cursor)
         pending = store.grades_after(last)[:MAX_GRADES_PER_TICK]
         if not pending:
-            return dg.SkipReason("no new grades")
+            return dg.SensorResult(skip_reason=dg.SkipReason("no new grades"), cursor=str(last))
         latest: dict[str, dict] = {}
         events = []
         for _, g in pending:
@@ -92,20 +132,24 @@ def grading_sensor(context: dg.SensorEvaluationContext, gate_store: GateStore):
             if case_id not in latest:
                 latest[case_id] = store.latest_grades(case_id)
             events.append(grade_observation(g, latest[case_id], context.instance))
-        context.log.info(f"{graded} episodes graded this tick; {len(events)} grades recorded as observations")
-        return dg.SensorResult(asset_events=events, cursor=str(pending[-1][0]))
+        summary = graded_summary([g for _, g in pending])
+        context.log.info(f"{graded} episodes graded this tick; {len(events)} grades recorded as observations: "
+                         f"{summary}")
+        # Dagster shows a tick without a run request as skipped, with this message: here, what it graded
+        return dg.SensorResult(asset_events=events, cursor=f"{pending[-1][0]} · {summary}"[:1000],
+                               skip_reason=f"recorded {len(events)} grades: {summary}")
     finally:
         store.dispose()
 
 
-@dg.run_failure_sensor(monitored_jobs=[play_case_job, *NIGHTLY_JOBS], minimum_interval_seconds=15,
-                       default_status=dg.DefaultSensorStatus.RUNNING,
-                       description="Closes the open episodes of a failed run with Dagster's failure message, "
-                                   "so the grading sensor grades them 0 with that reason.")
+@dg.run_failure_sensor(minimum_interval_seconds=15, default_status=dg.DefaultSensorStatus.RUNNING,
+                       description="Closes the open episodes of any failed run of this code location (the jobs, "
+                                   "the asset page's and backfills' runs) with Dagster's failure message, so the "
+                                   "grading sensor grades them 0 with that reason.")
 def failed_run_sensor(context: dg.RunFailureSensorContext, gate_store: GateStore):
     store = gate_store.open()
     try:
-        reason = f"the Dagster run failed: {context.failure_event.message or 'no message'}"
+        reason = run_end_reason(context.instance, context.dagster_run)
         for ep in store.episodes(run_id=context.dagster_run.run_id, status=RUNNING):
             if store.close_abandoned(ep["episode_id"], reason):
                 context.log.info(f"closed episode {ep['episode_id']} of failed run {context.dagster_run.run_id}")

@@ -146,6 +146,21 @@ def launch_run(base_url: str, job: str, run_config: dict | None = None, tags: di
     return out["run"]["runId"]
 
 
+def launch_assets(base_url: str, assets: list[str], partition: str, run_config: dict | None = None,
+                  tags: dict | None = None, location: str = "gate") -> str:
+    """The asset page's Materialize (with its launchpad's config, if any) for one partition: a run of
+    the implicit `__ASSET_JOB` over `assets`, queued; return the run id."""
+    selector = {"repositoryLocationName": location, "repositoryName": "__repository__", "jobName": "__ASSET_JOB",
+                "assetSelection": [{"path": [a]} for a in assets], "assetCheckSelection": []}
+    params = {"selector": selector, "runConfigData": run_config or {},
+              "executionMetadata": {"tags": [{"key": k, "value": v}
+                                             for k, v in {"dagster/partition": partition, **(tags or {})}.items()]}}
+    out = graphql(base_url, LAUNCH_RUN, {"p": params})["launchRun"]
+    if out["__typename"] != "LaunchRunSuccess":
+        raise RuntimeError(f"launchRun: {out}")
+    return out["run"]["runId"]
+
+
 def reexecute_from_failure(base_url: str, parent_run_id: str) -> str:
     """The Runs page's "Re-execute from failure"; return the new run id."""
     out = graphql(base_url, REEXECUTE, {"p": {"parentRunId": parent_run_id, "strategy": "FROM_FAILURE"}})
