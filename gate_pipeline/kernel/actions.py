@@ -81,9 +81,9 @@ def parse_action(value) -> Action:
 PREVIEW_NODES, PREVIEW_DEPTH, PREVIEW_ITEMS, PREVIEW_CHARS = 200, 20, 20, 200
 
 
-def preview(value):
-    """A bounded, JSON-ready copy of anything an agent sent: long strings and lists cut, deep or wide
-    structures stopped, huge integers and other objects named. Its cost does not grow with the input."""
+def preview(value, chars: int = PREVIEW_CHARS):
+    """A bounded, JSON-ready copy of anything an agent sent: strings over `chars` and long lists cut, deep
+    or wide structures stopped, huge integers and other objects named. Its cost does not grow with the input."""
     budget = [PREVIEW_NODES]
 
     def walk(v, depth):
@@ -93,7 +93,7 @@ def preview(value):
         if v is None or isinstance(v, bool):
             return v
         if isinstance(v, str):
-            return v if len(v) <= PREVIEW_CHARS else f"{v[:PREVIEW_CHARS]}...[{len(v):,} characters]"
+            return v if len(v) <= chars else f"{v[:chars]}...[{len(v):,} characters]"
         if isinstance(v, int):
             return v if v.bit_length() <= 64 else f"<integer of {v.bit_length():,} bits>"
         if isinstance(v, float):

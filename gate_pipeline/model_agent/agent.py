@@ -184,6 +184,7 @@ class ModelAgent:
     `client`, when given, is an `AsyncOpenAI` shared with other rollouts (gate run passes one);
     otherwise the agent opens its own for the episode and closes it after."""
     name, oracle = "model", False
+    deterministic = False  # a model answers differently from one run to the next: `gate verify` cannot play it again
 
     def __init__(self, client=None, **settings):
         missing = [k for k in ("model", "base_url") if k not in settings]
