@@ -4,7 +4,9 @@
 instance in DAGSTER_HOME with the agents naive and `interrupted_nightly:StallOnce`, in chunks
 of 4 cases. StallOnce plays as careful does, except that its STALL_AT-th episode, while MARKER
 does not exist, writes MARKER and sleeps: the test then interrupts the run (SIGINT, as Ctrl-C),
-so one chunk fails and the chunks after it never start.
+so one chunk fails and the chunks after it never start. `... --reexecute RUN_ID` re-executes that
+run from failure. The code location lists StallOnce only when GATE_AGENTS names it (the test sets
+it), as a deployment lists its own agents.
 """
 import sys
 import time
@@ -44,7 +46,13 @@ def run_config(cases_file: str, marker: str) -> dict:
 
 
 if __name__ == "__main__":
-    cases_file, marker = sys.argv[1], sys.argv[2]
     with dg.DagsterInstance.get() as instance:
-        result = dg.execute_job(dg.reconstructable(nightly_job), instance, run_config=run_config(cases_file, marker))
-        print(result.run_id, result.success, flush=True)
+        if sys.argv[1] == "--reexecute":
+            options = dg.ReexecutionOptions.from_failure(sys.argv[2], instance)
+            with dg.execute_job(dg.reconstructable(nightly_job), instance, reexecution_options=options) as result:
+                print(result.run_id, result.success, flush=True)
+        else:
+            cases_file, marker = sys.argv[1], sys.argv[2]
+            result = dg.execute_job(dg.reconstructable(nightly_job), instance,
+                                    run_config=run_config(cases_file, marker))
+            print(result.run_id, result.success, flush=True)

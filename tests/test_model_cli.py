@@ -70,7 +70,8 @@ def test_an_interrupted_gate_run_resumes_with_the_same_run_id(server, tmp_path, 
                                 stderr=subprocess.PIPE, text=True, env={**os.environ, "GATE_HOME": str(home)})
         path = tmp_path / "ir" / "transcripts.jsonl"
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not (path.exists() and len(path.read_text().splitlines()) >= 2):
+        before = server.requests["careful"]
+        while time.monotonic() < deadline and server.requests["careful"] - before < 2 * 4 + 1:  # 4 a rollout
             time.sleep(0.02)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)

@@ -3,13 +3,15 @@
     gate run --model NAME --base-url URL [--cases FILE] [-n N] [-r ROLLOUTS] [-c CONCURRENCY]
              [--run-id ID] [--api-key-env VAR] [--max-turns N] [--timeout S]
 
-Transcripts go to runs/<run-id>/transcripts.jsonl; the same --run-id resumes a run.
+Transcripts go to runs/<run-id>/transcripts.jsonl; the same --run-id resumes a run, after any number of
+Ctrl-C, SIGTERM (handled as Ctrl-C: what Slurm and Kubernetes send) or kill -9.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import signal
 import sys
 from collections import Counter
 from contextlib import contextmanager
@@ -46,6 +48,21 @@ def _rollout_bar(total: int):
             rewards.append(result.reward)
             prog.update(task, advance=1, mean=f"mean reward {sum(rewards) / len(rewards):.4f}")
         yield advance
+
+
+@contextmanager
+def sigterm_as_ctrl_c():
+    """While the run plays, SIGTERM raises SIGINT: asyncio's Ctrl-C handling cancels the run, every rollout
+    in flight is recorded as cut off and the command ends `gate: interrupted`, exit 130."""
+    try:
+        before = signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
+    except ValueError:  # not the main thread: nothing to install
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def _settings(a):
@@ -99,8 +116,9 @@ def cmd_run(a, gate_settings: Settings) -> int:
     total = len(cases) * rollouts
     store = RunStore(gate_settings)
     try:
-        with _rollout_bar(total) as advance:
-            out = asyncio.run(run_rollouts(cases, settings, rollouts, concurrency, run_dir, store, on_done=advance))
+        with _rollout_bar(total) as advance, sigterm_as_ctrl_c():
+            out = asyncio.run(run_rollouts(cases, settings, rollouts, concurrency, run_dir, store, on_done=advance,
+                                           cases_file=path))
     except EndpointError as exc:  # the endpoint, not the request, is wrong: nothing to tabulate
         print(f"gate: error: {exc}", file=sys.stderr)
         return 1

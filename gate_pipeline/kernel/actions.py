@@ -58,6 +58,14 @@ def parse_arguments(tool, raw) -> Action:
     return Action(tool, args)
 
 
+def tool_call_action(name, raw, parsed: Action | None = None) -> dict:
+    """The action a chat-completions tool call (`function.name`, `function.arguments`) is: its arguments
+    parsed when they are JSON text, as sent when they are not (the tools then refuse them). The one
+    mapping the model agent plays and `gate verify` replays a transcript by."""
+    parsed = parsed or parse_arguments(name, raw)
+    return {"tool": name, "args": raw if parsed.problem else parsed.args}
+
+
 def parse_action(value) -> Action:
     """(tool, args) of an action, or the action with `problem` saying what is wrong with it."""
     if isinstance(value, str):
