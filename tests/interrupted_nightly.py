@@ -12,10 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-import dagster as dg
-
-from gate_pipeline.dagster_defs.definitions import defs
-from gate_pipeline.dagster_defs.jobs import nightly_run_config
 from gate_pipeline.kernel.agents import make_agent
 
 AGENT = "interrupted_nightly:StallOnce"
@@ -37,15 +33,18 @@ class StallOnce:
         return self.careful.play(tools, case)
 
 
-def nightly_job():
+def nightly_job():  # Dagster is imported here only: `gate nightly` imports this agent before it loads Dagster
+    from gate_pipeline.dagster_defs.definitions import defs
     return defs.resolve_job_def("nightly_benchmark")
 
 
 def run_config(cases_file: str, marker: str) -> dict:
+    from gate_pipeline.dagster_defs.jobs import nightly_run_config
     return nightly_run_config(cases_file, ["naive", AGENT], {AGENT: {"marker": marker}}, chunk_size=4)
 
 
 if __name__ == "__main__":
+    import dagster as dg
     with dg.DagsterInstance.get() as instance:
         if sys.argv[1] == "--reexecute":
             options = dg.ReexecutionOptions.from_failure(sys.argv[2], instance)

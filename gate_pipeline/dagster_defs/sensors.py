@@ -13,6 +13,8 @@ this machine (`gate nightly` killed); `failed_run_sensor` does the same at once 
 run, with Dagster's failure message.
 """
 
+import re
+
 import dagster as dg
 
 from ..kernel.grading import grade_stored, zero_grade
@@ -25,6 +27,7 @@ from .partitions import cases_partitions, partition_changes
 from .resources import CaseLibrary, GateStore
 
 REPORT_KEY = dg.AssetKey("agent_report")
+TAG_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 MAX_GRADES_PER_TICK = 500
 METRICS = ("bad_batches_loaded", "revenue_error_usd", "ledger_intact", "finished")
 
@@ -93,7 +96,7 @@ def grade_observation(grade: dict, latest: dict[str, dict], instance: dg.Dagster
                 "failed": bool(grade.get("failed", True)), "reason": str(grade.get("reason") or ""),
                 "latest_grade_by_agent": dg.MetadataValue.md(by_agent_table(latest))}
     return dg.AssetObservation(asset_key=REPORT_KEY, partition=str(grade.get("case_id")), metadata=metadata,
-                               tags={"gate/agent": agent[:63]},
+                               tags={"gate/agent": TAG_UNSAFE.sub("_", agent)[:63]},  # a tag's characters only
                                description=f"grade of {agent} on {grade.get('case_id')}: {_number(grade, 'reward'):.4f}")
 
 
