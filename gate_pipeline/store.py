@@ -88,6 +88,7 @@ LOCKS = "locks"  # GATE_HOME/locks/<run id>.lock: held by the process playing a 
 CREATE_ATTEMPTS = 20
 CONNECT_TIMEOUT_S = 10  # an unreachable database server is one error after this, not a hang
 RUNNING, ENDED = "running", "ended"
+NEVER_ENDED = "the episode never ended"
 OPEN, COMPLETE, STOPPED, DIED = "open", "complete", "stopped", "died"  # a sealed run's status
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -602,7 +603,7 @@ class RunStore:
         row = self.episode(episode_id)
         problems: list[str] = []
         if row["status"] != ENDED:
-            problems.append("the episode never ended")
+            problems.append(NEVER_ENDED)
         elif not row["seal"] or not hmac.compare_digest(row["seal"], self.seal(row)):
             problems.append("the episode's record was altered (its seal does not match)")
         case = None

@@ -43,7 +43,7 @@ from .kernel.grading import grade_stored
 from .kernel.ledger import last_hash
 from .kernel.records import ABANDONED, API_ERROR, GRADE_KEYS, TIMEOUT, Grade, StoredEpisode
 from .kernel.settings import Settings
-from .store import COMPLETE, DIED, ENDED, OPEN, STOPPED, RunStore, StoreError, sha256
+from .store import COMPLETE, DIED, ENDED, NEVER_ENDED, OPEN, STOPPED, RunStore, StoreError, lock_free, sha256
 from .tables import summary
 
 COMPARED = (*GRADE_KEYS, "failed")
@@ -208,7 +208,16 @@ def check_episode(store: RunStore, row: dict, settings: Settings, out: Verificat
     except StoreError as exc:
         problem(str(exc))
         return
-    for p in stored.problems:
+    problems = list(stored.problems)
+    if row["status"] != ENDED and NEVER_ENDED in problems:
+        lock = store.run_lock(row["run_id"])
+        if lock_free(lock):  # its process, on this machine, is gone
+            problems[problems.index(NEVER_ENDED)] = (f"{NEVER_ENDED}: its process died (the next `gate nightly`, "
+                                                     f"or the grading sensor, closes it as abandoned)")
+        elif lock.exists():  # its process is playing it now
+            problems.remove(NEVER_ENDED)
+            out.notes.append(Problem(eid, case_id, agent, "still being played (its night's process is running)"))
+    for p in problems:
         problem(p)
     grade = out.fresh[eid] = grade_stored(stored)
     kept = store.recorded_grade(eid)

@@ -68,7 +68,7 @@ def test_gate_run_killed_three_times_and_terminated_once_resumes_to_the_uninterr
         for n, sig in enumerate([signal.SIGKILL, signal.SIGKILL, signal.SIGKILL, signal.SIGTERM]):
             proc = run("crash")
             start = server.requests[MODEL]
-            wait_for(lambda: server.requests[MODEL] - start >= 10 + 8 * n, proc, "rollouts in flight")
+            wait_for(lambda start=start, n=n: server.requests[MODEL] - start >= 10 + 8 * n, proc, "rollouts in flight")
             proc.send_signal(sig)
             _, err = proc.communicate(timeout=60)
             if sig == signal.SIGKILL:
@@ -127,7 +127,8 @@ def test_gate_nightly_killed_with_9_is_closed_by_the_next_night_and_verifies(hom
     [stalled] = store.episodes(status="running")
     [dead] = store.manifests()
     store.dispose()
-    assert main(["verify"]) == 1 and "the episode never ended" in capsys.readouterr().out  # as it was left
+    out = capsys.readouterr().out if main(["verify"]) == 1 else ""
+    assert "the episode never ended: its process died (the next `gate nightly`" in out  # as it was left
     again = nightly("--cases", str(cases), "--agents", "naive,careful", env=env)
     _, err = again.communicate(timeout=300)
     assert again.returncode == 0, err
@@ -159,6 +160,8 @@ def test_the_grading_sensor_closes_a_night_whose_process_died(home, tmp_path, ca
 
         tick()
         assert len(store.episodes(status="running")) == 1  # its process is alive: the night is playing
+        assert main(["verify"]) == 0 and "still being played (its night's process is running)" in \
+            capsys.readouterr().out
         proc.kill()
         proc.communicate(timeout=60)
         data = tick()
