@@ -884,16 +884,20 @@ class StoreSink(Sink):
     `announce=False` writes nothing until the episode ends, and `batch` keeps that many ended
     episodes before writing them in one transaction (`flush` writes what is kept): for callers
     that play a cut-off or unwritten episode again rather than grade it (`gate run` on resume).
+    `every`, when given, also writes what is kept once that many seconds have passed since the last
+    write (so a process killed with -9 loses at most that much work, however slow its episodes).
     `before_commit`, when given, is called with the episodes about to be written, before the
     transaction (`gate run` writes their transcript lines there, so every stored episode has one)."""
     wants_warehouse = True
 
     def __init__(self, store: RunStore, announce: bool = True, batch: int = 1,
-                 before_commit: Callable[[list[EpisodeResult]], None] | None = None):
+                 before_commit: Callable[[list[EpisodeResult]], None] | None = None, every: float | None = None):
         self.store = store
         self.announce = announce
         self.batch = batch
         self.before_commit = before_commit
+        self.every = every
+        self.written = time.monotonic()
         self.starts: dict[str, EpisodeStart] = {}
         self.ended: list[tuple[EpisodeResult, EpisodeStart | None]] = []
 
@@ -905,10 +909,11 @@ class StoreSink(Sink):
 
     def end(self, result: EpisodeResult) -> None:
         self.ended.append((result, self.starts.pop(result.episode_id, None)))
-        if len(self.ended) >= self.batch:
+        if len(self.ended) >= self.batch or (self.every is not None and time.monotonic() - self.written >= self.every):
             self.flush()
 
     def flush(self) -> None:
+        self.written = time.monotonic()
         ended, self.ended = self.ended, []
         if ended:
             if self.before_commit is not None:

@@ -290,6 +290,15 @@ def _file_cases(path: str | None, want_sha: str | None) -> tuple[dict[str, str] 
     return {c.case_id: sha256(json.dumps(c.data, sort_keys=True)) for c in cases}, None
 
 
+def _superseded(out: Verification, row: dict, how: str) -> None:
+    """Note an attempt another episode replaced (added to its note when it was abandoned)."""
+    for i, note in enumerate(out.notes):
+        if note.episode_id == row["episode_id"] and note.what.startswith("abandoned"):
+            out.notes[i] = Problem(note.episode_id, note.case_id, note.agent, f"{note.what}; {how}")
+            return
+    out.notes.append(Problem(row["episode_id"], row["case_id"], row["agent"], f"superseded: {how}"))
+
+
 def check_run(manifest: dict, family: list[dict], out: Verification) -> None:
     """A sealed run's episodes (its own and its continuations') against its manifest."""
     run_id, body, status = manifest["run_id"], manifest["body"], manifest["status"]
@@ -341,8 +350,7 @@ def check_run(manifest: dict, family: list[dict], out: Verification) -> None:
                         + ("is not in the store" if eid else "was never recorded when the run completed"))
             for r in rows:
                 if r["episode_id"] != eid:
-                    out.notes.append(Problem(r["episode_id"], r["case_id"], r["agent"],
-                                             f"superseded: played again in run {run_id} ({eid})"))
+                    _superseded(out, r, f"played again in run {run_id} ({eid})")
         return
     played = 0
     for slot in slots:
@@ -355,8 +363,7 @@ def check_run(manifest: dict, family: list[dict], out: Verification) -> None:
                     f"({', '.join(r['episode_id'] for r in [*counted, rows[-1]])})")
         for r in rows[:-1]:
             if r["end_reason"] in REDONE:
-                out.notes.append(Problem(r["episode_id"], r["case_id"], r["agent"],
-                                         f"superseded: played again ({rows[-1]['episode_id']})"))
+                _superseded(out, r, f"played again ({rows[-1]['episode_id']})")
     out.notes.append(run_problem(run_id, f"{manifest['kind']}, {RUN_STATES.get(status, status)}: {played} of "
                                          f"{len(slots)} episodes played"))
 

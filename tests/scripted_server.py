@@ -348,6 +348,7 @@ def main() -> None:
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--seed", type=int, default=0, help="seed of the coin policy")
     p.add_argument("--asyncio", action="store_true", help="one asyncio thread instead of a thread per connection")
+    p.add_argument("--delay", type=float, default=0.0, help="seconds before every answer (a slower model)")
     a = p.parse_args()
     if a.asyncio:
         try:
@@ -356,6 +357,7 @@ def main() -> None:
             pass
         return
     server = ScriptedServer(a.port, seed=a.seed)
+    server.delay = a.delay
     print(server.url, flush=True)
     try:
         server.serve_forever()

@@ -53,9 +53,14 @@ def test_gate_run_killed_three_times_and_terminated_once_resumes_to_the_uninterr
     env = {**os.environ, "GATE_HOME": str(home)}
     runs = tmp_path / "runs"
     with ScriptedServer() as server:
-        def run(run_id: str, *extra: str) -> subprocess.Popen:
-            return gate("run", "--model", MODEL, "--base-url", server.url, "-n", "16", "-r", "2", "-c", "4",
-                        "--run-id", run_id, "--runs-dir", str(runs), *extra, env=env)
+        def run(run_id: str, *extra: str, background_job: bool = False) -> subprocess.Popen:
+            args = ["run", "--model", MODEL, "--base-url", server.url, "-n", "16", "-r", "2", "-c", "4",
+                    "--run-id", run_id, "--runs-dir", str(runs), *extra]
+            if background_job:  # as a shell starts `gate run ... &`: SIGINT ignored, SIGTERM must still stop it
+                return subprocess.Popen([sys.executable, "-m", "gate_pipeline.cli.main", *args], cwd=ROOT, env=env,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+            return gate(*args, env=env)
 
         reference = run("reference", "--json")
         out, err = reference.communicate(timeout=300)
@@ -66,7 +71,7 @@ def test_gate_run_killed_three_times_and_terminated_once_resumes_to_the_uninterr
         server.delay = 0.02  # 4 requests a rollout: about 0.1 s each, 32 rollouts in about a second
         played_before = 0
         for n, sig in enumerate([signal.SIGKILL, signal.SIGKILL, signal.SIGKILL, signal.SIGTERM]):
-            proc = run("crash")
+            proc = run("crash", background_job=sig == signal.SIGTERM)
             start = server.requests[MODEL]
             wait_for(lambda start=start, n=n: server.requests[MODEL] - start >= 10 + 8 * n, proc, "rollouts in flight")
             proc.send_signal(sig)

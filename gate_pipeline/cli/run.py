@@ -50,19 +50,32 @@ def _rollout_bar(total: int):
         yield advance
 
 
-@contextmanager
-def sigterm_as_ctrl_c():
-    """While the run plays, SIGTERM raises SIGINT: asyncio's Ctrl-C handling cancels the run, every rollout
-    in flight is recorded as cut off and the command ends `gate: interrupted`, exit 130."""
+TERMINATED = object()
+
+
+async def _until_sigterm(coro):
+    """`coro`, cancelled by SIGTERM as Ctrl-C cancels it (what a scheduler sends): every rollout in flight is
+    recorded as cut off before the run stops. TERMINATED when SIGTERM stopped it."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    terminated = []
+
+    def on_term() -> None:
+        terminated.append(True)
+        task.cancel()  # type: ignore[union-attr]
+
     try:
-        before = signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
-    except ValueError:  # not the main thread: nothing to install
-        yield
-        return
+        loop.add_signal_handler(signal.SIGTERM, on_term)
+    except (NotImplementedError, RuntimeError, ValueError):  # no signals here (not the main thread)
+        return await coro
     try:
-        yield
+        return await coro
+    except asyncio.CancelledError:
+        if terminated:
+            return TERMINATED
+        raise
     finally:
-        signal.signal(signal.SIGTERM, before)
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 def _settings(a):
@@ -116,9 +129,11 @@ def cmd_run(a, gate_settings: Settings) -> int:
     total = len(cases) * rollouts
     store = RunStore(gate_settings)
     try:
-        with _rollout_bar(total) as advance, sigterm_as_ctrl_c():
-            out = asyncio.run(run_rollouts(cases, settings, rollouts, concurrency, run_dir, store, on_done=advance,
-                                           cases_file=path))
+        with _rollout_bar(total) as advance:
+            out = asyncio.run(_until_sigterm(run_rollouts(cases, settings, rollouts, concurrency, run_dir, store,
+                                                          on_done=advance, cases_file=path)))
+        if out is TERMINATED:
+            raise KeyboardInterrupt  # `gate: interrupted`, exit 130, as after Ctrl-C
     except EndpointError as exc:  # the endpoint, not the request, is wrong: nothing to tabulate
         print(f"gate: error: {exc}", file=sys.stderr)
         return 1

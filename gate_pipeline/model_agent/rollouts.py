@@ -8,8 +8,9 @@ calls, ledger, grade, timings, token usage). A run also lives in runs/<run-id>/:
 first starts (its cases, model and rollouts: what it must produce), and sealed again as complete
 with the episodes that count once every rollout has one.
 
-Crash-safe: ended episodes are written STORE_BATCH to a transaction, their transcript lines
-first (flushed to disk), so every stored episode has its line; a resume first makes the
+Crash-safe: ended episodes are written STORE_BATCH to a transaction (or once STORE_EVERY_S
+has passed), their transcript lines first (flushed to disk), so every stored episode has its
+line and a kill -9 loses at most the rollouts of the last second; a resume first makes the
 transcript file hold exactly the stored episodes' lines (dropping those of episodes a killed
 process never stored, writing any the store has and the file lacks), then plays only the
 rollouts the store has no ended episode for, and the ones that ended on an API error or timeout
@@ -45,7 +46,7 @@ from .agent import ModelAgent, ModelSettings, describe_error, make_client
 
 TRANSCRIPTS, META = "transcripts.jsonl", "run.json"
 REDONE_ON_RESUME = (API_ERROR, TIMEOUT, ABANDONED)
-STORE_BATCH = 16
+STORE_BATCH, STORE_EVERY_S = 16, 1.0  # ended episodes are written 16 to a transaction, or after a second
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 # settings that change what a rollout means: a resumed run must not mix them
 BINDING = ("model", "base_url", "temperature", "max_turns", "max_tokens")
@@ -376,7 +377,8 @@ async def _run(cases, settings, rollouts, concurrency, run_dir, store, on_done, 
         with path.open("a", encoding="utf-8") as out, fewer_collections():
             # episodes are written as they end, STORE_BATCH to a transaction, each batch's transcript lines
             # first: a cut-off rollout, or one not yet written, is played again on resume
-            keep = StoreSink(store, announce=False, batch=STORE_BATCH, before_commit=TranscriptWriter(out))
+            keep = StoreSink(store, announce=False, batch=STORE_BATCH, before_commit=TranscriptWriter(out),
+                             every=STORE_EVERY_S)
             tasks = [asyncio.ensure_future(worker((keep,))) for _ in range(max(1, min(concurrency, len(todo) or 1)))]
             try:
                 await asyncio.gather(*tasks)
