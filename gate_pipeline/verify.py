@@ -153,8 +153,12 @@ def replay_agent(stored: StoredEpisode, row: dict, spec, fresh: Grade) -> str | 
     if (result.end_reason, result.error or None) != (row["end_reason"], row["error"]):
         return (f"played again, {spec.name} ends {result.end_reason!r} ({result.error or 'no error'}), not "
                 f"{row['end_reason']!r} as stored")
-    why = differs(result.grade.as_dict(), fresh)
-    return f"played again, {spec.name}'s grade differs: {why}" if why else None
+    if stored.problems:  # the stored episode grades 0 for those: its grade says nothing more
+        return None
+    now, stored_grade = result.grade.as_dict(), fresh.as_dict()
+    changed = [k for k in COMPARED if now[k] != stored_grade[k]]
+    return (f"played again, {spec.name} grades {now['reward']!r}, the stored episode {stored_grade['reward']!r} "
+            f"(they differ in {', '.join(changed)})") if changed else None
 
 
 def tie(stored: StoredEpisode, row: dict, log: dict) -> str | None:
