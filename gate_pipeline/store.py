@@ -357,16 +357,17 @@ class RunStore:
     def _check_key(self, strict: bool) -> str | None:
         """Record the key's id in a store that has none; say (or raise, when `strict`) if it is another key."""
         mine = key_id(self.key)
-        with self.engine.begin() as c:
-            kept = c.execute(select(store_meta.c.value).where(store_meta.c.key == "key_id")).scalar()
-            if kept is None:
-                try:
-                    c.execute(insert(store_meta).values(key="key_id", value=mine))
-                except IntegrityError:  # another process recorded it first
-                    kept = None
+        query = select(store_meta.c.value).where(store_meta.c.key == "key_id")
+        with self.engine.connect() as c:
+            kept = c.execute(query).scalar()
         if kept is None:
+            try:
+                with self.engine.begin() as c:
+                    c.execute(insert(store_meta).values(key="key_id", value=mine))
+            except IntegrityError:  # another process recorded it first: theirs is the store's
+                pass
             with self.engine.connect() as c:
-                kept = c.execute(select(store_meta.c.value).where(store_meta.c.key == "key_id")).scalar()
+                kept = c.execute(query).scalar()
         if kept == mine:
             return None
         problem = (f"the store key ({self.key_source}) is not the key {self.url} was sealed with: every seal it "
