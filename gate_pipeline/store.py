@@ -756,9 +756,13 @@ class RunStore:
             row = c.execute(select(manifests).where(manifests.c.run_id == run_id)).mappings().first()
         return None if row is None else self._manifest_of(dict(row))
 
-    def manifests(self) -> list[dict]:
+    def manifests(self, status: str | None = None) -> list[dict]:
+        """Every manifest, oldest first (only those in `status` when given)."""
+        query = select(manifests).order_by(manifests.c.created_at)
+        if status is not None:
+            query = query.where(manifests.c.status == status)
         with self.engine.connect() as c:
-            rows = c.execute(select(manifests).order_by(manifests.c.created_at)).mappings().all()
+            rows = c.execute(query).mappings().all()
         return [self._manifest_of(dict(r)) for r in rows]
 
     def _manifest_of(self, row: dict) -> dict:
@@ -799,9 +803,9 @@ class RunStore:
         its open episodes end as abandoned (graded 0 with that reason) and the run is sealed as DIED.
         [(run id, the episodes closed)]."""
         closed = []
-        for m in self.manifests():
+        for m in self.manifests(status=OPEN):
             lock = self.run_lock(m["run_id"])
-            if m["status"] != OPEN or not lock_free(lock):
+            if not lock_free(lock):
                 continue
             holder = (m["body"] or {}).get("process", "its process") if isinstance(m["body"], dict) else "its process"
             reason = f"{holder} died before the episode ended"

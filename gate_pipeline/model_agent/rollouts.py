@@ -174,7 +174,7 @@ def reconcile(path: Path, store: RunStore, run_id: str) -> tuple[int, int]:
     for eid in missing:
         kept.append(json.dumps(stored_record(store, rows[eid]), default=str))
     dropped = len(lines) - (len(kept) - len(missing))
-    torn = path.exists() and path.stat().st_size and not path.read_bytes().endswith(b"\n")
+    torn = _torn(path)
     if dropped or missing or torn:
         tmp = path.with_name(f".{path.name}.{os.getpid()}")
         with tmp.open("w", encoding="utf-8") as fh:
@@ -183,6 +183,15 @@ def reconcile(path: Path, store: RunStore, run_id: str) -> tuple[int, int]:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     return dropped, len(missing)
+
+
+def _torn(path: Path) -> bool:
+    """Whether the file ends in a half-written line (a process killed mid-write)."""
+    if not path.exists() or path.stat().st_size == 0:
+        return False
+    with path.open("rb") as fh:
+        fh.seek(-1, os.SEEK_END)
+        return fh.read(1) != b"\n"
 
 
 def stored_record(store: RunStore, row: dict) -> dict:
