@@ -7,24 +7,31 @@ an episode leaves is in the database, so any machine with the database's URL (an
 key) can grade, verify and report it.
 
 Stored data is verified, never trusted. When an episode ends its row records the case's
-SHA-256, the ledger's length and last hash, the warehouse image's SHA-256, and a seal: an
-HMAC-SHA256 over all of these and how the episode ended, under the store's key (GATE_STORE_KEY,
-else a random key made once in GATE_HOME/store.key, readable by its owner only). `load` checks
-every one of them and lists what does not hold in `StoredEpisode.problems`; the grader grades
-such an episode 0 with those reasons, and `gate verify` prints them. Whoever can edit the
-database but not read the key cannot make an edit that passes: keep the key apart from the
-database (GATE_STORE_KEY on machines that share a database). `load` gives a `StoredEpisode` back
-for the grader (`grader.grade_stored`); grades are kept once per episode, with a sequence
-number, so a consumer (the grading sensor) can emit each one once across restarts. Nightly
-summaries are kept too, as the scoreboard's history. The database is any SQLAlchemy URL
-(default a SQLite file in GATE_HOME; `postgresql+psycopg://...` for a PostgreSQL server that
-several machines share). Dagster's step outputs of the nightly job can be kept here too
-(`put_output`/`get_output`, used by the Dagster project's IO manager), so a step on another
-machine reads what the step before it wrote.
+SHA-256, the ledger's length and last hash, the warehouse image's SHA-256 (and, for an agent that
+keeps one, its conversation's: the `transcripts` table), and a seal: an HMAC-SHA256 over all of
+these, the agent and how the episode ended, under the store's key (`store_key`: GATE_STORE_KEY,
+else the file GATE_STORE_KEY_FILE names, else a random key made once in GATE_HOME/store.key,
+readable by its owner only; 32 or more bytes of text, or one StoreError). The store records an id
+of its key, so a writer with another key is refused. `load` checks every one of them and lists
+what does not hold in `StoredEpisode.problems`; the grader grades such an episode 0 with those
+reasons, and `gate verify` prints them. Whoever can edit the database but not read the key
+cannot make an edit that passes: keep the key apart from the database (docs/integrity.md).
 
-Schema 4 (this one) keeps warehouses in the database; a schema-3 store (warehouse files under
-GATE_HOME/warehouses) is migrated when first opened: each file is copied into the database,
-once, and its row's seal still holds (the warehouse's name and hash are unchanged).
+Each run records a manifest when it starts (`seal_run`: the episodes it must produce), sealed
+again as complete with the episodes that count (`complete_run`), or as stopped or died
+(`close_run`; `close_dead_runs` closes, with their open episodes, the runs whose process held a
+lock under GATE_HOME and is gone). `load` gives a `StoredEpisode` back for the grader
+(`grader.grade_stored`); grades are kept once per episode, with a sequence number, so a consumer
+(the grading sensor) can emit each one once across restarts. Nightly summaries are kept too, as
+the scoreboard's history. Kept grades and summaries are caches `gate verify` recomputes. The
+database is any SQLAlchemy URL (default a SQLite file in GATE_HOME; `postgresql+psycopg://...`
+for a PostgreSQL server that several machines share). Dagster's step outputs of the nightly job
+can be kept here too (`put_output`/`get_output`, used by the Dagster project's IO manager), so a
+step on another machine reads what the step before it wrote.
+
+Schema 5 (this one) adds agent names, transcripts, manifests and the key's id to schema 4, which
+kept warehouses in the database; a schema-3 store (warehouse files under GATE_HOME/warehouses)
+or a schema-4 store is migrated when first opened, and every row's seal still holds.
 """
 from __future__ import annotations
 
