@@ -7,36 +7,47 @@ an episode leaves is in the database, so any machine with the database's URL (an
 key) can grade, verify and report it.
 
 Stored data is verified, never trusted. When an episode ends its row records the case's
-SHA-256, the ledger's length and last hash, the warehouse image's SHA-256, and a seal: an
-HMAC-SHA256 over all of these and how the episode ended, under the store's key (GATE_STORE_KEY,
-else a random key made once in GATE_HOME/store.key, readable by its owner only). `load` checks
-every one of them and lists what does not hold in `StoredEpisode.problems`; the grader grades
-such an episode 0 with those reasons, and `gate verify` prints them. Whoever can edit the
-database but not read the key cannot make an edit that passes: keep the key apart from the
-database (GATE_STORE_KEY on machines that share a database). `load` gives a `StoredEpisode` back
-for the grader (`grader.grade_stored`); grades are kept once per episode, with a sequence
-number, so a consumer (the grading sensor) can emit each one once across restarts. Nightly
-summaries are kept too, as the scoreboard's history. The database is any SQLAlchemy URL
-(default a SQLite file in GATE_HOME; `postgresql+psycopg://...` for a PostgreSQL server that
-several machines share). Dagster's step outputs of the nightly job can be kept here too
-(`put_output`/`get_output`, used by the Dagster project's IO manager), so a step on another
-machine reads what the step before it wrote.
+SHA-256, the ledger's length and last hash, the warehouse image's SHA-256 (and, for an agent that
+keeps one, its conversation's: the `transcripts` table), and a seal: an HMAC-SHA256 over all of
+these, the agent and how the episode ended, under the store's key (`store_key`: GATE_STORE_KEY,
+else the file GATE_STORE_KEY_FILE names, else a random key made once in GATE_HOME/store.key,
+readable by its owner only; 32 or more bytes of text, or one StoreError). The store records an id
+of its key, so a writer with another key is refused. `load` checks every one of them and lists
+what does not hold in `StoredEpisode.problems`; the grader grades such an episode 0 with those
+reasons, and `gate verify` prints them. Whoever can edit the database but not read the key
+cannot make an edit that passes: keep the key apart from the database (docs/integrity.md).
 
-Schema 4 (this one) keeps warehouses in the database; a schema-3 store (warehouse files under
-GATE_HOME/warehouses) is migrated when first opened: each file is copied into the database,
-once, and its row's seal still holds (the warehouse's name and hash are unchanged).
+Each run records a manifest when it starts (`seal_run`: the episodes it must produce), sealed
+again as complete with the episodes that count (`complete_run`), or as stopped or died
+(`close_run`; `close_dead_runs` closes, with their open episodes, the runs whose process held a
+lock under GATE_HOME and is gone). `load` gives a `StoredEpisode` back for the grader
+(`grader.grade_stored`); grades are kept once per episode, with a sequence number, so a consumer
+(the grading sensor) can emit each one once across restarts. Nightly summaries are kept too, as
+the scoreboard's history. Kept grades and summaries are caches `gate verify` recomputes. The
+database is any SQLAlchemy URL (default a SQLite file in GATE_HOME; `postgresql+psycopg://...`
+for a PostgreSQL server that several machines share). Dagster's step outputs of the nightly job
+can be kept here too (`put_output`/`get_output`, used by the Dagster project's IO manager), so a
+step on another machine reads what the step before it wrote.
+
+Schema 5 (this one) adds agent names, transcripts, manifests and the key's id to schema 4, which
+kept warehouses in the database; a schema-3 store (warehouse files under GATE_HOME/warehouses)
+or a schema-4 store is migrated when first opened, and every row's seal still holds.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import hmac
 import json
 import os
 import re
 import secrets
+import socket
 import sqlite3
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
 from sqlalchemy import (
     Column,
@@ -52,9 +63,11 @@ from sqlalchemy import (
     event,
     func,
     insert,
+    inspect,
     select,
     update,
 )
+from sqlalchemy import text as sql_text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import (
     IntegrityError,
@@ -66,18 +79,24 @@ from sqlalchemy.exc import (
 from .kernel.cases import Case, CaseError, load_case
 from .kernel.engine import EpisodeStart, Sink
 from .kernel.errors import GateError
+from .kernel.files import read_bytes
 from .kernel.ledger import chain_intact, last_hash
 from .kernel.records import ABANDONED, EpisodeResult, Grade, StoredEpisode
 from .kernel.settings import Settings
 from .kernel.suite import MART_SQL, suites
 from .kernel.world import mart_revenue
 
-SCHEMA_VERSION = "4"
-MIGRATES_FROM = "3"  # warehouses as files under GATE_HOME; copied into the database when first opened
+SCHEMA_VERSION = "5"
+MIGRATES_FROM = ("3", "4")  # 3: warehouses as files under GATE_HOME; 4: no agent names, transcripts or manifests
 KEY_FILE = "store.key"
+KEY_MIN_BYTES, KEY_MAX_BYTES = 32, 4096
+KEY_HINT = "make one with: python3 -c 'import secrets; print(secrets.token_hex(32))'"
+LOCKS = "locks"  # GATE_HOME/locks/<run id>.lock: held by the process playing a night, free once it is gone
 CREATE_ATTEMPTS = 20
 CONNECT_TIMEOUT_S = 10  # an unreachable database server is one error after this, not a hang
 RUNNING, ENDED = "running", "ended"
+NEVER_ENDED = "the episode never ended"
+OPEN, COMPLETE, STOPPED, DIED = "open", "complete", "stopped", "died"  # a sealed run's status
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 _meta = MetaData()
@@ -105,11 +124,14 @@ episodes = Table(
     Column("ledger_entries", Integer),
     Column("started_at", Float, nullable=False),
     Column("ended_at", Float),
-    Column("seal", String(64)),  # HMAC of the fields in SEALED, under the store's key
+    Column("seal", String(64)),  # HMAC of the fields in SEALED (and SEALED_SINCE_5), under the store's key
+    Column("agent_name", Text),  # the name the agent was resolved by (`agent` is its identity); schema 5
+    Column("transcript_sha256", String(64)),  # the agent's own log (a model's conversation), when it keeps one
 )
-# what an ended episode's seal covers
+# what an ended episode's seal covers; a row of schema 5 with an agent name or a transcript also SEALED_SINCE_5
 SEALED = ("episode_id", "run_id", "rollout", "case_id", "agent", "agent_options", "case_sha256", "warehouse",
           "warehouse_sha256", "status", "end_reason", "error", "ledger_digest", "ledger_entries")
+SEALED_SINCE_5 = ("agent_name", "transcript_sha256")
 ledger_rows = Table(
     "ledger_entries", _meta,
     Column("episode_id", String(64), primary_key=True),
@@ -121,6 +143,23 @@ warehouses = Table(
     Column("episode_id", String(64), primary_key=True),
     Column("image", LargeBinary, nullable=False),  # the episode's final SQLite database, serialized
 )
+transcripts = Table(  # what an agent said about its episode (a model's messages and tool calls), JSON
+    "transcripts", _meta,
+    Column("episode_id", String(64), primary_key=True),
+    Column("log", Text, nullable=False),
+)
+manifests = Table(  # sealed when a run starts: the episodes it must produce (`seal_run`)
+    "manifests", _meta,
+    Column("run_id", String(200), primary_key=True),
+    Column("kind", String(16), nullable=False),  # nightly, run, case; continuation: a re-execution of `of`
+    Column("body", Text, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("episodes", Text),  # when complete: [[case_id, agent, rollout, episode_id], ...], the ones that count
+    Column("created_at", Float, nullable=False),
+    Column("closed_at", Float),
+    Column("seal", String(64), nullable=False),
+)
+MANIFEST_SEALED = ("run_id", "kind", "body", "status", "episodes")
 grades = Table(
     "grades", _meta,
     Column("grade_seq", Integer, primary_key=True, autoincrement=True),
@@ -187,37 +226,117 @@ def display_url(url: str) -> str:
         return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
 
 
-def _store_key(settings: Settings) -> bytes:
-    """The sealing key: GATE_STORE_KEY, else GATE_HOME/store.key (made once, atomically, mode 0600)."""
+def _key_text(raw: bytes, where: str) -> bytes:
+    """A key as HMAC uses it: 32 to 4096 bytes of printable text (a trailing newline is not part of it)."""
+    try:
+        text = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise StoreError(f"the store key {where} is not text (it holds bytes that are not UTF-8): a key is "
+                         f"{KEY_MIN_BYTES} or more bytes of text; {KEY_HINT}") from None
+    data = text.encode("utf-8")
+    if not text.isprintable():
+        raise StoreError(f"the store key {where} holds control characters: a key is {KEY_MIN_BYTES} or more bytes of "
+                         f"printable text; {KEY_HINT}")
+    if not KEY_MIN_BYTES <= len(data) <= KEY_MAX_BYTES:
+        raise StoreError(f"the store key {where} is {len(data):,} bytes long: a key is {KEY_MIN_BYTES} to "
+                         f"{KEY_MAX_BYTES:,} bytes of text; {KEY_HINT}")
+    return data
+
+
+def store_key(settings: Settings) -> tuple[bytes, str, Path | None]:
+    """(the sealing key, where it came from, its file if it is one): GATE_STORE_KEY, else the file
+    GATE_STORE_KEY_FILE (or `gate verify --key-file`) names, else GATE_HOME/store.key (made once,
+    atomically, mode 0600). A key that is not 32 or more bytes of text is one StoreError."""
     if settings.store_key:
-        if len(settings.store_key) < 16:
-            raise StoreError("GATE_STORE_KEY must be at least 16 characters (use 32 or more random ones)")
-        return settings.store_key.encode("utf-8")
+        try:
+            raw = settings.store_key.encode("utf-8")
+        except UnicodeEncodeError:
+            raise StoreError(f"GATE_STORE_KEY is not text (it holds bytes that are not UTF-8): a key is "
+                             f"{KEY_MIN_BYTES} or more bytes of text; {KEY_HINT}") from None
+        return _key_text(raw, "in GATE_STORE_KEY"), "GATE_STORE_KEY", None
+    if settings.store_key_file is not None:
+        path = settings.store_key_file
+        return _key_text(read_bytes(path, "store key file", KEY_MAX_BYTES + 2, StoreError), str(path)), str(path), path
     path = settings.home / KEY_FILE
     if not path.exists():
-        tmp = path.with_name(f".{KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(secrets.token_hex(32))
         try:
-            os.link(tmp, path)  # fails if another process made the key first: theirs is kept
-        except FileExistsError:
-            pass
-        finally:
-            os.unlink(tmp)
+            tmp = path.with_name(f".{KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secrets.token_hex(32))
+            try:
+                os.link(tmp, path)  # fails if another process made the key first: theirs is kept
+            except FileExistsError:
+                pass
+            finally:
+                os.unlink(tmp)
+        except OSError as exc:
+            raise StoreError(f"GATE_HOME {settings.home}: cannot make the store key ({exc.strerror or exc})") from None
+    raw = read_bytes(path, "store key file", KEY_MAX_BYTES + 2, StoreError)
     try:
-        key = path.read_text().strip()
-    except OSError as exc:
-        raise StoreError(f"cannot read the store key {path} ({exc.strerror or exc})") from None
-    if len(key) < 32:
-        raise StoreError(f"the store key {path} is too short: it was altered; restore it or start a new GATE_HOME")
-    return key.encode("ascii")
+        return _key_text(raw, str(path)), str(path), path
+    except StoreError as exc:
+        raise StoreError(f"{exc} (if gate made it, it was altered: restore it or start a new GATE_HOME)") from None
+
+
+def key_id(key: bytes) -> str:
+    """What the store records of its key: enough to tell another key, nothing that gives this one away."""
+    return hmac.new(key, b"gate run store key id", hashlib.sha256).hexdigest()[:32]
+
+
+def _sqlite_file(url) -> Path | None:
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return None
+    return Path(url.database).expanduser().resolve()
+
+
+@contextmanager
+def hold_lock(path: Path, holder: str):
+    """Hold an exclusive lock on `path` while the block runs (it goes with the process, however the
+    process ends: even kill -9). LockHeld, naming who holds it, when another process does."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            raise LockHeld(fh.read().strip() or "another process") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(holder)
+        fh.flush()
+        try:
+            yield
+        finally:
+            fh.truncate(0)
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def lock_free(path: Path) -> bool:
+    """Whether nobody holds the lock at `path` (a missing file is nobody's lock: False)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock if it was taken
+    return True
+
+
+class LockHeld(GateError):
+    """Another process holds the lock (its message: who)."""
 
 
 class RunStore:
     """Episodes, their ledgers and grades, and nightly summaries, under one GATE_HOME."""
 
-    def __init__(self, settings: Settings | None = None):
+    def __init__(self, settings: Settings | None = None, check_key: bool = True):
+        """Open (or create) the store. With `check_key` (every writer) a key other than the one the store
+        was sealed with is a StoreError; without it (`gate verify`) `key_problem` says so."""
         settings = settings or Settings.from_env()
         self.home = settings.home
         self.url = display_url(settings.store_url)  # for messages: never the password
@@ -233,12 +352,36 @@ class RunStore:
             raise StoreError(f"run store URL {self.url!r}: {_first_line(exc)}") from None
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
+        self.key, self.key_source, key_file = store_key(settings)
+        database = _sqlite_file(url)
+        # a key that whoever can rewrite the database can rewrite too proves nothing against them
+        self.key_beside = key_file if (key_file is not None and database is not None
+                                       and database.parent in key_file.resolve().parents) else None
         self._create()
-        try:
-            self.key = _store_key(settings)
-        except OSError as exc:
-            raise StoreError(f"GATE_HOME {self.home}: cannot make the store key ({exc.strerror or exc})") from None
+        self.key_problem = self._check_key(check_key)
         self._cases: dict[int, tuple[dict, str]] = {}
+
+    def _check_key(self, strict: bool) -> str | None:
+        """Record the key's id in a store that has none; say (or raise, when `strict`) if it is another key."""
+        mine = key_id(self.key)
+        query = select(store_meta.c.value).where(store_meta.c.key == "key_id")
+        with self.engine.connect() as c:
+            kept = c.execute(query).scalar()
+        if kept is None:
+            try:
+                with self.engine.begin() as c:
+                    c.execute(insert(store_meta).values(key="key_id", value=mine))
+            except IntegrityError:  # another process recorded it first: theirs is the store's
+                pass
+            with self.engine.connect() as c:
+                kept = c.execute(query).scalar()
+        if kept == mine:
+            return None
+        problem = (f"the store key ({self.key_source}) is not the key {self.url} was sealed with: every seal it "
+                   f"checks fails")
+        if strict:
+            raise StoreError(f"{problem}; give this process the store's key (GATE_STORE_KEY or GATE_STORE_KEY_FILE)")
+        return problem
 
     def _create(self) -> None:
         """Make the tables if they are missing; any number of processes may do this at once on a new
@@ -265,33 +408,45 @@ class RunStore:
             version = c.execute(select(store_meta.c.value).where(store_meta.c.key == "schema")).scalar()
             if version is None:
                 c.execute(insert(store_meta).values(key="schema", value=SCHEMA_VERSION))
-            elif version == MIGRATES_FROM:
-                self._migrate_warehouse_files(c)
+            elif version in MIGRATES_FROM:
+                self._migrate(c, version)
             elif version != SCHEMA_VERSION:
                 raise StoreError(f"run store {self.url} has schema {version}; this gate reads {SCHEMA_VERSION}: "
                                  f"move it away or set GATE_HOME / GATE_DB_URL to a new place")
 
-    def _migrate_warehouse_files(self, c) -> None:
-        """Schema 3 to 4: copy each ended episode's warehouse file under GATE_HOME into the database.
-        The first process to claim the version does it, in the same transaction; a missing file
-        stays missing (reading the episode says so)."""
-        claimed = c.execute(update(store_meta).where(store_meta.c.key == "schema", store_meta.c.value == MIGRATES_FROM)
+    def _migrate(self, c, version: str) -> None:
+        """Schema 3 or 4 to 5, by the first process to claim the version, in the same transaction.
+        3 to 4: copy each ended episode's warehouse file under GATE_HOME into the database (a missing
+        file stays missing: reading the episode says so). 4 to 5: the episodes' agent names and
+        transcript hashes (empty for what was stored before; their seals still hold)."""
+        claimed = c.execute(update(store_meta).where(store_meta.c.key == "schema", store_meta.c.value == version)
                             .values(value=SCHEMA_VERSION)).rowcount
         if claimed != 1:
             return
-        done = set(c.execute(select(warehouses.c.episode_id)).scalars())
-        for episode_id, name in c.execute(select(episodes.c.episode_id, episodes.c.warehouse)
-                                          .where(episodes.c.warehouse_sha256.is_not(None))).all():
-            try:
-                image = (self.home / name).read_bytes()
-            except OSError:
-                continue
-            if episode_id not in done:
-                c.execute(insert(warehouses).values(episode_id=episode_id, image=image))
+        if version == "3":
+            done = set(c.execute(select(warehouses.c.episode_id)).scalars())
+            for episode_id, name in c.execute(select(episodes.c.episode_id, episodes.c.warehouse)
+                                              .where(episodes.c.warehouse_sha256.is_not(None))).all():
+                try:
+                    image = (self.home / name).read_bytes()
+                except OSError:
+                    continue
+                if episode_id not in done:
+                    c.execute(insert(warehouses).values(episode_id=episode_id, image=image))
+        have = {col["name"] for col in inspect(c).get_columns("episodes")}
+        for column, kind in (("agent_name", "TEXT"), ("transcript_sha256", "VARCHAR(64)")):
+            if column not in have:
+                c.execute(sql_text(f"ALTER TABLE episodes ADD COLUMN {column} {kind}"))
 
     def seal(self, row: dict) -> str:
         """The HMAC of an episode row's sealed fields, under the store's key."""
-        text = json.dumps([row.get(k) for k in SEALED], ensure_ascii=True)
+        fields = [row.get(k) for k in SEALED]
+        if any(row.get(k) is not None for k in SEALED_SINCE_5):
+            fields += [row.get(k) for k in SEALED_SINCE_5]
+        return self._hmac(fields)
+
+    def _hmac(self, fields: list) -> str:
+        text = json.dumps(fields, ensure_ascii=True)
         return hmac.new(self.key, text.encode("ascii"), hashlib.sha256).hexdigest()
 
     def dispose(self) -> None:
@@ -319,7 +474,8 @@ class RunStore:
                 "case_json": case_json, "case_sha256": sha256(case_json),
                 "warehouse": self.warehouse_name(start.case.case_id, start.episode_id),
                 "warehouse_sha256": None, "status": RUNNING, "started_at": start.started_at, "end_reason": None,
-                "error": None, "ledger_digest": None, "ledger_entries": None, "ended_at": None, "seal": None}
+                "error": None, "ledger_digest": None, "ledger_entries": None, "ended_at": None, "seal": None,
+                "agent_name": start.agent_name or start.agent, "transcript_sha256": None}
 
     def start_episode(self, start: EpisodeStart) -> None:
         with self.engine.begin() as c:
@@ -339,14 +495,18 @@ class RunStore:
             with self.engine.connect() as c:
                 rows = {r["episode_id"]: dict(r) for r in c.execute(
                     select(episodes).where(episodes.c.episode_id.in_(announced))).mappings()}
-        new, updates, ledgers, images = [], [], [], []
+        new, updates, ledgers, images, logs = [], [], [], [], []
         for result, start in ended:
             end = {"status": ENDED, "end_reason": result.end_reason, "error": result.error or None,
                    "ledger_digest": last_hash(result.ledger), "ledger_entries": len(result.ledger),
-                   "ended_at": time.time(), "warehouse_sha256": None}
+                   "ended_at": time.time(), "warehouse_sha256": None, "transcript_sha256": None}
             if result.warehouse is not None:
                 images.append({"episode_id": result.episode_id, "image": result.warehouse})
                 end["warehouse_sha256"] = sha256(result.warehouse)
+            if result.agent_log:
+                log = json.dumps(result.agent_log, sort_keys=True, default=str)
+                logs.append({"episode_id": result.episode_id, "log": log})
+                end["transcript_sha256"] = sha256(log)
             if start is not None:
                 row = {**self._row(start), **end}
                 new.append({**row, "seal": self.seal(row)})
@@ -365,6 +525,8 @@ class RunStore:
                 c.execute(insert(ledger_rows), ledgers)
             if images:
                 c.execute(insert(warehouses), images)
+            if logs:
+                c.execute(insert(transcripts), logs)
 
     def close_abandoned(self, episode_id: str, reason: str) -> bool:
         """End an episode whose process died before it did (its warehouse may never have been
@@ -423,6 +585,20 @@ class RunStore:
             entries.append(entry)
         return entries, problems
 
+    def _transcript_text(self, episode_id: str) -> str | None:
+        with self.engine.connect() as c:
+            return c.execute(select(transcripts.c.log).where(transcripts.c.episode_id == episode_id)).scalar()
+
+    def transcript(self, episode_id: str) -> dict | None:
+        """What the agent said about its episode (a model: its messages and tool calls), as stored; None if it
+        keeps nothing, or the text does not parse (`load` checks it against its hash)."""
+        text = self._transcript_text(episode_id)
+        try:
+            log = json.loads(text) if text is not None else None
+        except (ValueError, RecursionError):
+            return None
+        return log if isinstance(log, dict) else None
+
     def warehouse_image(self, episode_id: str) -> bytes | None:
         """An episode's final warehouse as stored (a SQLite database image), or None."""
         with self.engine.connect() as c:
@@ -435,7 +611,7 @@ class RunStore:
         row = self.episode(episode_id)
         problems: list[str] = []
         if row["status"] != ENDED:
-            problems.append("the episode never ended")
+            problems.append(NEVER_ENDED)
         elif not row["seal"] or not hmac.compare_digest(row["seal"], self.seal(row)):
             problems.append("the episode's record was altered (its seal does not match)")
         case = None
@@ -455,7 +631,12 @@ class RunStore:
                 case = None
         entries, unreadable = self._entries(episode_id)
         problems += unreadable
-        if row["status"] == ENDED and row["end_reason"] != ABANDONED:
+        # an episode that ended in its process recorded its ledger and warehouse (one cut off there too);
+        # one closed because its process died has neither
+        recorded = row["status"] == ENDED and row["ledger_entries"] is not None
+        if row["status"] == ENDED and row["end_reason"] != ABANDONED and not recorded:
+            problems.append("the episode ended without its ledger recorded")
+        if recorded:
             if len(entries) != row["ledger_entries"]:
                 problems.append(f"the ledger has {len(entries)} entries; {row['ledger_entries']} when the episode ended")
             if not chain_intact(entries):
@@ -463,12 +644,18 @@ class RunStore:
             elif last_hash(entries) != row["ledger_digest"]:
                 problems.append("the ledger does not end on the hash recorded when the episode ended")
         mart = None
-        if row["status"] == ENDED and row["end_reason"] != ABANDONED:
+        if recorded:
             try:
                 sql = suites.get(case.suite).mart_sql if case is not None else MART_SQL
                 mart = read_mart(self.warehouse_image(episode_id), row["warehouse"], row["warehouse_sha256"], sql)
             except StoreError as exc:
                 problems.append(str(exc))
+        if row.get("transcript_sha256") is not None:
+            log = self._transcript_text(episode_id)
+            if log is None:
+                problems.append("the episode's transcript is missing from the run store")
+            elif sha256(log) != row["transcript_sha256"]:
+                problems.append("the episode's transcript was altered (its SHA-256 differs from the one recorded)")
         return StoredEpisode(
             episode_id=episode_id, case=case, agent=row["agent"],
             options=options if isinstance(options, dict) else {}, run_id=row["run_id"], rollout=row["rollout"],
@@ -537,6 +724,108 @@ class RunStore:
                  "summary": json.loads(r["summary"])} for r in reversed(rows)]
 
 
+    def nights(self) -> list[dict]:
+        """Every nightly summary as kept (a cache `gate verify` recomputes): {night, run_id, at, summary}; a
+        summary that does not parse comes back as None."""
+        with self.engine.connect() as c:
+            rows = c.execute(select(nightly).order_by(nightly.c.night_seq)).mappings().all()
+        return [{"night": r["night_seq"], "run_id": r["run_id"], "at": r["at"], "summary": _json_or_none(r["summary"])}
+                for r in rows]
+
+    def all_grades(self) -> list[dict]:
+        """Every kept grade row (a cache `gate verify` recomputes): {grade_seq, episode_id, case_id, agent, grade}."""
+        with self.engine.connect() as c:
+            rows = c.execute(select(grades).order_by(grades.c.grade_seq)).mappings().all()
+        return [{"grade_seq": r["grade_seq"], "episode_id": r["episode_id"], "case_id": r["case_id"],
+                 "agent": r["agent"], "grade": _grade_json(r["grade"], r["episode_id"], r["case_id"], r["agent"])}
+                for r in rows]
+
+    # -- sealed runs: what a night or a `gate run` must produce, recorded when it starts ------
+    def _manifest_seal(self, row: dict) -> str:
+        return self._hmac([row.get(k) for k in MANIFEST_SEALED])
+
+    def seal_run(self, run_id: str, kind: str, body: dict) -> dict:
+        """Record, when a run starts, what it must produce (`body`: its cases, agents, rollouts, the case
+        file's hash, the gate version); a run sealed before keeps its manifest. The manifest, as stored."""
+        row = {"run_id": run_id, "kind": kind, "body": json.dumps(body, sort_keys=True), "status": OPEN,
+               "episodes": None, "created_at": time.time(), "closed_at": None}
+        try:
+            with self.engine.begin() as c:
+                c.execute(insert(manifests).values(**row, seal=self._manifest_seal(row)))
+        except IntegrityError:
+            pass
+        return self.manifest(run_id)  # type: ignore[return-value]
+
+    def manifest(self, run_id: str) -> dict | None:
+        """A run's manifest: {run_id, kind, body, status, episodes, created_at, closed_at, sealed}; `sealed`
+        says whether its seal holds (None if the run has none)."""
+        with self.engine.connect() as c:
+            row = c.execute(select(manifests).where(manifests.c.run_id == run_id)).mappings().first()
+        return None if row is None else self._manifest_of(dict(row))
+
+    def manifests(self, status: str | None = None) -> list[dict]:
+        """Every manifest, oldest first (only those in `status` when given)."""
+        query = select(manifests).order_by(manifests.c.created_at)
+        if status is not None:
+            query = query.where(manifests.c.status == status)
+        with self.engine.connect() as c:
+            rows = c.execute(query).mappings().all()
+        return [self._manifest_of(dict(r)) for r in rows]
+
+    def _manifest_of(self, row: dict) -> dict:
+        sealed = bool(row["seal"]) and hmac.compare_digest(row["seal"], self._manifest_seal(row))
+        return {**row, "body": _json_or_none(row["body"]), "episodes": _json_or_none(row["episodes"]),
+                "sealed": sealed}
+
+    def _set_run(self, run_id: str, values: dict, unless: tuple[str, ...]) -> bool:
+        with self.engine.begin() as c:
+            row = c.execute(select(manifests).where(manifests.c.run_id == run_id)).mappings().first()
+            if row is None or row["status"] in unless:
+                return False
+            new = {**dict(row), **values}
+            done = c.execute(update(manifests).where(manifests.c.run_id == run_id, manifests.c.status == row["status"])
+                             .values(**values, seal=self._manifest_seal(new)))
+        return done.rowcount == 1
+
+    def complete_run(self, run_id: str, chosen: list[tuple[str, str, int, str]]) -> bool:
+        """Seal a run as complete with the episodes that count, one per (case, agent, rollout)."""
+        return self._set_run(run_id, {"status": COMPLETE, "episodes": json.dumps([list(x) for x in chosen]),
+                                      "closed_at": time.time()}, unless=(COMPLETE,))
+
+    def close_run(self, run_id: str, status: str) -> bool:
+        """Seal an open run as ended without completing (STOPPED: its process stopped it; DIED: it died)."""
+        return self._set_run(run_id, {"status": status, "closed_at": time.time()}, unless=(COMPLETE, STOPPED, DIED))
+
+    def continue_run(self, run_id: str, of: str) -> None:
+        """Record that run `run_id` re-executes run `of` (a Dagster re-execution): its episodes count for `of`."""
+        if run_id != of:
+            self.seal_run(run_id, "continuation", {"of": of})
+
+    def run_lock(self, run_id: str) -> Path:
+        """The lock a process holds on this machine while it plays run `run_id` (`hold_lock`)."""
+        return self.home / LOCKS / f"{_UNSAFE.sub('_', run_id)}.lock"
+
+    def close_dead_runs(self) -> list[tuple[str, list[str]]]:
+        """Close every open run whose process, on this machine, died (its lock under GATE_HOME is free):
+        its open episodes end as abandoned (graded 0 with that reason) and the run is sealed as DIED.
+        [(run id, the episodes closed)]."""
+        closed = []
+        for m in self.manifests(status=OPEN):
+            lock = self.run_lock(m["run_id"])
+            if not lock_free(lock):
+                continue
+            holder = (m["body"] or {}).get("process", "its process") if isinstance(m["body"], dict) else "its process"
+            reason = f"{holder} died before the episode ended"
+            eids = [ep["episode_id"] for ep in self.episodes(run_id=m["run_id"], status=RUNNING)
+                    if self.close_abandoned(ep["episode_id"], reason)]
+            if self.close_run(m["run_id"], DIED):
+                closed.append((m["run_id"], eids))
+            try:
+                lock.unlink()
+            except OSError:
+                pass
+        return closed
+
     # -- Dagster step outputs (the nightly job's IO manager) ----------------------------------
     def put_output(self, run_id: str, step_key: str, output: str, value: str) -> None:
         """Keep one step output (JSON text); a step that runs again replaces what it wrote."""
@@ -557,6 +846,38 @@ def _first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
+def _json_or_none(text):
+    try:
+        return json.loads(text) if text is not None else None
+    except (ValueError, RecursionError, TypeError):
+        return None
+
+
+def manifest_body(cases: list[Case], cases_file: str | Path | None, agents: list, rollouts: int,
+                  process: str) -> dict:
+    """What a run must produce, as `seal_run` records it: its cases (ids, in order, with the SHA-256 of
+    each as stored with its episodes), the case file and its SHA-256, the agents (`AgentSpec`s: name,
+    identity, options, deterministic), the rollouts per case, the gate version and the process playing it."""
+    from . import __version__
+    file_sha = None
+    if cases_file is not None:
+        try:
+            file_sha = sha256(read_bytes(cases_file, "case file", None, StoreError))
+        except StoreError:
+            file_sha = None
+    return {"cases_file": None if cases_file is None else str(cases_file), "cases_file_sha256": file_sha,
+            "cases": [c.case_id for c in cases],
+            "case_sha256": {c.case_id: sha256(json.dumps(c.data, sort_keys=True)) for c in cases},
+            "agents": [{"name": a.name, "identity": a.identity, "deterministic": a.deterministic,
+                        "options": json.loads(json.dumps(a.options, sort_keys=True, default=repr))} for a in agents],
+            "rollouts": rollouts, "gate_version": __version__, "process": process}
+
+
+def process_name(what: str) -> str:
+    """How a manifest names the process playing its run: what, which process, on which machine."""
+    return f"{what} (process {os.getpid()} on {socket.gethostname()})"
+
+
 def _grade_json(text: str, episode_id: str, case_id: str, agent: str) -> dict:
     try:
         grade = json.loads(text)
@@ -574,13 +895,21 @@ class StoreSink(Sink):
 
     `announce=False` writes nothing until the episode ends, and `batch` keeps that many ended
     episodes before writing them in one transaction (`flush` writes what is kept): for callers
-    that play a cut-off or unwritten episode again rather than grade it (`gate run` on resume)."""
+    that play a cut-off or unwritten episode again rather than grade it (`gate run` on resume).
+    `every`, when given, also writes what is kept once that many seconds have passed since the last
+    write (so a process killed with -9 loses at most that much work, however slow its episodes).
+    `before_commit`, when given, is called with the episodes about to be written, before the
+    transaction (`gate run` writes their transcript lines there, so every stored episode has one)."""
     wants_warehouse = True
 
-    def __init__(self, store: RunStore, announce: bool = True, batch: int = 1):
+    def __init__(self, store: RunStore, announce: bool = True, batch: int = 1,
+                 before_commit: Callable[[list[EpisodeResult]], None] | None = None, every: float | None = None):
         self.store = store
         self.announce = announce
         self.batch = batch
+        self.before_commit = before_commit
+        self.every = every
+        self.written = time.monotonic()
         self.starts: dict[str, EpisodeStart] = {}
         self.ended: list[tuple[EpisodeResult, EpisodeStart | None]] = []
 
@@ -592,10 +921,13 @@ class StoreSink(Sink):
 
     def end(self, result: EpisodeResult) -> None:
         self.ended.append((result, self.starts.pop(result.episode_id, None)))
-        if len(self.ended) >= self.batch:
+        if len(self.ended) >= self.batch or (self.every is not None and time.monotonic() - self.written >= self.every):
             self.flush()
 
     def flush(self) -> None:
+        self.written = time.monotonic()
         ended, self.ended = self.ended, []
         if ended:
+            if self.before_commit is not None:
+                self.before_commit([result for result, _ in ended])
             self.store.end_episodes(ended)

@@ -1,35 +1,83 @@
-"""Re-derive every stored episode's grade from first principles and say what does not hold.
+"""`gate verify`'s checks: every stored result derived again from what can be derived again.
 
-For each episode in the run store (or in one run): the store's own checks (`RunStore.load`:
-the record's seal, the case against its hash, the ledger readable, its chain intact, as long
-and ending on the hash recorded when the episode ended, the warehouse image against its hash),
-then a fresh grade from the stored ledger and warehouse (`grader.grade_stored`) against the
-grade kept for it, if any. For a `gate run` directory, each transcript line is also checked
-against the stored episode it names: a transcript is an export, and a line that claims another
-grade was edited (`model_agent.rollouts.verify_transcripts`). `gate verify`, the grading sensor, `gate nightly` and `gate run --resume`
-all rely on the same checks (through `grade_stored`): a tampered episode grades 0, with why.
+For each episode in the run store (or in one run):
+
+1. **The store's own checks** (`RunStore.load`): the record's seal under the store's key, the
+   case against its hash, the ledger readable, its chain intact, as long and ending on the hash
+   recorded when the episode ended, the warehouse and the transcript against their hashes.
+2. **The warehouse rebuilt**: the ledger's executed calls applied in order to a fresh episode of
+   the stored case must give back the same executed entries (what each load loaded, what each
+   read read) and a warehouse byte for byte the stored one.
+3. **Played again**, when it can be: an episode of a deterministic agent (`AgentSpec.deterministic`)
+   is played again from its case and must give the same ledger (its last hash), warehouse, ending
+   and grade. A model cannot be played again without the model: its ledger is **tied to its
+   transcript** instead (every tool call of the transcript's model messages, applied in order,
+   must give the stored ledger, and each tool result the one the model was sent).
+4. **Grades recomputed**: a fresh grade from the stored ledger and warehouse (`grade_stored`)
+   against the grade the grading sensor kept, if any; a kept grade that names no stored episode.
+
+Then every **sealed run** (a night, a `gate run`, a Dagster case run) against the manifest it
+recorded when it started: episodes missing, extra or duplicated, cases other than the ones it was
+sealed with (and, while the case file is unchanged, other than the file's); and every **nightly
+summary** recomputed from the episodes its night completed with. Kept grades and summaries are
+caches: nothing is read from them but to compare.
+
+What these checks prove, and what they cannot (a key beside the database, a model's transcript
+written by whoever can write the store): docs/integrity.md. None of them needs the store's key
+except the seals: an edit made with the key still has to survive being played again.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
 
+from . import __version__
+from .kernel.actions import tool_call_action
+from .kernel.agents import AgentOptionError, UnknownAgent, resolve_agent
+from .kernel.cases import MAX_CASE_FILE_BYTES, Case, CaseError, parse_cases
+from .kernel.engine import Session, Sink, play, prepare
+from .kernel.errors import GateError
+from .kernel.files import read_bytes
 from .kernel.grading import grade_stored
-from .kernel.records import GRADE_KEYS, Grade
-from .store import RunStore, StoreError
+from .kernel.ledger import last_hash
+from .kernel.records import ABANDONED, API_ERROR, GRADE_KEYS, TIMEOUT, Grade, StoredEpisode
+from .kernel.settings import Settings
+from .store import COMPLETE, DIED, ENDED, NEVER_ENDED, OPEN, STOPPED, RunStore, StoreError, lock_free, sha256
+from .tables import summary
 
 COMPARED = (*GRADE_KEYS, "failed")
+REDONE = (ABANDONED, API_ERROR, TIMEOUT)  # an attempt a run plays again: not a duplicate
+RUN_STATES = {OPEN: "still open", STOPPED: "stopped before it finished", DIED: "its process died",
+              COMPLETE: "complete"}
 
 
 @dataclass(frozen=True)
 class Problem:
+    """One failed check (or, in `Verification.notes`, one thing worth saying that is not a failure)."""
     episode_id: str
     case_id: str
     agent: str
     what: str
 
     def line(self) -> str:
-        return f"{self.episode_id} {self.case_id} {self.agent}: {self.what}"
+        who = " ".join(x for x in (self.episode_id, self.case_id, self.agent) if x)
+        return f"{who}: {self.what}"
+
+
+def run_problem(run_id: str, what: str) -> Problem:
+    return Problem(f"run {run_id}", "", "", what)
+
+
+@dataclass
+class Verification:
+    checked: int = 0
+    problems: list[Problem] = field(default_factory=list)
+    notes: list[Problem] = field(default_factory=list)
+    fresh: dict[str, Grade] = field(default_factory=dict)
+    unplayed: dict[tuple[str, str], int] = field(default_factory=dict)  # (agent, why) -> episodes not played again
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
+        ("replayed", "tied", "rebuilt", "runs", "nights", "grades"), 0))
 
 
 def differs(kept: dict, fresh: Grade) -> str | None:
@@ -44,31 +92,399 @@ def differs(kept: dict, fresh: Grade) -> str | None:
     return None
 
 
-def verify_store(store: RunStore, run_id: str | None = None) -> tuple[int, list[Problem], dict[str, Grade]]:
-    """(episodes checked, problems, fresh grade per episode id) for the store, or one run of it."""
-    problems: list[Problem] = []
-    fresh: dict[str, Grade] = {}
-    rows = store.episodes(run_id=run_id)
-    for row in rows:
-        eid, case_id, agent = row["episode_id"], row["case_id"], row["agent"]
-        try:
-            stored = store.load(eid)
-        except StoreError as exc:
-            problems.append(Problem(eid, case_id, agent, str(exc)))
+class _Warehouse(Sink):
+    wants_warehouse = True
+
+
+def _executed(entries: list) -> list[tuple]:
+    return [(e.get("action"), e.get("args"), e.get("note")) for e in entries
+            if isinstance(e, dict) and e.get("executed") is True]
+
+
+def rebuild(stored: StoredEpisode, row: dict) -> str | None:
+    """Apply the stored ledger's executed calls in order to a fresh episode of the stored case; what differs
+    from the stored episode (its executed entries, its warehouse), or None."""
+    prepared = prepare(stored.case)  # type: ignore[arg-type]
+    try:
+        names = {t.name: t.arg_names for t in prepared.suite.tools}
+        session = Session(prepared, "rebuild", sinks=(_Warehouse(),))
+        for e in stored.entries:
+            if isinstance(e, dict) and e.get("executed") is True and e.get("action") in names \
+                    and isinstance(e.get("args"), dict):
+                session.call(e["action"], {k: v for k, v in e["args"].items() if k in names[e["action"]]})
+        result = session.finish()
+    finally:
+        prepared.close()
+    want, got = _executed(stored.entries), _executed(result.ledger)
+    if want != got:
+        at = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
+        return (f"its ledger does not replay: applied to the stored case, executed call {at} "
+                f"({want[at][0] if at < len(want) else 'none'}) does not give the entry stored")
+    if result.warehouse is None or sha256(result.warehouse) != row["warehouse_sha256"]:
+        return "its warehouse is not what its ledger gives: applied to the stored case, the ledger builds another"
+    return None
+
+
+def _agent_problem(stored: StoredEpisode, row: dict, settings: Settings):
+    """(spec, None) for an agent that can be played again here, else (None, why not: a note)."""
+    name = row.get("agent_name") or row["agent"]
+    if ":" in name and name not in settings.extra_agents:
+        return None, f"{name} is a module:Class agent, which `gate verify` imports only when GATE_AGENTS names it"
+    try:
+        spec = resolve_agent(name, stored.options, contracts=settings.contracts_dir)
+    except (UnknownAgent, AgentOptionError) as exc:
+        return None, str(exc)
+    return spec, None
+
+
+def replay_agent(stored: StoredEpisode, row: dict, spec, fresh: Grade) -> str | None:
+    """Play a deterministic agent again on the stored case; what differs from the stored episode, or None."""
+    prepared = prepare(stored.case)  # type: ignore[arg-type]
+    try:
+        result = play(prepared, spec, sinks=(_Warehouse(),))
+    finally:
+        prepared.close()
+    got, want = last_hash(result.ledger), row["ledger_digest"]
+    if got != want or len(result.ledger) != row["ledger_entries"]:
+        return (f"played again, {spec.name} gives another episode: {len(result.ledger)} calls ending on "
+                f"{got[:12]}, where the stored ledger has {row['ledger_entries']} ending on {str(want)[:12]}")
+    if result.warehouse is None or sha256(result.warehouse) != row["warehouse_sha256"]:
+        return f"played again, {spec.name} leaves another warehouse than the stored one"
+    if (result.end_reason, result.error or None) != (row["end_reason"], row["error"]):
+        return (f"played again, {spec.name} ends {result.end_reason!r} ({result.error or 'no error'}), not "
+                f"{row['end_reason']!r} as stored")
+    if stored.problems:  # the stored episode grades 0 for those: its grade says nothing more
+        return None
+    now, stored_grade = result.grade.as_dict(), fresh.as_dict()
+    changed = [k for k in COMPARED if now[k] != stored_grade[k]]
+    return (f"played again, {spec.name} grades {now['reward']!r}, the stored episode {stored_grade['reward']!r} "
+            f"(they differ in {', '.join(changed)})") if changed else None
+
+
+def tie(stored: StoredEpisode, row: dict, log: dict) -> str | None:
+    """Apply the tool calls of the transcript's model messages, in order, to a fresh episode of the stored
+    case: they must give the stored ledger, and each tool result the content the model was sent."""
+    messages = log.get("messages")
+    if not isinstance(messages, list):
+        return "its transcript holds no messages to tie its ledger to"
+    sent = {m.get("tool_call_id"): m.get("content") for m in messages if isinstance(m, dict) and m.get("role") == "tool"}
+    prepared = prepare(stored.case)  # type: ignore[arg-type]
+    try:
+        return _tie(prepared, messages, sent, row)
+    finally:
+        prepared.close()
+
+
+def _tie(prepared, messages: list, sent: dict, row: dict) -> str | None:
+    session = Session(prepared, "tie")
+    calls = 0
+    for m in messages:
+        if not (isinstance(m, dict) and m.get("role") == "assistant" and isinstance(m.get("tool_calls"), list)):
             continue
-        problems += [Problem(eid, case_id, agent, p) for p in stored.problems]
-        grade = fresh[eid] = grade_stored(stored)
-        kept = store.recorded_grade(eid)
-        why = differs(kept, grade) if kept is not None else None
+        for tc in m["tool_calls"]:
+            fn = tc.get("function") if isinstance(tc, dict) else None
+            if not isinstance(fn, dict):
+                session.finish()
+                return f"tool call {calls} of its transcript is not a tool call"
+            result = session.step(tool_call_action(fn.get("name"), fn.get("arguments"))).result
+            content = sent.get(tc.get("id"))
+            if content is not None and json.dumps(result, default=str) != content:
+                session.finish()
+                return (f"tool call {calls} of its transcript ({str(fn.get('name'))[:60]}) gives another result than "
+                        f"the one the transcript says the model was sent")
+            calls += 1
+    result = session.finish()
+    if last_hash(result.ledger) != row["ledger_digest"] or len(result.ledger) != row["ledger_entries"]:
+        return (f"its ledger is not the tool calls of its transcript: the transcript's {calls} calls give a ledger "
+                f"ending on {last_hash(result.ledger)[:12]}, the stored one ({row['ledger_entries']} entries) ends "
+                f"on {str(row['ledger_digest'])[:12]}")
+    return None
+
+
+def check_episode(store: RunStore, row: dict, settings: Settings, out: Verification) -> None:
+    eid, case_id, agent = row["episode_id"], row["case_id"], row["agent"]
+
+    def problem(what: str) -> None:
+        out.problems.append(Problem(eid, case_id, agent, what))
+
+    try:
+        stored = store.load(eid)
+    except StoreError as exc:
+        problem(str(exc))
+        return
+    problems = list(stored.problems)
+    if row["status"] != ENDED and NEVER_ENDED in problems:
+        lock = store.run_lock(row["run_id"])
+        if lock_free(lock):  # its process, on this machine, is gone
+            problems[problems.index(NEVER_ENDED)] = (f"{NEVER_ENDED}: its process died (the next `gate nightly`, "
+                                                     f"or the grading sensor, closes it as abandoned)")
+        elif lock.exists():  # its process is playing it now
+            problems.remove(NEVER_ENDED)
+            out.notes.append(Problem(eid, case_id, agent, "still being played (its night's process is running)"))
+    for p in problems:
+        problem(p)
+    grade = out.fresh[eid] = grade_stored(stored)
+    kept = store.recorded_grade(eid)
+    why = differs(kept, grade) if kept is not None else None
+    if why:
+        problem(why)
+    if row["status"] != ENDED or stored.case is None:
+        return
+    if row["ledger_entries"] is None:  # closed after its process died: nothing of it was recorded
+        out.notes.append(Problem(eid, case_id, agent, f"abandoned: {row['error'] or 'cut off'}"))
+        return
+    try:
+        why = rebuild(stored, row)
+    except (GateError, KeyError, TypeError, ValueError) as exc:
+        why = f"its ledger cannot be applied to its case ({exc})"
+    out.counts["rebuilt"] += 1
+    if why:
+        problem(why)
+    if row["end_reason"] == ABANDONED:
+        out.notes.append(Problem(eid, case_id, agent, f"abandoned: {row['error'] or 'cut off'}"))
+        return
+    spec, note = _agent_problem(stored, row, settings)
+    if spec is not None and spec.identity != agent:
+        problem(f"its agent {spec.name!r} plays as {spec.identity!r}, not as the stored {agent!r}")
+        return
+    if spec is not None and spec.deterministic:
+        try:
+            why = replay_agent(stored, row, spec, grade)
+        except (GateError, KeyError, TypeError, ValueError) as exc:
+            why = f"cannot be played again ({exc})"
+        out.counts["replayed"] += 1
         if why:
-            problems.append(Problem(eid, case_id, agent, why))
-    return len(rows), problems, fresh
+            problem(why)
+        return
+    log = store.transcript(eid)
+    if log is not None and "messages" in log:
+        try:
+            why = tie(stored, row, log)
+        except (GateError, KeyError, TypeError, ValueError, RecursionError) as exc:
+            why = f"its transcript cannot be applied to its case ({exc})"
+        out.counts["tied"] += 1
+        if why:
+            problem(why)
+        return
+    if spec is not None:
+        note = f"{spec.name} does not say it is deterministic and keeps no transcript (its warehouses were rebuilt)"
+    key = (agent, note or "")
+    out.unplayed[key] = out.unplayed.get(key, 0) + 1
 
 
-def report(checked: int, problems: list[Problem]) -> dict:
-    return {"episodes": checked, "problems": [asdict(p) for p in problems],
-            "episodes_with_problems": len({p.episode_id for p in problems})}
+def _slot(row: dict) -> tuple[str, str, int]:
+    return row["case_id"], row["agent"], row["rollout"]
+
+
+def _file_cases(path: str | None, want_sha: str | None) -> tuple[dict[str, str] | None, str | None]:
+    """({case id: SHA-256 of the case as stored}, None) from the run's case file when it is unchanged, else
+    (None, a note saying why the file is not checked)."""
+    if not path or not want_sha:
+        return None, None
+    try:
+        data = read_bytes(path, "case file", MAX_CASE_FILE_BYTES, StoreError)
+    except StoreError as exc:
+        return None, f"its case file is not checked ({exc})"
+    if sha256(data) != want_sha:
+        return None, f"its case file {path} changed since the run was sealed: its episodes are checked against the manifest"
+    try:
+        cases: list[Case] = parse_cases(data.decode("utf-8"), path)
+    except (CaseError, UnicodeDecodeError) as exc:
+        return None, f"its case file is not checked ({exc})"
+    return {c.case_id: sha256(json.dumps(c.data, sort_keys=True)) for c in cases}, None
+
+
+def _superseded(out: Verification, row: dict, how: str) -> None:
+    """Note an attempt another episode replaced (added to its note when it was abandoned)."""
+    for i, note in enumerate(out.notes):
+        if note.episode_id == row["episode_id"] and note.what.startswith("abandoned"):
+            out.notes[i] = Problem(note.episode_id, note.case_id, note.agent, f"{note.what}; {how}")
+            return
+    out.notes.append(Problem(row["episode_id"], row["case_id"], row["agent"], f"superseded: {how}"))
+
+
+def check_run(manifest: dict, family: list[dict], out: Verification) -> None:
+    """A sealed run's episodes (its own and its continuations') against its manifest."""
+    run_id, body, status = manifest["run_id"], manifest["body"], manifest["status"]
+    out.counts["runs"] += 1
+
+    def problem(what: str) -> None:
+        out.problems.append(run_problem(run_id, what))
+
+    if not manifest["sealed"]:
+        problem("its manifest was altered (its seal does not match)")
+    if not isinstance(body, dict) or not isinstance(body.get("cases"), list) or not isinstance(body.get("agents"), list):
+        problem("its manifest is not readable")
+        return
+    rollouts = body.get("rollouts") if isinstance(body.get("rollouts"), int) else 1
+    agents = [a.get("identity") for a in body["agents"] if isinstance(a, dict)]
+    slots = [(c, a, r) for r in range(rollouts) for c in body["cases"] for a in agents]
+    wanted = set(slots)
+    shas = body.get("case_sha256") if isinstance(body.get("case_sha256"), dict) else {}
+    on_file, why = _file_cases(body.get("cases_file"), body.get("cases_file_sha256"))
+    if why:
+        out.notes.append(run_problem(run_id, why))
+    if body.get("gate_version") != __version__:
+        out.notes.append(run_problem(run_id, f"sealed by gate {body.get('gate_version')}, checked by gate {__version__}"))
+    by_slot: dict[tuple, list[dict]] = defaultdict(list)
+    for row in family:
+        slot = _slot(row)
+        if slot not in wanted:
+            out.problems.append(Problem(row["episode_id"], row["case_id"], row["agent"],
+                                        f"an episode run {run_id}'s manifest does not list (rollout {row['rollout']})"))
+            continue
+        by_slot[slot].append(row)
+        if shas.get(row["case_id"]) != row["case_sha256"]:
+            out.problems.append(Problem(row["episode_id"], row["case_id"], row["agent"],
+                                        f"its case is not the case run {run_id} was sealed with"))
+        elif on_file is not None and on_file.get(row["case_id"]) != row["case_sha256"]:
+            out.problems.append(Problem(row["episode_id"], row["case_id"], row["agent"],
+                                        f"its case is not the one in the case file {body.get('cases_file')}"))
+    if status == COMPLETE:
+        chosen = manifest["episodes"] if isinstance(manifest["episodes"], list) else []
+        named = {}
+        for item in chosen:
+            if isinstance(item, list) and len(item) == 4:
+                named[(item[0], item[1], item[2])] = item[3]
+        for slot in slots:
+            rows = by_slot.get(slot, [])
+            eid = named.get(slot)
+            if eid is None or eid not in {r["episode_id"] for r in rows}:
+                problem(f"missing: the episode of {slot[1]} on {slot[0]} (rollout {slot[2]}) "
+                        + ("is not in the store" if eid else "was never recorded when the run completed"))
+            for r in rows:
+                if r["episode_id"] != eid:
+                    _superseded(out, r, f"played again in run {run_id} ({eid})")
+        return
+    played = 0
+    for slot in slots:
+        rows = sorted(by_slot.get(slot, []), key=lambda r: r["started_at"])
+        if rows:
+            played += 1
+        counted = [r for r in rows[:-1] if r["end_reason"] not in REDONE]
+        if counted:
+            problem(f"duplicated: {slot[1]} on {slot[0]} (rollout {slot[2]}) was played {len(counted) + 1} times "
+                    f"({', '.join(r['episode_id'] for r in [*counted, rows[-1]])})")
+        for r in rows[:-1]:
+            if r["end_reason"] in REDONE:
+                _superseded(out, r, f"played again ({rows[-1]['episode_id']})")
+    out.notes.append(run_problem(run_id, f"{manifest['kind']}, {RUN_STATES.get(status, status)}: {played} of "
+                                         f"{len(slots)} episodes played"))
+
+
+def check_nights(store: RunStore, manifests: dict[str, dict], roots: dict[str, str], out: Verification) -> None:
+    """Each kept nightly summary recomputed from the episodes its night completed with."""
+    for night in store.nights():
+        n, run_id = night["night"], night["run_id"] or ""
+        manifest = manifests.get(roots.get(run_id, run_id))
+        if manifest is None:
+            out.notes.append(run_problem(run_id or "-", f"night {n} predates sealed runs: its summary is not recomputed"))
+            continue
+        out.counts["nights"] += 1
+        body = manifest["body"] if isinstance(manifest["body"], dict) else {}
+        named = {(i[0], i[1]): i[3] for i in manifest["episodes"] or [] if isinstance(i, list) and len(i) == 4}
+        agents = [a.get("identity") for a in body.get("agents", []) if isinstance(a, dict)]
+        cases: list[Case] = []
+        grades: dict[str, list] = {a: [] for a in agents}
+        for case_id in body.get("cases", []):
+            eids = [named.get((case_id, a)) for a in agents]
+            if None in eids or any(e not in out.fresh for e in eids):
+                out.problems.append(run_problem(run_id, f"night {n}: its summary cannot be recomputed (an episode of "
+                                                        f"{case_id} is missing)"))
+                break
+            stored = store.load(eids[0])  # type: ignore[arg-type]
+            if stored.case is None:
+                break
+            cases.append(stored.case)
+            for a, e in zip(agents, eids):
+                grades[a].append(out.fresh[e])  # type: ignore[index]
+        else:
+            fresh = {**summary(cases, grades), "cases_file": body.get("cases_file")}
+            kept = night["summary"]
+            if kept != fresh:
+                out.problems.append(run_problem(run_id, f"night {n}: the kept summary differs from a fresh one "
+                                                        f"({_summary_difference(kept, fresh)})"))
+
+
+def _summary_difference(kept, fresh: dict) -> str:
+    if not isinstance(kept, dict):
+        return "the kept one is not readable"
+    for agent, figures in fresh["agents"].items():
+        had = (kept.get("agents") or {}).get(agent) if isinstance(kept.get("agents"), dict) else None
+        if not isinstance(had, dict):
+            return f"{agent} is not in the kept one"
+        for key, value in figures.items():
+            if had.get(key) != value:
+                return f"{agent} {key}: {had.get(key)!r} kept, {value!r} fresh"
+    extra = sorted(set(kept.get("agents") or {}) - set(fresh["agents"])) if isinstance(kept.get("agents"), dict) else []
+    if extra:
+        return f"{extra[0]} is in the kept one, not in the night"
+    key = next((k for k in fresh if k != "agents" and kept.get(k) != fresh[k]), None)
+    return f"{key}: {kept.get(key)!r} kept, {fresh.get(key)!r} fresh" if key else "they differ"
+
+
+def verify_store(store: RunStore, run_id: str | None = None, settings: Settings | None = None) -> Verification:
+    """Every check above, for the store or one run of it."""
+    settings = settings or Settings(home=store.home)
+    out = Verification()
+    if store.key_problem:
+        out.problems.append(Problem("store", "", "", store.key_problem))
+    rows = store.episodes(run_id=run_id)
+    out.checked = len(rows)
+    for row in rows:
+        check_episode(store, row, settings, out)
+    manifests = {m["run_id"]: m for m in store.manifests()}
+    roots = {rid: m["body"].get("of") for rid, m in manifests.items()
+             if m["kind"] == "continuation" and isinstance(m["body"], dict)}
+    families: dict[str, list[dict]] = defaultdict(list)
+    loose = 0
+    for row in rows:
+        root = roots.get(row["run_id"], row["run_id"])
+        if root in manifests and manifests[root]["kind"] != "continuation":
+            families[root].append(row)
+        else:
+            loose += 1
+    for rid, m in manifests.items():
+        if m["kind"] == "continuation" or (run_id is not None and rid != run_id):
+            continue
+        check_run(m, families.get(rid, []), out)
+    for (agent, why), n in out.unplayed.items():
+        out.notes.append(Problem(agent, "", "", f"{n} episode(s) not played again: {why}"))
+    if loose:
+        out.notes.append(Problem("store", "", "", f"{loose} episodes belong to no sealed run (stored through the API): "
+                                                  f"each was checked on its own"))
+    if run_id is None:
+        known = {r["episode_id"]: r for r in rows}
+        for g in store.all_grades():
+            out.counts["grades"] += 1
+            row = known.get(g["episode_id"])
+            if row is None:
+                out.problems.append(Problem(g["episode_id"], g["case_id"], g["agent"],
+                                            f"a kept grade (row {g['grade_seq']}) names no stored episode"))
+            elif (g["case_id"], g["agent"]) != (row["case_id"], row["agent"]):
+                out.problems.append(Problem(g["episode_id"], g["case_id"], g["agent"],
+                                            f"a kept grade (row {g['grade_seq']}) names another case or agent than "
+                                            f"its episode ({row['case_id']}, {row['agent']})"))
+        check_nights(store, manifests, {k: v for k, v in roots.items() if isinstance(v, str)}, out)
+    return out
+
+
+def report(result: Verification) -> dict:
+    return {"episodes": result.checked, "problems": [asdict(p) for p in result.problems],
+            "episodes_with_problems": len({p.episode_id for p in result.problems}),
+            "notes": [asdict(p) for p in result.notes], "checks": dict(result.counts)}
 
 
 def dumps(result: dict) -> str:
     return json.dumps(result, allow_nan=False)
+
+
+def key_warning(store: RunStore) -> str | None:
+    """One line when the key `store` uses sits beside the database it seals (and so proves nothing against
+    whoever can write that folder), else None."""
+    if store.key_beside is None:
+        return None
+    return (f"the store key {store.key_beside} sits beside the database it seals: whoever can rewrite the one "
+            f"can rewrite the other; check with a key held elsewhere (--key-file, GATE_STORE_KEY; docs/integrity.md)")
+
+

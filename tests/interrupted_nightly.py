@@ -4,16 +4,14 @@
 instance in DAGSTER_HOME with the agents naive and `interrupted_nightly:StallOnce`, in chunks
 of 4 cases. StallOnce plays as careful does, except that its STALL_AT-th episode, while MARKER
 does not exist, writes MARKER and sleeps: the test then interrupts the run (SIGINT, as Ctrl-C),
-so one chunk fails and the chunks after it never start.
+so one chunk fails and the chunks after it never start. `... --reexecute RUN_ID` re-executes that
+run from failure. The code location lists StallOnce only when GATE_AGENTS names it (the test sets
+it), as a deployment lists its own agents.
 """
 import sys
 import time
 from pathlib import Path
 
-import dagster as dg
-
-from gate_pipeline.dagster_defs.definitions import defs
-from gate_pipeline.dagster_defs.jobs import nightly_run_config
 from gate_pipeline.kernel.agents import make_agent
 
 AGENT = "interrupted_nightly:StallOnce"
@@ -35,16 +33,25 @@ class StallOnce:
         return self.careful.play(tools, case)
 
 
-def nightly_job():
+def nightly_job():  # Dagster is imported here only: `gate nightly` imports this agent before it loads Dagster
+    from gate_pipeline.dagster_defs.definitions import defs
     return defs.resolve_job_def("nightly_benchmark")
 
 
 def run_config(cases_file: str, marker: str) -> dict:
+    from gate_pipeline.dagster_defs.jobs import nightly_run_config
     return nightly_run_config(cases_file, ["naive", AGENT], {AGENT: {"marker": marker}}, chunk_size=4)
 
 
 if __name__ == "__main__":
-    cases_file, marker = sys.argv[1], sys.argv[2]
+    import dagster as dg
     with dg.DagsterInstance.get() as instance:
-        result = dg.execute_job(dg.reconstructable(nightly_job), instance, run_config=run_config(cases_file, marker))
-        print(result.run_id, result.success, flush=True)
+        if sys.argv[1] == "--reexecute":
+            options = dg.ReexecutionOptions.from_failure(sys.argv[2], instance)
+            with dg.execute_job(dg.reconstructable(nightly_job), instance, reexecution_options=options) as result:
+                print(result.run_id, result.success, flush=True)
+        else:
+            cases_file, marker = sys.argv[1], sys.argv[2]
+            result = dg.execute_job(dg.reconstructable(nightly_job), instance,
+                                    run_config=run_config(cases_file, marker))
+            print(result.run_id, result.success, flush=True)

@@ -14,6 +14,9 @@ library only. The policy is chosen by the request's `model`:
 - `coin`: at its first turn picks, at random (seeded), to be careful or to load everything as
   listed without looking (it writes its plan in that turn's content and sticks to it): a
   policy with pass@1 near one half, to show what pass^k measures.
+- `by-case`: careful on some cases, loading everything without looking on the others, decided by
+  the case's first batch id: a pure function of the case (the same in any order and on any
+  resume), with tables that are not all ones.
 
 `server.faults` is a queue of HTTP statuses (e.g. [429, 500]) served, one per request, before
 any policy answers. Run standalone: `python tests/scripted_server.py [--port N]`.
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import itertools
 import json
 import random
@@ -126,6 +130,13 @@ def reply(model: str, messages: list, rng: random.Random | None = None) -> dict:
         plan = next(m.get("content") for m in messages if m.get("role") == "assistant")
         return {"role": "assistant", "content": None,
                 "tool_calls": careful(messages) if plan == "plan: careful" else load_all(messages)}
+    if model == "by-case":
+        listing = next((r for name, _, r in _history(messages) if name == "list_batches"), None)
+        if not listing:
+            return {"role": "assistant", "content": None,
+                    "tool_calls": [_call("read_contract", {}), _call("list_batches", {})]}
+        quick = hashlib.sha256(str(listing[0].get("batch_id")).encode()).digest()[0] % 2
+        return {"role": "assistant", "content": None, "tool_calls": load_all(messages) if quick else careful(messages)}
     if model == "silent" or (model == "no-tool-call" and first):
         return {"role": "assistant", "content": "All batches look fine to me."}
     if model in MALFORMED and first:
@@ -337,6 +348,7 @@ def main() -> None:
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--seed", type=int, default=0, help="seed of the coin policy")
     p.add_argument("--asyncio", action="store_true", help="one asyncio thread instead of a thread per connection")
+    p.add_argument("--delay", type=float, default=0.0, help="seconds before every answer (a slower model)")
     a = p.parse_args()
     if a.asyncio:
         try:
@@ -345,6 +357,7 @@ def main() -> None:
             pass
         return
     server = ScriptedServer(a.port, seed=a.seed)
+    server.delay = a.delay
     print(server.url, flush=True)
     try:
         server.serve_forever()

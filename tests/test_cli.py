@@ -79,7 +79,7 @@ def test_cases_generate(tmp_path):
     (["report", "--bogus"], "unrecognized arguments: --bogus"),
     (["attacks", "--cases", "README.md"], "README.md:1: not JSON"),
     (["cases", "generate", "--suite", "modern"], "unknown suite 'modern'"),
-    (["replay", "--trajectories", "nope.jsonl"], "nope.jsonl: cannot read trajectories"),
+    (["replay", "--trajectories", "nope.jsonl"], "nope.jsonl: no such trajectory file"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
 ])
 def test_bad_input_is_one_line_and_a_non_zero_exit(args, text):

@@ -120,5 +120,5 @@ def test_load_contract_reads_the_directory_it_is_given(tmp_path):
     (tmp_path / "classic.yaml").write_text(yaml.safe_dump(doc))
     assert load_contract("classic", tmp_path)["limits"]["max_amount"] == 777
     assert load_contract("classic")["limits"]["max_amount"] == 50000  # the shipped one, unchanged
-    with pytest.raises(ContractError, match=r"nope\.yaml: cannot read contract"):
+    with pytest.raises(ContractError, match=r"nope\.yaml: no such contract file"):
         load_contract("nope", tmp_path)

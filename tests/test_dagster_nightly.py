@@ -84,15 +84,14 @@ def test_history_and_regressions(home, tmp_path):
 
 
 def test_bad_nightly_config_is_one_clear_failure(home, tmp_path):
+    """An agent the code location does not list is refused when the run is launched: nothing runs."""
     job = defs.resolve_job_def("nightly_benchmark")
     with dg.DagsterInstance.ephemeral() as instance:
-        result = job.execute_in_process(instance=instance, raise_on_error=False,
-                                        run_config=nightly_run_config(str(EVAL), ["careful", "nope"]))
-    assert not result.success
-    failure = next(e for e in result.all_events if e.is_step_failure)
-    assert "unknown agent 'nope'" in failure.event_specific_data.error.message
-    assert RunStore().nightly_history() == []
-
+        with pytest.raises(dg.DagsterInvalidConfigError, match="not in enum type AgentName got nope"):
+            job.execute_in_process(instance=instance, raise_on_error=False,
+                                   run_config=nightly_run_config(str(EVAL), ["careful", "nope"]))
+        assert instance.get_runs() == []
+    assert RunStore().nightly_history() == [] and RunStore().manifests() == []
 
 
 def test_gate_nightly_bad_input_is_one_line(home, tmp_path, capsys, monkeypatch):
@@ -134,13 +133,14 @@ def test_nightly_default_cases_file_is_the_librarys_classic_eval_split(home, tmp
 def test_an_interrupted_nightly_re_executed_from_failure_completes_the_scoreboard(tmp_path, monkeypatch, capsys):
     """The UI's default for a failed run: Re-execute from failure. The chunk cut off re-runs; the chunks
     that never started are played by build_scoreboard; the scoreboard is `gate report`'s."""
-    from interrupted_nightly import AGENT, nightly_job
+    from interrupted_nightly import AGENT
     dagster_home, gate_home, marker = tmp_path / "dagster", tmp_path / "gate", tmp_path / "stalled"
     prepare_instance_dir(dagster_home)
     tests = str(Path(__file__).parent)
-    env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "GATE_HOME": str(gate_home),
+    env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "GATE_HOME": str(gate_home), "GATE_AGENTS": AGENT,
            "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.Popen([sys.executable, str(Path(tests) / "interrupted_nightly.py"), str(EVAL), str(marker)],
+    script = str(Path(tests) / "interrupted_nightly.py")
+    proc = subprocess.Popen([sys.executable, script, str(EVAL), str(marker)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 180
     while not marker.exists():
@@ -157,13 +157,25 @@ def test_an_interrupted_nightly_re_executed_from_failure_completes_the_scoreboar
         started = {s.step_key for s in instance.get_run_step_stats(parent.run_id)}
         chunks = [f"scoreboard.play_chunk[cases_{i:04d}]" for i in range(0, 32, 4)]
         assert chunks[0] in started and chunks[-1] not in started  # cut off part way
-        with dg.execute_job(dg.reconstructable(nightly_job), instance,
-                            reexecution_options=dg.ReexecutionOptions.from_failure(parent.run_id, instance)) as result:
-            assert result.success
+    again = subprocess.run([sys.executable, script, "--reexecute", parent.run_id], env=env, capture_output=True,
+                           text=True, timeout=600)
+    child_id, success = again.stdout.split()
+    assert success == "True", again.stderr[-3000:]
     assert main(["report", "--json", "--cases", str(EVAL), "--agents", "naive,careful"]) == 0
     reported = json.loads(capsys.readouterr().out)["agents"]
     typed = {agent: [Grade.from_dict(g) for g in reported[played_as]]
              for agent, played_as in (("naive", "naive"), (AGENT, "careful"))}
     [night] = RunStore().nightly_history()  # one scoreboard: the re-execution's
-    assert night["run_id"] == result.run_id
+    assert night["run_id"] == child_id
     assert night["summary"] == {**summary(read_cases(EVAL), typed), "cases_file": str(EVAL)}
+    # the night, its re-execution and the episodes the cut-off chunk played before it was cut: all hold
+    assert main(["verify"]) == 0
+    out = capsys.readouterr().out
+    assert "every check holds" in out and "superseded: played again in run" in out
+    # the cut-off chunk's episodes that ended before the cut (both agents on its first case, naive on its
+    # second), and the one cut off: each played again by the re-execution
+    superseded = [line for line in out.splitlines() if "superseded: played again in run" in line]
+    assert len(superseded) == 3
+    assert len([line for line in out.splitlines() if "abandoned: interrupted before the agent finished; played "
+                                                      "again in run" in line]) == 1
+    assert "33 episode(s) not played again" in out  # a module:Class agent GATE_AGENTS does not name

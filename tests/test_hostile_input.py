@@ -190,3 +190,80 @@ def test_oversized_arguments_are_tool_errors(case):
 def test_report_json_is_strict_json(tmp_path):
     p = gate("report", "--json", "--agents", "naive,careful-sql")
     json.loads(p.stdout, parse_constant=lambda name: pytest.fail(f"{name} in gate report --json"))
+
+
+@pytest.fixture
+def fifo(tmp_path):
+    path = tmp_path / "nobody-writes"
+    os.mkfifo(path)
+    return path
+
+
+@pytest.fixture
+def never_hang():
+    """A command that blocks fails the test after 20 s instead of hanging the suite."""
+    import signal
+
+    def hung(*_):
+        raise TimeoutError("the command blocked")
+
+    before = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, before)
+
+
+@pytest.mark.parametrize("command", [["report"], ["attacks"], ["experiment"], ["nightly"],
+                                     ["replay", "--trajectories", str(ROOT / "examples" / "dense_replay.jsonl")]])
+@pytest.mark.parametrize("where", ["fifo", "/dev/zero", "/tmp"])
+def test_a_case_file_that_is_no_regular_file_is_refused_before_it_is_read(command, where, fifo, never_hang, capsys):
+    from gate_pipeline.cli.main import main
+    path = str(fifo) if where == "fifo" else where
+    assert main([*command, "--cases", path]) == 2
+    err = capsys.readouterr().err
+    kind = {"fifo": "a FIFO", "/dev/zero": "a character device", "/tmp": "a directory"}[where]
+    assert err == f"gate: error: {path}: is {kind}, not a case file (only regular files are read)\n"
+
+
+def test_other_files_gate_is_handed_are_refused_when_no_regular_file(fifo, never_hang, tmp_path, capsys, monkeypatch):
+    from gate_pipeline.cli.main import main
+    assert main(["replay", "--trajectories", str(fifo)]) == 2
+    assert f"{fifo}: is a FIFO, not a trajectory file" in capsys.readouterr().err
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert main(["replay", "--trajectories", str(empty)]) == 2
+    assert f"{empty}: no trajectories in the file" in capsys.readouterr().err
+    contracts = tmp_path / "contracts"
+    (contracts / "variants").mkdir(parents=True)
+    for f in (ROOT / "contracts").glob("*.yaml"):
+        (contracts / f.name).write_text(f.read_text())
+    os.mkfifo(contracts / "variants" / "stuck.yaml")
+    monkeypatch.setenv("GATE_CONTRACTS", str(contracts))
+    for command in (["report", "--agents", "careful@stuck"], ["experiment"]):  # a variant file that is a FIFO
+        assert main(command) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "unknown variant 'stuck'" in err
+
+
+def test_a_row_with_a_column_its_table_does_not_have_is_refused_naming_it(tmp_path, capsys):
+    from gate_pipeline.cli.main import main
+    obj = json.loads(EVAL.read_text().splitlines()[8])
+    obj["batches"][0]["rows"][0]["x" * 100_000] = "1"  # a 100 KB column name
+    path = tmp_path / "extra.jsonl"
+    path.write_text(json.dumps(obj) + "\n")
+    assert main(["report", "--cases", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and len(err) < 400
+    assert "batch 0: row 0 has a column orders does not have: 'xxxx" in err and "[100,002 characters]" in err
+
+
+@pytest.mark.parametrize("out", ["a-file", "/proc/nope"])
+def test_cases_generate_out_errors_are_one_line(tmp_path, capsys, out):
+    from gate_pipeline.cli.main import main
+    target = tmp_path / out if out == "a-file" else Path(out)
+    if out == "a-file":
+        target.write_text("")
+    assert main(["cases", "generate", "--out", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"gate: error: --out {target}: ")

@@ -237,6 +237,28 @@ def test_a_second_gate_run_with_the_same_id_is_refused(tmp_path):
         pass
 
 
+def make_old_store(home, store: RunStore, version: str) -> None:
+    """Turn a store into the one schema 3 or 4 wrote: no agent names, transcripts, manifests or key id,
+    each episode sealed over the fields those schemas sealed."""
+    import hashlib
+    import hmac
+
+    from gate_pipeline.store import SEALED
+    conn = db(home)
+    cols = [c[1] for c in conn.execute("PRAGMA table_info(episodes)")]
+    for values in conn.execute("SELECT * FROM episodes").fetchall():
+        row = dict(zip(cols, values))
+        seal = hmac.new(store.key, json.dumps([row[k] for k in SEALED]).encode(), hashlib.sha256).hexdigest()
+        conn.execute("UPDATE episodes SET seal = ? WHERE episode_id = ?", (seal, row["episode_id"]))
+    for column in ("agent_name", "transcript_sha256"):
+        conn.execute(f"ALTER TABLE episodes DROP COLUMN {column}")
+    for table in ("manifests", "transcripts"):
+        conn.execute(f"DROP TABLE {table}")
+    conn.execute("DELETE FROM gate_store WHERE key = 'key_id'")
+    conn.execute("UPDATE gate_store SET value = ? WHERE key = 'schema'", (version,))
+    store.dispose()
+
+
 def test_a_schema_3_store_is_migrated_with_its_warehouse_files(home, capsys):
     """Schema 3 kept warehouses as files under GATE_HOME: opening it copies them into the database,
     once; the seals still hold, a file that was lost stays a problem, an older schema is refused."""
@@ -248,15 +270,28 @@ def test_a_schema_3_store_is_migrated_with_its_warehouse_files(home, capsys):
         path.write_bytes(store.warehouse_image(ep.episode_id))
     (home / store.episode(other.episode_id)["warehouse"]).unlink()  # one file lost before the upgrade
     db(home).execute("DELETE FROM warehouses")
-    db(home).execute("UPDATE gate_store SET value = '3' WHERE key = 'schema'")
-    store.dispose()
+    make_old_store(home, store, "3")
     migrated = RunStore()
-    assert db(home).execute("SELECT value FROM gate_store WHERE key = 'schema'").fetchone()[0] == "4"
+    assert db(home).execute("SELECT value FROM gate_store WHERE key = 'schema'").fetchone()[0] == "5"
     assert migrated.load(result.episode_id).problems == ()
     assert grade_stored(migrated.load(result.episode_id)) == result.grade
     assert "missing from the run store" in " ".join(migrated.load(other.episode_id).problems)
     RunStore().dispose()  # opening it again migrates nothing twice
     assert db(home).execute("SELECT COUNT(*) FROM warehouses").fetchone()[0] == 1
     db(home).execute("UPDATE gate_store SET value = '2' WHERE key = 'schema'")
-    with pytest.raises(Exception, match="has schema 2; this gate reads 4"):
+    with pytest.raises(Exception, match="has schema 2; this gate reads 5"):
         RunStore()
+
+
+def test_a_schema_4_store_is_migrated_and_still_verifies(home, capsys):
+    """Schema 4 had no agent names, transcripts, manifests or key id: its seals still hold after the
+    migration, its episodes are played again by their agent, and an edit is still caught."""
+    store, result = stored_episode("careful-sql")
+    make_old_store(home, store, "4")
+    migrated = RunStore()
+    assert migrated.load(result.episode_id).problems == ()
+    code, out = verify(capsys)
+    assert code == 0 and "played again 1," in out and "every check holds" in out
+    db(home).execute("UPDATE episodes SET agent = 'naive' WHERE episode_id = ?", (result.episode_id,))
+    code, out = verify(capsys)
+    assert code == 1 and "seal does not match" in out

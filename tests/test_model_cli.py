@@ -70,7 +70,8 @@ def test_an_interrupted_gate_run_resumes_with_the_same_run_id(server, tmp_path, 
                                 stderr=subprocess.PIPE, text=True, env={**os.environ, "GATE_HOME": str(home)})
         path = tmp_path / "ir" / "transcripts.jsonl"
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not (path.exists() and len(path.read_text().splitlines()) >= 2):
+        before = server.requests["careful"]
+        while time.monotonic() < deadline and server.requests["careful"] - before < 2 * 4 + 1:  # 4 a rollout
             time.sleep(0.02)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
@@ -91,6 +92,11 @@ def test_an_interrupted_gate_run_resumes_with_the_same_run_id(server, tmp_path, 
     assert f"run ir: 8 rollouts ({8 - done} played now, {done} kept from before)" in out
     assert "ended: reported 8, max_turns 0, timeout 0, api_error 0" in out
     assert len(path.read_text().splitlines()) == len(first) + 8 - done
+    # the rollouts cut off and played again are reported as such, never as differing: an honest run verifies
+    assert main(["verify", "--run", str(tmp_path / "ir")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("abandoned: interrupted before the agent finished") == len(rows) - done
+    assert out.rstrip().endswith(f"{len(rows) + 8 - done} episodes checked in run ir: every check holds")
 
 
 def test_gate_run_episodes_are_in_the_run_store_and_grade_as_their_replay(server, tmp_path, eval_cases):
@@ -250,5 +256,7 @@ def test_verify_holds_after_gate_nightly_and_names_a_tampered_episode(tmp_path, 
                "WHERE episode_id = ?", (eid,))
     assert main(["verify", "--json"]) == 1
     result = json.loads(capsys.readouterr().out)
-    assert result["episodes"] == 64 and result["episodes_with_problems"] == 1
+    assert result["episodes"] == 64 and result["episodes_with_problems"] == 2  # the episode, and its night
     assert result["problems"][0]["episode_id"] == eid and "seal" in result["problems"][0]["what"]
+    assert any(p["episode_id"].startswith("run ") and p["what"].startswith("missing: the episode of naive")
+               for p in result["problems"])  # the night has no naive episode on that case any more

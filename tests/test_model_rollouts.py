@@ -126,11 +126,16 @@ def test_resume_is_decided_by_the_store_not_by_the_transcripts(server, eval_case
     path.write_text(kept + "\n" + '{"key": "eval-clean-cont')  # the process died mid-write
     out = run(cases, settings(server), 1, 2, tmp_path / "t", store)
     assert out["new"] == 0 and out["kept"] == 2 and all(r["reward"] == 1.0 for r in out["records"])
-    assert path.read_text() == kept + "\n"  # the torn tail was cut, so the next line starts clean
-    assert len(read_transcripts(path)) == 1
-    path.unlink()  # no transcripts at all: still nothing to play again
+    # the torn tail was cut, and the stored episode it was the line of written again, from the store
+    stored = {r["episode_id"]: r for r in store.episodes(run_id="t")}
+    assert path.read_text().splitlines()[0] == kept
+    assert {t["episode_id"] for t in read_transcripts(path)} == set(stored) and len(read_transcripts(path)) == 2
+    path.unlink()  # no transcripts at all: still nothing to play again, and the file holds the store's episodes
     again = run(cases, settings(server), 1, 2, tmp_path / "t", store)
     assert again["new"] == 0 and again["kept"] == 2 and [r["reward"] for r in again["records"]] == [1.0, 1.0]
+    written = read_transcripts(path)
+    assert {t["episode_id"] for t in written} == set(stored) and all(t["grade"]["reward"] == 1.0 for t in written)
+    assert all(t["ledger"] == store.entries(t["episode_id"]) and t["messages"] for t in written)
     path.write_text("not json\n" + kept + "\n")
     with pytest.raises(RunError, match=r"transcripts.jsonl:1: not a rollout record"):
         read_transcripts(path)

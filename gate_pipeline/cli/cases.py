@@ -1,6 +1,8 @@
 """`gate cases generate`: a suite's case files, byte-identical on every run."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..kernel.errors import GateError
 from ..kernel.settings import Settings
 from ..kernel.suite import suites
@@ -19,6 +21,8 @@ def cmd_cases_generate(a, settings: Settings) -> int:
         least, most, _ = suite.rows
         int_arg("--rows", least, most)(str(a.rows))
     out = a.out or f"cases/{suite.name}"
+    if Path(out).exists() and not Path(out).is_dir():
+        raise UsageError(f"--out {out}: is a file; --out names the folder the case files are written into")
     try:
         paths = suite.generate(out, settings.contracts_dir, a.rows, splits)
     except OSError as exc:

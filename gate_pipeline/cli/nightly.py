@@ -1,11 +1,16 @@
 """`gate nightly` runs the nightly benchmark job in process and prints the scoreboard.
 
 The nightly run uses an ephemeral Dagster instance (nothing to set up) and the run store
-under GATE_HOME, so each night's summary joins the scoreboard's history.
+under GATE_HOME, so each night's summary joins the scoreboard's history. While it plays, the
+process holds a lock under GATE_HOME (`store.hold_lock`): a night whose process died (kill -9,
+a reboot) is closed at the next start (its open episodes end as abandoned, graded 0 with the
+reason; `gate verify` reports them), and by the grading sensor.
 """
 from __future__ import annotations
 
 import json
+import sys
+import uuid
 from pathlib import Path
 
 from ..kernel.settings import Settings
@@ -53,8 +58,18 @@ def cmd_nightly(a, settings: Settings) -> int:
     options = _options(a.agent_options) or {}
     resolve_agents(agents, settings, options)  # an unknown agent is one line, before Dagster starts
     episodes = len(cases) * len(agents)
-    from ..store import ENDED, RunStore
+    from ..store import COMPLETE, ENDED, STOPPED, RunStore, hold_lock, process_name
     store = RunStore(settings)
+    for run_id, closed in store.close_dead_runs():  # a night whose process died: closed before this one starts
+        print(f"gate: closed night {run_id}, whose process died: {len(closed)} episode(s) abandoned "
+              f"(graded 0; `gate verify` reports them)", file=sys.stderr)
+
+    from ..dagster_defs import location
+    unlisted = location.allow_agents(agents)  # the names given here may be played by this process's run
+    if unlisted:
+        store.dispose()
+        raise UsageError(f"agent {unlisted[0]!r} is not one this process's Dagster code location lists; name it in "
+                         f"GATE_AGENTS")
 
     import dagster as dg
 
@@ -64,13 +79,20 @@ def cmd_nightly(a, settings: Settings) -> int:
     config = {**nightly_run_config(cases_file, agents, options or None, a.chunk_size),
               "loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
     ended_before = store.count_episodes(ENDED)
+    run_id = str(uuid.uuid4())
+    lock = store.run_lock(run_id)
     try:
-        with dg.DagsterInstance.ephemeral() as instance, polled_progress(
-                episodes, "episodes", lambda: store.count_episodes(ENDED) - ended_before, enabled=not a.json):
+        with hold_lock(lock, process_name("gate nightly")), dg.DagsterInstance.ephemeral() as instance, \
+                polled_progress(episodes, "episodes", lambda: store.count_episodes(ENDED) - ended_before,
+                                enabled=not a.json):
             result = defs.resolve_job_def("nightly_benchmark").execute_in_process(
-                run_config=config, instance=instance, raise_on_error=False,
+                run_config=config, instance=instance, raise_on_error=False, run_id=run_id,
                 tags={"gate/trigger": "cli", **nightly_tags(cases_file, agents)})
     finally:
+        manifest = store.manifest(run_id)
+        if manifest is not None and manifest["status"] != COMPLETE:
+            store.close_run(run_id, STOPPED)  # interrupted or failed: it will not complete
+        lock.unlink(missing_ok=True)
         store.dispose()
     if not result.success:
         errors = [e.event_specific_data.error for e in result.all_events

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
+from ..kernel.files import read_text
 from ..kernel.settings import Settings
 from .common import CASES_HELP, cases_arg
 from .errors import UsageError
 from .report import REWARD_CHOICES
+
+MAX_TRAJECTORY_BYTES = 2**30  # a trajectory file is read whole: at most this
 
 
 def cmd_replay(a, settings: Settings) -> int:
@@ -16,11 +18,11 @@ def cmd_replay(a, settings: Settings) -> int:
     from ..kernel.pool import CasePool
     path = cases_arg(a, settings)
     pool = CasePool.from_file(path)
-    try:
-        text = Path(a.trajectories).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{a.trajectories}: cannot read trajectories ({getattr(exc, 'strerror', None) or exc})") from None
+    text = read_text(a.trajectories, "trajectory file", MAX_TRAJECTORY_BYTES, UsageError)
     items = parse_trajectories(text, a.trajectories)
+    if not items:
+        raise UsageError(f"{a.trajectories}: no trajectories in the file (one JSON object per line: "
+                         f"{{\"case_id\": ..., \"calls\": [...]}})")
     for case_id, _ in items:
         if case_id not in pool:
             raise UsageError(f"{a.trajectories}: no case {case_id!r} in {path}")

@@ -3,13 +3,15 @@
     gate run --model NAME --base-url URL [--cases FILE] [-n N] [-r ROLLOUTS] [-c CONCURRENCY]
              [--run-id ID] [--api-key-env VAR] [--max-turns N] [--timeout S]
 
-Transcripts go to runs/<run-id>/transcripts.jsonl; the same --run-id resumes a run.
+Transcripts go to runs/<run-id>/transcripts.jsonl; the same --run-id resumes a run, after any number of
+Ctrl-C, SIGTERM (handled as Ctrl-C: what Slurm and Kubernetes send) or kill -9.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import signal
 import sys
 from collections import Counter
 from contextlib import contextmanager
@@ -46,6 +48,34 @@ def _rollout_bar(total: int):
             rewards.append(result.reward)
             prog.update(task, advance=1, mean=f"mean reward {sum(rewards) / len(rewards):.4f}")
         yield advance
+
+
+TERMINATED = object()
+
+
+async def _until_sigterm(coro):
+    """`coro`, cancelled by SIGTERM as Ctrl-C cancels it (what a scheduler sends): every rollout in flight is
+    recorded as cut off before the run stops. TERMINATED when SIGTERM stopped it."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    terminated = []
+
+    def on_term() -> None:
+        terminated.append(True)
+        task.cancel()  # type: ignore[union-attr]
+
+    try:
+        loop.add_signal_handler(signal.SIGTERM, on_term)
+    except (NotImplementedError, RuntimeError, ValueError):  # no signals here (not the main thread)
+        return await coro
+    try:
+        return await coro
+    except asyncio.CancelledError:
+        if terminated:
+            return TERMINATED
+        raise
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 def _settings(a):
@@ -100,7 +130,10 @@ def cmd_run(a, gate_settings: Settings) -> int:
     store = RunStore(gate_settings)
     try:
         with _rollout_bar(total) as advance:
-            out = asyncio.run(run_rollouts(cases, settings, rollouts, concurrency, run_dir, store, on_done=advance))
+            out = asyncio.run(_until_sigterm(run_rollouts(cases, settings, rollouts, concurrency, run_dir, store,
+                                                          on_done=advance, cases_file=path)))
+        if out is TERMINATED:
+            raise KeyboardInterrupt  # `gate: interrupted`, exit 130, as after Ctrl-C
     except EndpointError as exc:  # the endpoint, not the request, is wrong: nothing to tabulate
         print(f"gate: error: {exc}", file=sys.stderr)
         return 1

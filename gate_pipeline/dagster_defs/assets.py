@@ -22,7 +22,7 @@ from ..kernel.cases import Case, CaseError
 from ..kernel.engine import play, prepare
 from ..kernel.suite import suites
 from ..kernel.world import PreparedCase
-from ..store import StoreSink
+from ..store import StoreSink, manifest_body, process_name
 from . import location  # noqa: F401  (the code location's settings: GATE_SUITES registered first)
 from .bridge import ToolBridge
 from .catalog import CODE_VERSION, OWNERS, AgentName, table_metadata
@@ -146,7 +146,7 @@ WAREHOUSE_TABLES = _warehouse_tables()
     ])
 def agent_episode(context: dg.AssetExecutionContext, config: EpisodeConfig, gate_store: GateStore,
                   case_library: CaseLibrary):
-    case, _ = _case(case_library, context.partition_key)
+    case, ref = _case(case_library, context.partition_key)
     try:
         spec = resolve_agent(agent_for(config, case), config.agent_options,
                              contracts=case_library.settings().contracts_dir)
@@ -155,8 +155,11 @@ def agent_episode(context: dg.AssetExecutionContext, config: EpisodeConfig, gate
     context.instance.add_run_tags(context.run.run_id, {"gate/agent": spec.identity[:255]})
     store = gate_store.open()
     prepared = prepare(case)
-    try:
+    try:  # sealed before it is played: the one episode this run must produce
+        store.seal_run(context.run.run_id, "case", manifest_body(
+            [case], ref.path, [spec], 1, process_name(f"the Dagster run {context.run.run_id}")))
         result = play(prepared, spec, sinks=(StoreSink(store), ToolBridge(context)), run_id=context.run.run_id)
+        store.complete_run(context.run.run_id, [(case.case_id, result.agent, 0, result.episode_id)])
         ep = store.episode(result.episode_id)
     finally:
         store.dispose()

@@ -14,6 +14,12 @@ other machines (`nightly_benchmark_celery`) that share only that database.
 Re-executing a failed nightly from failure works: `build_scoreboard` gets the plan from
 `plan_nightly` and plays, itself, the chunks that did not run in this run or its parent (a
 re-execution from failure skips steps that never started), so the scoreboard is complete.
+
+Every night is sealed: `plan_nightly` records in the run store, before anything is played, the
+episodes the night must produce (its cases, agents, the case file's hash, the gate version), and
+`build_scoreboard` seals it as complete with the episodes its scoreboard counts (a re-execution's
+episodes count for the run it re-executes); `gate verify` checks the store against both. The
+agents a run's config may name are the ones the code location lists (`catalog.AgentName`).
 """
 
 from pathlib import Path
@@ -25,10 +31,10 @@ from ..kernel.agents import AgentOptionError, UnknownAgent, resolve_agent
 from ..kernel.cases import Case, CaseError, read_cases, split_of, suite_of_cases
 from ..kernel.engine import play_cases
 from ..kernel.grading import grade_stored
-from ..store import StoreSink
+from ..store import StoreSink, manifest_body, process_name
 from ..tables import baseline_tables, summary
 from .bridge import ToolBridge
-from .catalog import CODE_VERSION, OWNERS
+from .catalog import CODE_VERSION, OWNERS, AgentName
 from .markdown import md_code, md_table
 from .partitions import cases_partitions
 from .resources import STEP_OUTPUTS, CaseLibrary, GateStore
@@ -40,9 +46,10 @@ HISTORY_NIGHTS = 14
 class NightlyConfig(dg.Config):
     cases_file: str = Field(default="", description="the case file to benchmark (JSONL); empty: the default "
                                                     "suite's eval split in the case library")
-    agents: list[str] = Field(default_factory=list, description="agent names (empty: the case file's suite's "
-                                                                "baselines, naive, careful, refuse-all for the "
-                                                                "classic suite)")
+    agents: list[AgentName] = Field(default_factory=list, description="agents, of those this code location "
+                                                                      "lists (empty: the case file's suite's "
+                                                                      "baselines, naive, careful, refuse-all for "
+                                                                      "the classic suite)")
     agent_options: dict = Field(default_factory=dict, description="{agent name: {option: value}}")
     chunk_size: int = Field(default=8, description="cases per step")
     log_reads: bool = Field(default=False, description="log every SQL read as a debug event")
@@ -66,7 +73,8 @@ def _specs(chunk: dict, case_library: CaseLibrary) -> list:
 @dg.op(ins={"after": dg.In(dg.Nothing)},
        out={"chunks": dg.DynamicOut(dict, io_manager_key=STEP_OUTPUTS), "plan": dg.Out(dict, io_manager_key=STEP_OUTPUTS)},
        description="Check the agents, add missing case partitions, split into chunks.")
-def plan_nightly(context: dg.OpExecutionContext, config: NightlyConfig, case_library: CaseLibrary):
+def plan_nightly(context: dg.OpExecutionContext, config: NightlyConfig, case_library: CaseLibrary,
+                 gate_store: GateStore):
     if config.chunk_size < 1:
         raise dg.Failure(description=f"nightly: chunk_size must be at least 1, not {config.chunk_size}")
     for name, options in config.agent_options.items():
@@ -75,12 +83,18 @@ def plan_nightly(context: dg.OpExecutionContext, config: NightlyConfig, case_lib
     cases_file = config.cases_file or str(case_library.settings().cases_file("eval"))
     cases = _cases(cases_file)
     try:
-        agents = list(config.agents) or list(suite_of_cases(cases).report_agents)
+        agents = [a.value for a in config.agents] or list(suite_of_cases(cases).report_agents)
     except CaseError as exc:
         raise dg.Failure(description=f"nightly cases file: {exc}") from None
     plan = {"cases_file": cases_file, "agents": agents, "agent_options": dict(config.agent_options),
             "log_reads": config.log_reads}
-    _specs(plan, case_library)  # every agent checked before anything is played
+    specs = _specs(plan, case_library)  # every agent checked before anything is played
+    who = "gate nightly" if context.run.tags.get("gate/trigger") == "cli" else f"the Dagster run {context.run.run_id}"
+    store = gate_store.open()
+    try:  # sealed before anything is played: what the night must produce
+        store.seal_run(context.run.run_id, "nightly", manifest_body(cases, cases_file, specs, 1, process_name(who)))
+    finally:
+        store.dispose()
     keys = [c.case_id for c in cases]
     known = set(context.instance.get_dynamic_partitions(cases_partitions.name))
     missing = [k for k in keys if k not in known]
@@ -94,11 +108,17 @@ def plan_nightly(context: dg.OpExecutionContext, config: NightlyConfig, case_lib
     yield dg.Output({**plan, "cases": len(cases)}, output_name="plan")
 
 
+def _root(context) -> str:
+    """The run a re-execution re-executes (its manifest is the night's), else the run itself."""
+    return context.run.root_run_id or context.run.run_id
+
+
 def _play(context, chunk: dict, gate_store: GateStore, case_library: CaseLibrary) -> list[dict]:
     cases = _cases(chunk["cases_file"])
     specs = _specs(chunk, case_library)
     store = gate_store.open()
     try:
+        store.continue_run(context.run.run_id, _root(context))
         results = play_cases([cases[i] for i in chunk["indices"]], specs, run_id=context.run.run_id,
                              sinks=(StoreSink(store), ToolBridge(context, log_reads=chunk["log_reads"])))
     finally:
@@ -174,6 +194,8 @@ def build_scoreboard(context: dg.OpExecutionContext, parts: list, plan: dict, ga
         previous = store.nightly_history(1)
         fell = regressions(previous[0]["summary"] if previous else None, figures)
         night = store.add_nightly(figures, context.run.run_id)
+        store.continue_run(context.run.run_id, _root(context))
+        store.complete_run(_root(context), [(cases[p["index"]].case_id, p["agent"], 0, p["episode_id"]) for p in played])
         history = store.nightly_history(HISTORY_NIGHTS)
         page = _write_page(store.home / "scoreboard.html", grades, text, night)
     finally:

@@ -4,10 +4,14 @@
 case's truth, through `grader.grade_stored`), never from what the agent said. A grade is
 computed once per episode (its row in the store is the marker, so a restart cannot grade
 twice); the sensor's cursor is the last grade it emitted, so each grade becomes exactly one
-observation on `agent_report` for the case's partition. An episode whose Dagster run ended
-while it was still open (a crash, a cancelled run) is closed with that reason and grades 0;
-`failed_run_sensor` does the same at once for any failed run of this code location (the jobs,
-and the asset page's and backfills' `__ASSET_JOB` runs), with Dagster's failure message.
+observation on `agent_report` for the case's partition. The kept grades are a cache: what the
+sensor publishes (the grade and the latest-grade table) it computes again from the stored
+episode, so a row inserted or edited in `grades` is never published (it is logged as refused).
+An episode whose Dagster run ended while it was still open (a crash, a cancelled run) is closed
+with that reason and grades 0, and so is every open episode of a night whose process died on
+this machine (`gate nightly` killed); `failed_run_sensor` does the same at once for any failed
+run of this code location (the jobs, and the asset page's and backfills' `__ASSET_JOB` runs),
+with Dagster's failure message.
 
 Dagster shows every tick that launches no run as skipped, with the result's skip reason as its
 message: a grading tick's message and its cursor say what it graded ("2 · careful on
@@ -18,16 +22,20 @@ which shows the latest value of each key, keeps the agent that materialized the 
 `agent`, and each agent's latest grade beside it.
 """
 
+import re
+
 import dagster as dg
 
 from ..kernel.grading import grade_stored, zero_grade
-from ..kernel.records import TERMS
-from ..store import RUNNING
+from ..kernel.records import TERMS, Grade
+from ..store import ENDED, RUNNING, StoreError
+from ..verify import differs
 from .markdown import md_table
 from .partitions import cases_partitions, partition_changes
 from .resources import CaseLibrary, GateStore
 
 REPORT_KEY = dg.AssetKey("agent_report")
+TAG_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 MAX_GRADES_PER_TICK = 500
 
 
@@ -45,13 +53,42 @@ def run_end_reason(instance: dg.DagsterInstance, run: dg.DagsterRun) -> str:
 
 def close_abandoned(store, instance: dg.DagsterInstance) -> list[str]:
     """Close episodes still open whose Dagster run has finished (they can never end otherwise)."""
-    closed = []
+    closed = [eid for _, eids in store.close_dead_runs() for eid in eids]  # nights whose process died here
     for ep in store.episodes(status=RUNNING):
         run = instance.get_run_by_id(ep["run_id"]) if ep["run_id"] else None
         if run is not None and run.is_finished and store.close_abandoned(ep["episode_id"],
                                                                          run_end_reason(instance, run)):
             closed.append(ep["episode_id"])
     return closed
+
+
+def fresh_grade(store, episode_id: str, known: dict[str, Grade]) -> Grade | None:
+    """The grade of a stored episode, computed from it (once per tick); None when no such episode ended."""
+    if episode_id not in known:
+        try:
+            row = store.episode(episode_id)
+        except StoreError:
+            return None
+        if row["status"] != ENDED:
+            return None
+        try:
+            known[episode_id] = grade_stored(store.load(episode_id))
+        except Exception as exc:  # noqa: BLE001 - whatever is wrong with it, it grades 0 and says why
+            known[episode_id] = zero_grade(row["case_id"], "?", f"could not be graded: {exc}")
+    return known[episode_id]
+
+
+def published(store, kept: dict, known: dict[str, Grade]) -> dict | None:
+    """A kept grade as the sensor may publish it: computed again from its stored episode (with the kept
+    row's agent and run, which must be the episode's); None when it is not what its episode grades."""
+    eid = kept.get("episode_id")
+    grade = fresh_grade(store, eid, known) if isinstance(eid, str) else None
+    if grade is None or differs(kept, grade):
+        return None
+    row = store.episode(eid)
+    if (kept.get("agent"), kept.get("case_id")) != (row["agent"], row["case_id"]):
+        return None
+    return {**grade.as_dict(), "agent": row["agent"], "episode_id": eid, "run_id": row["run_id"]}
 
 
 def _number(g: dict, key: str) -> float:
@@ -79,7 +116,7 @@ def grade_observation(grade: dict, latest: dict[str, dict], instance: dg.Dagster
                 f"{agent}/episode_id": str(grade.get("episode_id", "")), f"{agent}/run": played_by,
                 "latest_grade_by_agent": dg.MetadataValue.md(by_agent_table(latest))}
     return dg.AssetObservation(asset_key=REPORT_KEY, partition=str(grade.get("case_id")), metadata=metadata,
-                               tags={"gate/agent": agent[:63]},
+                               tags={"gate/agent": TAG_UNSAFE.sub("_", agent)[:63]},  # a tag's characters only
                                description=f"grade of {agent} on {grade.get('case_id')}: {_number(grade, 'reward'):.4f}")
 
 
@@ -111,13 +148,11 @@ def grading_sensor(context: dg.SensorEvaluationContext, gate_store: GateStore):
         for episode_id in close_abandoned(store, context.instance):
             context.log.info(f"closed abandoned episode {episode_id}")
         graded = 0
+        known: dict[str, Grade] = {}  # every grade this tick computes, by episode
         for episode_id in store.ungraded():  # one episode that cannot be read never stops the others
             row = store.episode(episode_id)
-            try:
-                grade = grade_stored(store.load(episode_id))
-            except Exception as exc:  # noqa: BLE001 - whatever is wrong with it, it grades 0 and says why
-                grade = zero_grade(row["case_id"], "?", f"could not be graded: {exc}")
-            if store.add_grade(episode_id, row["agent"], grade, row["run_id"]):
+            grade = fresh_grade(store, episode_id, known)
+            if grade is not None and store.add_grade(episode_id, row["agent"], grade, row["run_id"]):
                 graded += 1
                 context.log.info(f"graded {row['agent']} on {grade.case_id}: {grade.reward:.4f}"
                                  + (f" (failed: {grade.reason})" if grade.failed else ""))
@@ -127,12 +162,23 @@ def grading_sensor(context: dg.SensorEvaluationContext, gate_store: GateStore):
             return dg.SensorResult(skip_reason=dg.SkipReason("no new grades"), cursor=str(last))
         latest: dict[str, dict] = {}
         events = []
-        for _, g in pending:
+        shown: list[dict] = []  # the grades published, each computed again here
+        for seq, kept in pending:
+            g = published(store, kept, known)
+            if g is None:  # a row no grading of this sensor's made: never published
+                context.log.warning(f"kept grade {seq} ({kept.get('agent')} on {kept.get('case_id')}, episode "
+                                    f"{kept.get('episode_id')}) is not what its stored episode grades: not published")
+                continue
             case_id = str(g.get("case_id"))
             if case_id not in latest:
-                latest[case_id] = store.latest_grades(case_id)
+                latest[case_id] = {}
+                for agent, other in store.latest_grades(case_id).items():
+                    checked = published(store, other, known)
+                    if checked is not None:
+                        latest[case_id][agent] = checked
             events.append(grade_observation(g, latest[case_id], context.instance))
-        summary = graded_summary([g for _, g in pending])
+            shown.append(g)
+        summary = graded_summary(shown) if shown else "nothing published"
         context.log.info(f"{graded} episodes graded this tick; {len(events)} grades recorded as observations: "
                          f"{summary}")
         # Dagster shows a tick without a run request as skipped, with this message: here, what it graded

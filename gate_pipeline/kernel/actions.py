@@ -58,6 +58,14 @@ def parse_arguments(tool, raw) -> Action:
     return Action(tool, args)
 
 
+def tool_call_action(name, raw, parsed: Action | None = None) -> dict:
+    """The action a chat-completions tool call (`function.name`, `function.arguments`) is: its arguments
+    parsed when they are JSON text, as sent when they are not (the tools then refuse them). The one
+    mapping the model agent plays and `gate verify` replays a transcript by."""
+    parsed = parsed or parse_arguments(name, raw)
+    return {"tool": name, "args": raw if parsed.problem else parsed.args}
+
+
 def parse_action(value) -> Action:
     """(tool, args) of an action, or the action with `problem` saying what is wrong with it."""
     if isinstance(value, str):
@@ -81,9 +89,9 @@ def parse_action(value) -> Action:
 PREVIEW_NODES, PREVIEW_DEPTH, PREVIEW_ITEMS, PREVIEW_CHARS = 200, 20, 20, 200
 
 
-def preview(value):
-    """A bounded, JSON-ready copy of anything an agent sent: long strings and lists cut, deep or wide
-    structures stopped, huge integers and other objects named. Its cost does not grow with the input."""
+def preview(value, chars: int = PREVIEW_CHARS):
+    """A bounded, JSON-ready copy of anything an agent sent: strings over `chars` and long lists cut, deep
+    or wide structures stopped, huge integers and other objects named. Its cost does not grow with the input."""
     budget = [PREVIEW_NODES]
 
     def walk(v, depth):
@@ -93,7 +101,7 @@ def preview(value):
         if v is None or isinstance(v, bool):
             return v
         if isinstance(v, str):
-            return v if len(v) <= PREVIEW_CHARS else f"{v[:PREVIEW_CHARS]}...[{len(v):,} characters]"
+            return v if len(v) <= chars else f"{v[:chars]}...[{len(v):,} characters]"
         if isinstance(v, int):
             return v if v.bit_length() <= 64 else f"<integer of {v.bit_length():,} bits>"
         if isinstance(v, float):

@@ -14,10 +14,19 @@ over from one episode to the next). A name is
 - an entry point in the `gate.agents` group of an installed package (gate's own suite-free
   agents, naive, refuse-all, random and model, are registered there too);
 - `<agent>@<variant>`: a suite's careful agent under a contract-schema variant (`kernel.variants`);
-- `package.module:Class`: any class with a `play(tools, case=None)` method.
+- `package.module:Class`: a class that defines `play(tools, case=None)` (or `play_async`).
 
-An unknown name raises `UnknownAgent`; options the agent does not take, or values it refuses,
-raise `AgentOptionError`. Both say what would have been accepted.
+A name is never called blindly: what it names must be a class that defines `play` or `play_async`
+(a suite's agent, an entry point, `module:Class`), checked before anything is built, so a name such
+as `os:system` is refused without being called. An unknown name raises `UnknownAgent`; options the
+agent does not take, or values it refuses, raise `AgentOptionError`. Both say what would have been
+accepted.
+
+**Deterministic agents** give the same episode every time they play a case (`gate verify` plays
+them again to check a stored episode): every agent of gate and of a registered suite, and
+`variant` agents, unless the class says `deterministic = False` (the model agent does); a plugin's
+agent (an entry point of another package, or `module:Class`) only when its class says
+`deterministic = True`.
 """
 from __future__ import annotations
 
@@ -78,6 +87,7 @@ class AgentSpec:
     options: dict = field(default_factory=dict)
     factory: Callable[..., Any] = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
     identity: str = ""
+    deterministic: bool = False  # plays a case the same way every time (module docstring)
 
     def build(self):
         try:
@@ -143,38 +153,60 @@ def agent_names() -> list[str]:
     return list(dict.fromkeys([*own, *_suite_agents(), *others]))
 
 
-def _factory(name: str):
+def _is_agent_class(obj) -> bool:
+    """A class that defines `play` or `play_async` (inherited counts): checked without calling anything."""
+    return inspect.isclass(obj) and any(callable(inspect.getattr_static(obj, m, None)) for m in ("play", "play_async"))
+
+
+def _agent_class(obj, name: str, what: str):
+    if not _is_agent_class(obj):
+        kind = "a class with no play method" if inspect.isclass(obj) else f"a {type(obj).__name__}"
+        raise UnknownAgent(f"agent {name!r}: {what} is {kind}, not an agent (a class that defines "
+                           f"play(tools, case=None)); nothing was called")
+    return obj
+
+
+def _factory(name: str) -> tuple[Callable[..., Any], bool]:
+    """(the agent class a name resolves to, whether gate or a registered suite provides it)."""
     suite_agents = _suite_agents()
     if name in suite_agents:
-        return import_target(suite_agents[name], name)
+        return _agent_class(import_target(suite_agents[name], name), name, suite_agents[name]), True
     if ":" in name:
-        return import_target(name, name)
+        return _agent_class(import_target(name, name), name, name), False
     plugin = _entry_points().get(name)
     if plugin is not None:
         try:
-            return plugin.load()
+            obj = plugin.load()
         except Exception as exc:  # a broken plugin is that plugin's error, not a crash
             raise UnknownAgent(f"agent {name!r}: its entry point {plugin.value} cannot be loaded ({exc})") from None
+        return _agent_class(obj, name, f"its entry point {plugin.value}"), plugin.value.startswith("gate_pipeline.")
     raise UnknownAgent(f"unknown agent {name!r}; agents: {', '.join(agent_names())}, "
                        f"<agent>@<variant>, or module:Class")
+
+
+def is_deterministic(factory, builtin: bool) -> bool:
+    """Whether an agent plays a case the same way every time: its class says so (`deterministic`), else
+    gate's and the suites' agents do and plugins' do not."""
+    declared = getattr(factory, "deterministic", None)
+    return declared if isinstance(declared, bool) else builtin
 
 
 def resolve_agent(name, options: dict | None = None, contracts=None) -> AgentSpec:
     """Check `name` and `options` (by building the agent once) and return its spec.
 
+    What the name names is checked to be an agent class before anything is called (module docstring).
     `contracts` is where `<agent>@<variant>` finds its variant (default: the shipped contracts)."""
     if not isinstance(name, str) or not name.strip():
         raise UnknownAgent(f"an agent name must be a non-empty string, not {name!r}")
     options = dict(options or {})
     if "@" in name and ":" not in name:
-        factory = variant_agent_factory(name, contracts)
+        factory, builtin = variant_agent_factory(name, contracts), True  # gate's own careful, under a variant
     else:
-        factory = _factory(name)
-    if not callable(factory):
-        raise UnknownAgent(f"agent {name!r} is not a class or function")
+        factory, builtin = _factory(name)
     naming = getattr(factory, "identity", None)
     identity = naming(options) if callable(naming) else name
-    spec = AgentSpec(name, options, factory, identity if isinstance(identity, str) and identity else name)
+    spec = AgentSpec(name, options, factory, identity if isinstance(identity, str) and identity else name,
+                     is_deterministic(factory, builtin))
     agent = spec.build()
     if not callable(getattr(agent, "play", None)) and not callable(getattr(agent, "play_async", None)):
         raise UnknownAgent(f"agent {name!r} has no play(tools, case=None) method")

@@ -18,9 +18,11 @@ from typing import Any, Iterable, Mapping
 
 from .contract import ContractError
 from .errors import GateError
+from .files import read_text
 from .suite import Suite, UnknownSuite, suites
 
 MAX_ID_CHARS = 200  # a case id or batch id (tools refuse longer arguments)
+MAX_CASE_FILE_BYTES = 4 * 2**30  # a case file is read whole: at most this (a v2 file of 32 cases at ~300,000 rows)
 MAX_VALUE_CHARS = 20_000  # a cell or a text (the sandbox's string length limit)
 _NOT_IDENT = re.compile(r"[^a-z0-9_]")
 
@@ -36,6 +38,12 @@ def fail(where: str, msg: str) -> CaseError:
 def staging_table(batch_id: str) -> str:
     """The staging table a batch waits in: `stg_` and its id, lower-case, other characters as `_`."""
     return "stg_" + _NOT_IDENT.sub("_", batch_id.lower())
+
+
+def bounded_name(name) -> str:
+    """A name from a case file as a message quotes it: repr, cut at 80 characters."""
+    text = repr(name)
+    return text if len(text) <= 80 else f"{text[:80]}...[{len(text):,} characters]"
 
 
 def bad_text(v: str) -> str | None:
@@ -193,15 +201,10 @@ def parse_cases(text: str, where: str) -> list[Case]:
 
 
 def read_cases(path: str | Path) -> list[Case]:
-    """Every case of a JSONL file, in file order, each checked."""
+    """Every case of a JSONL file, in file order, each checked. Only a regular file of at most
+    MAX_CASE_FILE_BYTES is read (`files.read_text`: never a device or a FIFO)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise CaseError(f"{path}: no such case file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CaseError(f"{path}: cannot read case file ({exc})") from None
-    cases = parse_cases(text, str(path))
+    cases = parse_cases(read_text(path, "case file", MAX_CASE_FILE_BYTES, CaseError), str(path))
     if not cases:
         raise CaseError(f"{path}: no cases in file")
     return cases

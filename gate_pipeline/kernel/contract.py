@@ -23,6 +23,7 @@ from typing import Any, Mapping
 import yaml
 
 from .errors import GateError
+from .files import read_text
 from .suite import Suite, suites
 
 # the contracts shipped with gate (settings.SHIPPED_CONTRACTS; a link to contracts/ in a clone)
@@ -156,12 +157,7 @@ def read_yaml(path: str | Path, what: str = "contract") -> Any:
     """One YAML document from a file; an unreadable, oversized or hostile file, or bad YAML, is a
     ContractError naming it."""
     path = Path(path)
-    try:
-        if path.stat().st_size > MAX_YAML_BYTES:
-            raise ContractError(f"{path}: a {what} file is at most {MAX_YAML_BYTES:,} bytes")
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ContractError(f"{path}: cannot read {what} ({getattr(exc, 'strerror', None) or exc})") from None
+    text = read_text(path, f"{what} file", MAX_YAML_BYTES, ContractError)  # a regular file only (never a FIFO)
     try:
         _check_events(text, path)
         return yaml.safe_load(text)

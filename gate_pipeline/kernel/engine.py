@@ -46,6 +46,7 @@ class EpisodeStart:
     rollout: int
     started_at: float
     prepared: PreparedCase | None = None  # what the episode plays on (row counts, the suite), for gate's own sinks
+    agent_name: str = ""  # the name the agent was resolved by (`agent` is its identity: a model agent's model)
 
 
 class Sink:
@@ -115,7 +116,7 @@ class Session:
 
     def __init__(self, prepared: PreparedCase, agent: str = "", *, options: dict | None = None,
                  sinks: Iterable[Sink] = (), reward: str = "terminal", run_id: str = "", rollout: int = 0,
-                 stop_at_report: bool = False, max_steps: int | None = None):
+                 stop_at_report: bool = False, max_steps: int | None = None, agent_name: str = ""):
         self.prepared = prepared
         self.agent = agent
         self.sinks = tuple(sinks)
@@ -138,7 +139,7 @@ class Session:
         self.result: EpisodeResult | None = None
         if self.sinks:
             start = EpisodeStart(self.episode_id, prepared.case, agent, dict(options or {}), run_id, rollout,
-                                 self.started_at, prepared)
+                                 self.started_at, prepared, agent_name or agent)
             for sink in self.sinks:
                 sink.start(start)
 
@@ -247,7 +248,7 @@ def spec_of(agent) -> AgentSpec:
 
 def _open(prepared: PreparedCase, spec: AgentSpec, sinks, reward, run_id, rollout) -> Session:
     return Session(prepared, spec.identity, options=spec.options, sinks=sinks, reward=reward, run_id=run_id,
-                   rollout=rollout)
+                   rollout=rollout, agent_name=spec.name)
 
 
 def _failure(exc: BaseException) -> tuple[str, str]:

@@ -2,7 +2,8 @@
 
 Each entry's hash covers its seq, action, args, executed flag, note and the previous entry's
 hash, so an edited argument, a deleted entry or two swapped entries break the chain.
-Grades are computed from this log, never from what the agent says it did. Whoever needs to
+Grades are computed from this log, never from what the agent says it did. A refused call keeps
+its arguments only as far as they are bounded (`refused_args`). Whoever needs to
 see entries as they are written (the run store, the Dagster tool bridge) passes a listener.
 """
 from __future__ import annotations
@@ -11,7 +12,10 @@ import hashlib
 import json
 from typing import Callable
 
+from .actions import PREVIEW_CHARS, PREVIEW_ITEMS, preview
+
 GENESIS = "genesis"
+REFUSED_CHARS = 2_000  # the longest text a refused call's entry keeps whole (a refused query, say)
 BODY_KEYS = ("seq", "action", "args", "executed", "note", "prev_hash")
 
 # json.dumps(x, sort_keys=True) with one encoder built once (json.dumps builds one per call when
@@ -48,6 +52,25 @@ def _fields_hash(seq, action, args, executed, note, prev_hash) -> str:
     return hashlib.sha256(text.encode("ascii")).hexdigest()
 
 
+def refused_args(args):
+    """What the entry of a refused call keeps of its arguments: them, when they are as small as an accepted
+    call's may be, else a bounded preview (texts cut at REFUSED_CHARS, lists at PREVIEW_ITEMS items), so
+    no number of refusals can grow the ledger by more than a bounded amount each."""
+    if type(args) is dict and len(args) <= PREVIEW_ITEMS:
+        for v in args.values():
+            if type(v) is str:
+                if len(v) > REFUSED_CHARS:
+                    break
+            elif type(v) is list:
+                if len(v) > PREVIEW_ITEMS or not all(type(x) is str and len(x) <= PREVIEW_CHARS for x in v):
+                    break
+            elif v is not None and type(v) not in (bool, int, float):
+                break
+        else:
+            return args
+    return preview(args, REFUSED_CHARS)
+
+
 class Ledger:
     """Append-only list of entries; `entries` is the JSON the grader and the replay read.
 
@@ -66,6 +89,8 @@ class Ledger:
         self._sealed = 0
 
     def append(self, action: str, args: dict, executed: bool, note: str = "") -> dict:
+        if not executed:
+            args = refused_args(args)
         entry = {"seq": len(self.entries), "action": action, "args": args, "executed": executed, "note": note,
                  "prev_hash": None, "hash": None}
         self.entries.append(entry)

@@ -7,6 +7,7 @@
 | `GATE_CASES_DIR` | case files (`<suite>/<split>.jsonl`)          | the cases shipped with gate               |
 | `GATE_CONTRACTS` | contract documents and `variants/`            | the contracts shipped with gate           |
 | `GATE_STORE_KEY` | the key sealing stored episodes (HMAC)        | a random key in `$GATE_HOME/store.key`    |
+| `GATE_STORE_KEY_FILE` | a file holding that key (kept away from the database) | as above                 |
 | `GATE_AGENTS`    | more agent names Dagster runs may use         | none (built-ins, plugins, variants)       |
 | `GATE_SUITES`    | more suites, `module:attribute`, comma-separated | none (gate's suites and installed plugins) |
 | `GATE_NIGHTLY_SCHEDULE` | `off`: the 02:00 schedule starts stopped | on                                     |
@@ -29,8 +30,8 @@ from .suite import suites
 
 SHIPPED_CASES = Path(__file__).resolve().parents[1] / "data" / "cases"
 SPLIT_FILES = {"eval": "eval_curated.jsonl", "train": "train_procedural.jsonl"}
-VARIABLES = ("GATE_HOME", "GATE_DB_URL", "GATE_CASES_DIR", "GATE_CONTRACTS", "GATE_STORE_KEY", "GATE_AGENTS",
-             "GATE_SUITES", "GATE_NIGHTLY_SCHEDULE", "GATE_CELERY_BROKER")
+VARIABLES = ("GATE_HOME", "GATE_DB_URL", "GATE_CASES_DIR", "GATE_CONTRACTS", "GATE_STORE_KEY", "GATE_STORE_KEY_FILE",
+             "GATE_AGENTS", "GATE_SUITES", "GATE_NIGHTLY_SCHEDULE", "GATE_CELERY_BROKER")
 DEFAULT_CELERY_BROKER = "redis://127.0.0.1:6379/0"
 
 
@@ -41,6 +42,7 @@ class Settings:
     cases_dir: Path = SHIPPED_CASES
     contracts_dir: Path = SHIPPED_CONTRACTS
     store_key: str | None = None
+    store_key_file: Path | None = None
     extra_agents: tuple[str, ...] = ()
     extra_suites: tuple[str, ...] = ()
     nightly_schedule: bool = True
@@ -50,7 +52,7 @@ class Settings:
     def from_env(cls, environ=None) -> Settings:
         env = os.environ if environ is None else environ
 
-        def path(name: str, default: Path) -> Path:
+        def path(name: str, default):
             value = (env.get(name) or "").strip()
             return Path(value).expanduser().resolve() if value else default
 
@@ -59,6 +61,7 @@ class Settings:
                    cases_dir=path("GATE_CASES_DIR", SHIPPED_CASES),
                    contracts_dir=path("GATE_CONTRACTS", SHIPPED_CONTRACTS),
                    store_key=env.get("GATE_STORE_KEY") or None,
+                   store_key_file=path("GATE_STORE_KEY_FILE", None),  # type: ignore[arg-type]
                    extra_agents=tuple(a.strip() for a in (env.get("GATE_AGENTS") or "").split(",") if a.strip()),
                    extra_suites=tuple(a.strip() for a in (env.get("GATE_SUITES") or "").split(",") if a.strip()),
                    nightly_schedule=(env.get("GATE_NIGHTLY_SCHEDULE") or "on").strip().lower() != "off",

@@ -22,7 +22,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 
-from ..kernel.actions import parse_arguments
+from ..kernel.actions import parse_arguments, tool_call_action
 from ..kernel.agents import AgentUnfinished
 from ..kernel.episode import check_args
 from ..kernel.errors import GateError
@@ -184,6 +184,7 @@ class ModelAgent:
     `client`, when given, is an `AsyncOpenAI` shared with other rollouts (gate run passes one);
     otherwise the agent opens its own for the episode and closes it after."""
     name, oracle = "model", False
+    deterministic = False  # a model answers differently from one run to the next: `gate verify` cannot play it again
 
     def __init__(self, client=None, **settings):
         missing = [k for k in ("model", "base_url") if k not in settings]
@@ -237,7 +238,7 @@ class ModelAgent:
         elif counter is None and check_args(suite, name, parsed.args):
             counter = "bad_arguments"
         started = time.perf_counter()
-        result = tools.act({"tool": name, "args": raw if parsed.problem else parsed.args})
+        result = tools.act(tool_call_action(name, raw, parsed))
         convo.tool_seconds += time.perf_counter() - started
         is_error = isinstance(result, dict) and "error" in result
         if counter:

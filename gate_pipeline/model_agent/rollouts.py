@@ -1,14 +1,23 @@
 """Many rollouts of a model on many cases, concurrently (asyncio), through the one engine.
 
 Every rollout is an episode like any other: the engine plays it (`engine.play_async`), the run
-store keeps it (`store.StoreSink`, the same store and records as the Dagster jobs), and a
-transcript line is written beside it as an export (`TranscriptSink`: messages, tool calls,
-ledger, grade, timings, token usage). A run also lives in runs/<run-id>/: `run.json` (what
-was asked) and `transcripts.jsonl`. Re-running with the same run id plays only the rollouts
-the store has no ended episode for, and the ones that ended on an API error or timeout (a
-server fault, not the model's), or that were cut off. A rollout that ran out of turns is the
+store keeps it (`store.StoreSink`, the same store and records as the Dagster jobs, the model's
+conversation included), and a transcript line is written beside it as an export (messages, tool
+calls, ledger, grade, timings, token usage). A run also lives in runs/<run-id>/: `run.json`
+(what was asked) and `transcripts.jsonl`; the store holds its manifest, sealed when the run
+first starts (its cases, model and rollouts: what it must produce), and sealed again as complete
+with the episodes that count once every rollout has one.
+
+Crash-safe: ended episodes are written STORE_BATCH to a transaction (or once STORE_EVERY_S
+has passed), their transcript lines first (flushed to disk), so every stored episode has its
+line and a kill -9 loses at most the rollouts of the last second; a resume first makes the
+transcript file hold exactly the stored episodes' lines (dropping those of episodes a killed
+process never stored, writing any the store has and the file lacks), then plays only the
+rollouts the store has no ended episode for, and the ones that ended on an API error or timeout
+(a server fault, not the model's), or that were cut off. A rollout that ran out of turns is the
 model's result and is kept. Grades for the tables come from the store, graded again from the
-stored ledger and warehouse, never from transcript lines.
+stored ledger and warehouse, never from transcript lines. SIGTERM (what a scheduler sends) is
+handled as Ctrl-C (`gate run`): the rollouts in flight are recorded as cut off.
 """
 from __future__ import annotations
 
@@ -25,18 +34,19 @@ from typing import Callable
 
 from ..kernel.agents import AgentSpec
 from ..kernel.cases import Case
-from ..kernel.engine import Sink, play_async
+from ..kernel.engine import play_async
 from ..kernel.errors import GateError
+from ..kernel.files import read_text
 from ..kernel.grading import grade_stored
 from ..kernel.pool import CasePool
 from ..kernel.records import ABANDONED, API_ERROR, TIMEOUT, EpisodeResult, Grade
-from ..store import ENDED, RunStore, StoreSink
+from ..store import ENDED, LockHeld, RunStore, StoreSink, hold_lock, manifest_body, process_name
 from ..verify import Problem, differs
 from .agent import ModelAgent, ModelSettings, describe_error, make_client
 
 TRANSCRIPTS, META = "transcripts.jsonl", "run.json"
 REDONE_ON_RESUME = (API_ERROR, TIMEOUT, ABANDONED)
-STORE_BATCH = 16
+STORE_BATCH, STORE_EVERY_S = 16, 1.0  # ended episodes are written 16 to a transaction, or after a second
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 # settings that change what a rollout means: a resumed run must not mix them
 BINDING = ("model", "base_url", "temperature", "max_turns", "max_tokens")
@@ -113,10 +123,7 @@ def read_transcripts(path: Path) -> list[dict]:
     """Every transcript line (the export); a torn last line (the process died mid-write) is skipped."""
     if not path.exists():
         return []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RunError(f"{path}: cannot read ({exc})") from None
+    lines = read_text(path, "transcript file", None, RunError).splitlines()
     records = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -133,14 +140,71 @@ def read_transcripts(path: Path) -> list[dict]:
     return records
 
 
-def drop_torn_tail(path: Path) -> None:
-    """Cut a half-written last line (a process killed mid-write) so the next line starts clean."""
+def _lines_of(path: Path) -> list[tuple[str, dict | None]]:
+    """(line, its record or None when it is not one) for every non-empty line of a transcript file."""
     if not path.exists():
-        return
-    with path.open("rb+") as fh:
-        data = fh.read()
-        if data and not data.endswith(b"\n"):
-            fh.truncate(data.rfind(b"\n") + 1)
+        return []
+    out: list[tuple[str, dict | None]] = []
+    for line in read_text(path, "transcript file", None, RunError).splitlines():
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            record = None
+        out.append((line, record if isinstance(record, dict) and isinstance(record.get("episode_id"), str) else None))
+    return out
+
+
+def reconcile(path: Path, store: RunStore, run_id: str) -> tuple[int, int]:
+    """Make the transcript file hold one line for each episode the store holds for the run, and nothing
+    else (run before anything is played): lines of episodes a killed process never stored, torn or
+    repeated lines go; a stored episode without a line gets one, written from the store. The file is
+    rewritten (atomically) only when it changes. (lines dropped, lines written)."""
+    rows = {r["episode_id"]: r for r in store.episodes(run_id=run_id) if r["status"] == ENDED}
+    kept: list[str] = []
+    seen: set[str] = set()
+    lines = _lines_of(path)
+    for line, record in lines:
+        eid = record["episode_id"] if record is not None else None
+        if eid in rows and eid not in seen:
+            seen.add(eid)
+            kept.append(line)
+    missing = [eid for eid in rows if eid not in seen]
+    for eid in missing:
+        kept.append(json.dumps(stored_record(store, rows[eid]), default=str))
+    dropped = len(lines) - (len(kept) - len(missing))
+    torn = _torn(path)
+    if dropped or missing or torn:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        with tmp.open("w", encoding="utf-8") as fh:
+            fh.write("".join(line + "\n" for line in kept))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    return dropped, len(missing)
+
+
+def _torn(path: Path) -> bool:
+    """Whether the file ends in a half-written line (a process killed mid-write)."""
+    if not path.exists() or path.stat().st_size == 0:
+        return False
+    with path.open("rb") as fh:
+        fh.seek(-1, os.SEEK_END)
+        return fh.read(1) != b"\n"
+
+
+def stored_record(store: RunStore, row: dict) -> dict:
+    """An episode's transcript line made from the store (for one whose line was lost): what was stored,
+    graded again."""
+    stored = store.load(row["episode_id"])
+    g = grade_stored(stored)
+    family = stored.case.family if stored.case is not None else ""
+    result = EpisodeResult(row["episode_id"], row["case_id"], family, row["agent"], g, stored.entries,
+                           row["end_reason"] or "", row["error"] or "", row["run_id"], row["rollout"],
+                           agent_log=store.transcript(row["episode_id"]), started_at=row["started_at"],
+                           seconds=(row["ended_at"] or row["started_at"]) - row["started_at"])
+    return transcript_record(result)
 
 
 def stored_rollouts(store: RunStore, run_id: str) -> dict[str, dict]:
@@ -197,15 +261,17 @@ def transcript_record(result: EpisodeResult) -> dict:
     }
 
 
-class TranscriptSink(Sink):
-    """Writes each finished episode as one JSON line (the run's transcript export)."""
+class TranscriptWriter:
+    """Writes finished episodes as JSON lines (the run's transcript export), flushed to disk: the run's
+    StoreSink calls it with each batch before the batch's transaction."""
 
     def __init__(self, out):
         self.out = out
 
-    def end(self, result: EpisodeResult) -> None:
-        self.out.write(json.dumps(transcript_record(result), default=str) + "\n")
+    def __call__(self, results: list[EpisodeResult]) -> None:
+        self.out.write("".join(json.dumps(transcript_record(r), default=str) + "\n" for r in results))
         self.out.flush()
+        os.fsync(self.out.fileno())
 
 
 def run_records(store: RunStore, cases: list[Case], rollouts: int, run_id: str,
@@ -244,40 +310,48 @@ LOCK = ".lock"
 def run_lock(run_dir: Path):
     """Hold the run directory for this process: a second `gate run` with the same id is refused at
     once (the lock goes with the process, however it ends)."""
-    import fcntl
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / LOCK, "a+") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.seek(0)
-            holder = fh.read().strip() or "another process"
-            raise RunError(f"run {run_dir.name!r} is being played by {holder}; wait for it, or use another "
-                           f"--run-id") from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"process {os.getpid()}")
-        fh.flush()
-        try:
+    try:
+        with hold_lock(run_dir / LOCK, f"process {os.getpid()}"):
             yield
-        finally:
-            fh.truncate(0)
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    except LockHeld as exc:
+        raise RunError(f"run {run_dir.name!r} is being played by {exc}; wait for it, or use another "
+                       f"--run-id") from None
+
+
+def _seal(store: RunStore, run_id: str, body: dict) -> None:
+    """Seal the run's manifest when it first starts; a resume must ask for the same episodes."""
+    sealed = store.seal_run(run_id, "run", body)
+    before = sealed["body"] if isinstance(sealed["body"], dict) else {}
+    for key, what in (("cases", "cases"), ("case_sha256", "cases"), ("rollouts", "rollouts per case")):
+        if before.get(key) != body[key]:
+            n, r = len(before.get("cases") or []), before.get("rollouts")
+            raise RunError(f"run {run_id!r} was sealed for {n} cases x {r} rollouts (of "
+                           f"{before.get('cases_file')}); these {what} differ: use another --run-id")
+    if [a.get("identity") for a in before.get("agents", [])] != [a["identity"] for a in body["agents"]]:
+        raise RunError(f"run {run_id!r} was sealed for another model; use another --run-id")
 
 
 async def run_rollouts(cases: list[Case], settings: ModelSettings, rollouts: int, concurrency: int,
                        run_dir: Path, store: RunStore,
-                       on_done: Callable[[EpisodeResult], None] | None = None) -> dict:
+                       on_done: Callable[[EpisodeResult], None] | None = None, cases_file: str | Path | None = None) -> dict:
     """Run (or resume) a run; returns {"records": run_records(...), "new": n, "kept": n}."""
     check_run_id(run_dir.name)
     with run_lock(run_dir):
-        return await _run(cases, settings, rollouts, concurrency, run_dir, store, on_done)
+        return await _run(cases, settings, rollouts, concurrency, run_dir, store, on_done, cases_file)
 
 
-async def _run(cases, settings, rollouts, concurrency, run_dir, store, on_done) -> dict:
+async def _run(cases, settings, rollouts, concurrency, run_dir, store, on_done, cases_file) -> dict:
     run_id = run_dir.name
     _check_meta(run_dir, settings, rollouts)
     path = run_dir / TRANSCRIPTS
+    client = make_client(settings)
+    spec = model_spec(settings, client)
+    try:
+        _seal(store, run_id, manifest_body(cases, cases_file, [spec], rollouts, process_name("gate run")))
+        reconcile(path, store, run_id)  # before anything is played: the file holds what the store holds
+    except BaseException:
+        await client.close()
+        raise
     todo = pending(cases, rollouts, stored_rollouts(store, run_id))
     kept = len(cases) * rollouts - len(todo)
     queue: asyncio.Queue = asyncio.Queue()
@@ -285,8 +359,6 @@ async def _run(cases, settings, rollouts, concurrency, run_dir, store, on_done) 
         queue.put_nowait(item)
     pool = CasePool(cases)
     played: dict[str, EpisodeResult] = {}
-    client = make_client(settings)
-    spec = model_spec(settings, client)
     failing: list[str] = []  # the errors of the latest rollouts, while they keep ending on an API error
 
     async def worker(sinks):
@@ -310,14 +382,13 @@ async def _run(cases, settings, rollouts, concurrency, run_dir, store, on_done) 
         except BaseException:
             await client.close()
             raise
-    drop_torn_tail(path)
-    # a cut-off rollout, or one not yet written, is played again on resume: episodes are written as
-    # they end, STORE_BATCH to a transaction
-    keep = StoreSink(store, announce=False, batch=STORE_BATCH)
     try:
         with path.open("a", encoding="utf-8") as out, fewer_collections():
-            sinks = (keep, TranscriptSink(out))
-            tasks = [asyncio.ensure_future(worker(sinks)) for _ in range(max(1, min(concurrency, len(todo) or 1)))]
+            # episodes are written as they end, STORE_BATCH to a transaction, each batch's transcript lines
+            # first: a cut-off rollout, or one not yet written, is played again on resume
+            keep = StoreSink(store, announce=False, batch=STORE_BATCH, before_commit=TranscriptWriter(out),
+                             every=STORE_EVERY_S)
+            tasks = [asyncio.ensure_future(worker((keep,))) for _ in range(max(1, min(concurrency, len(todo) or 1)))]
             try:
                 await asyncio.gather(*tasks)
             except BaseException:  # interrupted: let every rollout in flight record itself before the file closes
@@ -335,24 +406,43 @@ async def _run(cases, settings, rollouts, concurrency, run_dir, store, on_done) 
     counts = {eid: r.agent_log or {} for eid, r in played.items()}
     if kept:  # the counters of rollouts kept from before are in their transcript lines
         counts = {**{r.get("episode_id"): r for r in read_transcripts(path)}, **counts}
+    done = stored_rollouts(store, run_id)
+    if not pending(cases, rollouts, done):  # every rollout has its episode: seal the run as complete
+        store.complete_run(run_id, [(c.case_id, spec.identity, i, done[rollout_key(c.case_id, i)]["episode_id"])
+                                    for i in range(rollouts) for c in cases])
     return {"records": run_records(store, cases, rollouts, run_id, played, counts), "new": len(todo), "kept": kept}
 
 
-def verify_transcripts(path: Path, fresh: dict[str, Grade]) -> list[Problem]:
-    """Each transcript line against the stored episode it names (`fresh`: grade per episode id)."""
+def verify_transcripts(path: Path, store: RunStore, run_id: str, fresh: dict[str, Grade]) -> list[Problem]:
+    """Each transcript line against the stored episode it names (`fresh`: grade per episode id): one line
+    per stored episode of the run, its grade, ledger and messages the store's."""
     try:
         lines = read_transcripts(path)
     except RunError as exc:
         return [Problem("-", "-", "-", str(exc))]
+    rows = {r["episode_id"]: r for r in store.episodes(run_id=run_id) if r["status"] == ENDED}
     problems = []
+    seen: set[str] = set()
     for line in lines:
         eid = line.get("episode_id")
         case_id, agent = str(line.get("case_id")), str(line.get("model"))
-        if eid not in fresh:
+        if eid not in fresh or eid not in rows:
             problems.append(Problem(str(eid), case_id, agent, "a transcript line names no stored episode of this run"))
             continue
+        if eid in seen:
+            problems.append(Problem(eid, case_id, agent, "the episode has more than one transcript line"))
+            continue
+        seen.add(eid)
         claimed = line.get("grade") if isinstance(line.get("grade"), dict) else {}
         why = differs(claimed, fresh[eid])
         if why:
             problems.append(Problem(eid, case_id, agent, "the transcript line " + why.removeprefix("the kept grade ")))
+        if line.get("ledger") != store.entries(eid):
+            problems.append(Problem(eid, case_id, agent, "the transcript line's ledger is not the stored ledger"))
+        log = store.transcript(eid)
+        if log is not None and line.get("messages") != log.get("messages"):
+            problems.append(Problem(eid, case_id, agent, "the transcript line's messages are not the stored ones"))
+    for eid, row in rows.items():
+        if eid not in seen:
+            problems.append(Problem(eid, row["case_id"], row["agent"], f"the episode has no line in {path.name}"))
     return problems

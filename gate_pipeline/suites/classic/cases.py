@@ -2,7 +2,8 @@
 
 A classic case has no `suite` key. The kernel (`kernel.cases.load_case`) checks what every suite's
 cases share; here: the warehouse holds exactly `customers` and `orders`, every row is an object
-with its table's columns as strings or null, a cell is bounded and valid text, an amount the
+with exactly its table's columns (a column the table does not have is refused, named), as strings
+or null, a cell is bounded and valid text, an amount the
 loader would read is finite and below 1e15, and truth labels name a column of the batch's table
 and a known defect type.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from operator import itemgetter
 
-from ...kernel.cases import bad_text, fail
+from ...kernel.cases import bad_text, bounded_name, fail
 from .contract import COLUMNS, DEFECT_TYPES
 
 CASE_KEYS = ("batches", "case_id", "contract", "family", "prompt", "seed", "variant", "warehouse")
@@ -18,6 +19,7 @@ BATCH_KEYS = ("batch_id", "rows", "source", "table", "truth")
 MAX_AMOUNT = 1e15  # an amount that parses as a number must be finite and below this in magnitude
 
 _VALUES = {table: itemgetter(*columns) for table, columns in COLUMNS.items()}
+_WIDTH = {table: len(columns) for table, columns in COLUMNS.items()}
 _VALUE_TYPES = frozenset({str, type(None)})
 _AMOUNT = {table: COLUMNS[table].index("amount") if "amount" in COLUMNS[table] else None for table in COLUMNS}
 
@@ -35,7 +37,7 @@ def _bad_amount(v: str) -> str | None:
 def check_rows(rows, table: str, where: str) -> None:
     if not isinstance(rows, list):
         raise fail(where, f"'rows' must be a list, not {type(rows).__name__}")
-    values_of, amount = _VALUES[table], _AMOUNT[table]
+    values_of, amount, width = _VALUES[table], _AMOUNT[table], _WIDTH[table]
     for i, row in enumerate(rows):
         if type(row) is not dict:
             raise fail(where, f"row {i} must be an object")
@@ -43,6 +45,9 @@ def check_rows(rows, table: str, where: str) -> None:
             values = values_of(row)
         except KeyError:
             raise fail(where, f"row {i} lacks column(s) {[c for c in COLUMNS[table] if c not in row]}") from None
+        if len(row) != width:  # it has every column of its table, and more
+            extra = next(c for c in row if c not in COLUMNS[table])
+            raise fail(where, f"row {i} has a column {table} does not have: {bounded_name(extra)}")
         if not _VALUE_TYPES.issuperset(map(type, values)):
             bad = [c for c in COLUMNS[table] if row[c] is not None and not isinstance(row[c], str)]
             raise fail(where, f"row {i}: value(s) of {bad} must be strings")

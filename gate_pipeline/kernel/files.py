@@ -1,0 +1,59 @@
+"""Reading a file gate is handed (a case file, a trajectory file, a store key, a transcript), safely.
+
+Only a regular file is read: a device (`/dev/zero`), a FIFO nobody writes, a directory or a socket
+is refused before a byte is read (the file is opened without blocking and checked with `fstat`),
+and a file is read up to a limit, so a wrong path is one clear error, never a hang or a process
+that grows until it is killed.
+"""
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from .errors import GateError
+
+KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+         (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _size(n: int) -> str:
+    """A size as a message gives it: exact bytes up to 10 MiB, else in MiB or GiB."""
+    if n < 10 * 2**20:
+        return f"{n:,} bytes"
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
+
+
+def read_bytes(path: str | Path, what: str, limit: int | None, error: type[GateError] = GateError) -> bytes:
+    """The bytes of the regular file at `path`, at most `limit` of them (None: no limit); anything else is
+    `error` with one line naming the file and `what` it should have been."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise error(f"{path}: no such {what}") from None
+    except OSError as exc:
+        raise error(f"{path}: cannot read the {what} ({exc.strerror or exc})") from None
+    mode = os.fstat(fd)
+    if not stat.S_ISREG(mode.st_mode):
+        os.close(fd)
+        kind = next((name for test, name in KINDS if test(mode.st_mode)), "not a regular file")
+        raise error(f"{path}: is {kind}, not a {what} (only regular files are read)")
+    with os.fdopen(fd, "rb") as fh:
+        if limit is not None and mode.st_size > limit:
+            raise error(f"{path}: is {_size(mode.st_size)}; a {what} is read up to {_size(limit)}")
+        try:
+            data = fh.read() if limit is None else fh.read(limit + 1)
+        except OSError as exc:
+            raise error(f"{path}: cannot read the {what} ({exc.strerror or exc})") from None
+    if limit is not None and len(data) > limit:  # it grew while it was read
+        raise error(f"{path}: is more than {_size(limit)}; a {what} is read up to {_size(limit)}")
+    return data
+
+
+def read_text(path: str | Path, what: str, limit: int | None, error: type[GateError] = GateError) -> str:
+    """`read_bytes` decoded as UTF-8 (text that is not is `error` too)."""
+    try:
+        return read_bytes(path, what, limit, error).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: the {what} is not UTF-8 text (byte {exc.start:,})") from None

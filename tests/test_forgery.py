@@ -1,0 +1,359 @@
+"""Results nobody can forge: each attack the run store had no answer to, reproduced, and shown closed.
+
+The attacker here can write GATE_HOME (the database and, by default, the key beside it). Each test
+first shows the forgery passing the store's own checks (what `gate verify` relied on before), then
+`gate verify` failing it, naming what is wrong."""
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from gate_pipeline.cli.main import main
+from gate_pipeline.dagster_defs.definitions import defs
+from gate_pipeline.dagster_defs.jobs import nightly_run_config, play_case_run_config
+from gate_pipeline.dagster_defs.resources import GateStore
+from gate_pipeline.kernel.agents import resolve_agent
+from gate_pipeline.kernel.cases import read_cases, write_cases
+from gate_pipeline.kernel.engine import Session, play, prepare
+from gate_pipeline.kernel.grading import grade_stored
+from gate_pipeline.kernel.ledger import last_hash
+from gate_pipeline.kernel.settings import Settings
+from gate_pipeline.store import RunStore, StoreSink, key_id, manifest_body
+from gate_pipeline.tables import summary
+
+ROOT = Path(__file__).resolve().parents[1]
+EVAL = ROOT / "cases" / "classic" / "eval_curated.jsonl"
+BAD = "eval-amount-bounds-0"  # one defective batch: naive loads it
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("GATE_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("GATE_STORE_KEY", raising=False)
+    monkeypatch.delenv("GATE_STORE_KEY_FILE", raising=False)
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def night(home, tmp_path, capsys):
+    """A night of naive and careful on four cases (one of them BAD), played by `gate nightly`."""
+    cases = tmp_path / "four.jsonl"
+    write_cases(cases, [c for c in read_cases(EVAL) if c.case_id in
+                        ("eval-clean-control-0", BAD, "eval-resent-rows-0", "eval-blank-amount-0")])
+    assert main(["nightly", "--cases", str(cases), "--agents", "naive,careful"]) == 0
+    capsys.readouterr()
+    return cases
+
+
+def db(home) -> sqlite3.Connection:
+    return sqlite3.connect(home / "runs.db", isolation_level=None)
+
+
+def verify(capsys, *args) -> tuple[int, str, str]:
+    code = main(["verify", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def episode_of(home, agent: str, case_id: str) -> str:
+    return db(home).execute("SELECT episode_id FROM episodes WHERE agent = ? AND case_id = ?",
+                            (agent, case_id)).fetchone()[0]
+
+
+def reseal_everything(home, key_file: Path) -> None:
+    """What an attacker who can write GATE_HOME does after editing rows: a key of their own in store.key,
+    every episode and manifest sealed again under it, its id recorded."""
+    (home / "store.key").write_text(key_file.read_text())
+    store = RunStore(Settings(home=home), check_key=False)
+    conn = db(home)
+    for row in store.episodes():
+        conn.execute("UPDATE episodes SET seal = ? WHERE episode_id = ?", (store.seal(row), row["episode_id"]))
+    cols = [c[1] for c in conn.execute("PRAGMA table_info(manifests)")]
+    for values in conn.execute("SELECT * FROM manifests").fetchall():
+        row = dict(zip(cols, values))
+        conn.execute("UPDATE manifests SET seal = ? WHERE run_id = ?", (store._manifest_seal(row), row["run_id"]))
+    conn.execute("UPDATE gate_store SET value = ? WHERE key = 'key_id'", (key_id(store.key),))
+    store.dispose()
+
+
+def test_the_key_swap_forgery_is_caught(home, night, tmp_path, capsys):
+    """Replace the key, copy careful's ledger and warehouse into naive's episode, re-seal every row: the
+    store's own checks pass and naive grades 1.0; played again, naive gives another episode."""
+    code, out, err = verify(capsys)
+    assert code == 0 and "every check holds" in out
+    assert err.count("\n") == 1 and "sits beside the database it seals" in err  # the default key: one warning
+    original = tmp_path / "original.key"
+    original.write_text((home / "store.key").read_text())
+    naive, careful = episode_of(home, "naive", BAD), episode_of(home, "careful", BAD)
+    conn = db(home)
+    before = grade_stored(RunStore().load(naive)).reward
+    conn.execute("DELETE FROM ledger_entries WHERE episode_id = ?", (naive,))
+    conn.execute("INSERT INTO ledger_entries SELECT ?, seq, entry FROM ledger_entries WHERE episode_id = ?",
+                 (naive, careful))
+    conn.execute("UPDATE warehouses SET image = (SELECT image FROM warehouses WHERE episode_id = ?) "
+                 "WHERE episode_id = ?", (careful, naive))
+    conn.execute("UPDATE episodes SET (ledger_digest, ledger_entries, warehouse_sha256) = (SELECT ledger_digest, "
+                 "ledger_entries, warehouse_sha256 FROM episodes WHERE episode_id = ?) WHERE episode_id = ?",
+                 (careful, naive))
+    forged_key = tmp_path / "forged.key"
+    forged_key.write_text("f" * 64)
+    reseal_everything(home, forged_key)
+    store = RunStore()
+    stored = store.load(naive)
+    assert stored.problems == () and grade_stored(stored).reward == 1.0 > before  # the forgery the store let by
+    code, out, _ = verify(capsys)
+    assert code == 1
+    assert f"{naive} {BAD} naive: played again, naive gives another episode" in out
+    assert "night 1: the kept summary differs from a fresh one (naive reward: 0.55 kept, 0.6875 fresh)" in out
+    # the forger writes the night's summary as the forged episodes give it: only playing naive again is left
+    [m] = store.manifests()
+    by_slot = {(c, a): e for c, a, _, e in m["episodes"]}
+    cases = [store.load(by_slot[(c, "naive")]).case for c in m["body"]["cases"]]
+    grades = {a: [grade_stored(store.load(by_slot[(c, a)])) for c in m["body"]["cases"]] for a in ("naive", "careful")}
+    forged = {**summary(cases, grades), "cases_file": m["body"]["cases_file"]}
+    conn.execute("UPDATE nightly_scores SET summary = ?", (json.dumps(forged),))
+    code, out, _ = verify(capsys)
+    assert code == 1 and "night 1" not in out
+    [line] = [line for line in out.splitlines() if BAD in line]
+    assert line.startswith(f"{naive} {BAD} naive: played again, naive gives another episode: 4 calls ending on ")
+    assert "1 with problems (1 in all)" in out
+    # with the key held apart, the swap itself is named, and every seal fails
+    code, out, _ = verify(capsys, "--key-file", str(original))
+    assert code == 1 and "store: the store key" in out and "is not the key" in out and "seal does not match" in out
+
+
+def test_an_inserted_grade_and_an_edited_score_are_caught_and_never_published(home, night, capsys):
+    def tick(cursor=None):
+        with dg.DagsterInstance.ephemeral() as instance:
+            context = dg.build_sensor_context(instance=instance, resources={"gate_store": GateStore()}, cursor=cursor)
+            data = defs.resolve_sensor_def("grading_sensor").evaluate_tick(context)
+        return data
+
+    first = tick()
+    assert len(first.asset_events) == 8
+    naive = episode_of(home, "naive", BAD)
+    conn = db(home)
+    kept = json.loads(conn.execute("SELECT grade FROM grades WHERE episode_id = ?", (naive,)).fetchone()[0])
+    fake = {**kept, "episode_id": "f" * 32, "reward": 1.0}
+    conn.execute("INSERT INTO grades (episode_id, case_id, agent, grade, graded_at) VALUES (?, ?, 'naive', ?, 0)",
+                 (fake["episode_id"], BAD, json.dumps(fake)))
+    conn.execute("UPDATE grades SET grade = ? WHERE episode_id = ?", (json.dumps({**kept, "reward": 1.0}), naive))
+    summary = json.loads(conn.execute("SELECT summary FROM nightly_scores").fetchone()[0])
+    summary["agents"]["naive"]["reward"] = 1.0
+    conn.execute("UPDATE nightly_scores SET summary = ?", (json.dumps(summary),))
+    code, out, _ = verify(capsys)
+    assert code == 1
+    assert f"{'f' * 32} {BAD} naive: a kept grade (row 9) names no stored episode" in out
+    assert f"{naive} {BAD} naive: the kept grade differs from a fresh grade in reward" in out
+    night_line = next(line for line in out.splitlines() if "night 1" in line)
+    assert "the kept summary differs from a fresh one (naive reward: 1.0 kept, 0.55 fresh)" in night_line
+    # the sensor: the inserted row is never published; what it publishes it computed
+    data = tick(cursor="8")
+    assert data.asset_events == [] and data.cursor == "9 · nothing published"
+    again = tick()
+    rewards = {}
+    for e in again.asset_events:  # observation metadata is keyed by the grade's agent
+        agent = next(k.split("/")[0] for k in e.metadata if k.endswith("/episode_id"))
+        rewards[e.metadata[f"{agent}/episode_id"].value] = e.metadata[f"{agent}/reward"].value
+    assert "f" * 32 not in rewards and naive not in rewards and len(rewards) == 7  # the edited row is not published
+    tables = [e.metadata["latest_grade_by_agent"].value for e in again.asset_events
+              if e.partition == BAD]
+    assert tables and all("| naive | 1.0000" not in t for t in tables)
+
+
+def test_a_deleted_episode_is_caught(home, night, capsys):
+    naive = episode_of(home, "naive", BAD)
+    conn = db(home)
+    for table in ("ledger_entries", "warehouses", "episodes"):
+        conn.execute(f"DELETE FROM {table} WHERE episode_id = ?", (naive,))
+    code, out, _ = verify(capsys)
+    assert code == 1 and "7 episodes checked" in out
+    assert f"missing: the episode of naive on {BAD} (rollout 0) is not in the store" in out
+    assert "night 1: its summary cannot be recomputed" in out
+
+
+def test_a_manifest_names_extra_and_duplicated_episodes(home, capsys):
+    cases = read_cases(EVAL)[:2]
+    store = RunStore()
+    spec_body = manifest_body(cases[:1], None, [resolve_agent("careful")], 1, "a test")
+    store.seal_run("r", "run", spec_body)
+    sink = StoreSink(store)
+    for case in (cases[0], cases[0], cases[1]):  # the first case twice, the second not in the manifest
+        play(prepare(case), "careful", sinks=[sink], run_id="r")
+    code, out, _ = verify(capsys)
+    assert code == 1
+    assert f"run r: duplicated: careful on {cases[0].case_id} (rollout 0) was played 2 times" in out
+    assert f"{cases[1].case_id} careful: an episode run r's manifest does not list (rollout 0)" in out
+    db(home).execute("UPDATE manifests SET body = replace(body, '\"rollouts\": 1', '\"rollouts\": 2')")
+    assert "run r: its manifest was altered (its seal does not match)" in verify(capsys)[1]
+
+
+def test_the_case_of_an_episode_must_be_the_one_the_run_was_sealed_with(home, night, capsys):
+    """The attacker edits the truth labels of naive's stored case (naive is then right) and re-seals the
+    episode: played again on the edited case naive gives the same ledger, but the manifest and the case
+    file both say the case is another."""
+    naive = episode_of(home, "naive", BAD)
+    conn = db(home)
+    case = json.loads(conn.execute("SELECT case_json FROM episodes WHERE episode_id = ?", (naive,)).fetchone()[0])
+    for batch in case["batches"]:
+        batch["truth"] = {"defective": False, "defects": []}
+    text = json.dumps(case, sort_keys=True)
+    import hashlib
+    conn.execute("UPDATE episodes SET case_json = ?, case_sha256 = ? WHERE episode_id = ?",
+                 (text, hashlib.sha256(text.encode()).hexdigest(), naive))
+    store = RunStore()
+    conn.execute("UPDATE episodes SET seal = ? WHERE episode_id = ?", (store.seal(store.episode(naive)), naive))
+    assert store.load(naive).problems == ()
+    code, out, _ = verify(capsys)
+    assert code == 1 and f"{naive} {BAD} naive: its case is not the case run" in out
+
+
+@pytest.mark.parametrize("agents", ["os:system", "naive,os:system", "subprocess:Popen", "collections:OrderedDict"])
+def test_an_agent_name_never_calls_what_it_names(home, tmp_path, capsys, agents):
+    marker = tmp_path / "ran"
+    options = json.dumps({"os:system": {"command": f"touch {marker}"},
+                          "subprocess:Popen": {"args": ["touch", str(marker)]}})
+    for command in (["nightly", "--agents", agents, "--agent-options", options], ["report", "--agents", agents]):
+        assert main(command) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "not an agent (a class that defines play(tools, case=None)); nothing was " \
+                                        "called" in err
+    assert not marker.exists() and RunStore().episodes() == [] and RunStore().manifests() == []
+
+
+def test_dagster_run_config_names_only_agents_the_code_location_lists(home, tmp_path):
+    marker = tmp_path / "ran"
+    with dg.DagsterInstance.ephemeral() as instance:
+        with pytest.raises(dg.DagsterInvalidConfigError, match="not in enum type AgentName got os:system"):
+            defs.resolve_job_def("nightly_benchmark").execute_in_process(
+                instance=instance, run_config=nightly_run_config(str(EVAL), ["os:system"],
+                                                                 {"os:system": {"command": f"touch {marker}"}}))
+        instance.add_dynamic_partitions("cases", ["eval-clean-control-0"])
+        with pytest.raises(dg.DagsterInvalidConfigError, match="got os:system"):
+            defs.resolve_job_def("play_case").execute_in_process(
+                instance=instance, partition_key="eval-clean-control-0",
+                run_config=play_case_run_config("os:system", {"command": f"touch {marker}"}))
+        assert instance.get_runs() == []
+    assert not marker.exists()
+
+
+def test_a_listed_name_that_is_no_agent_class_is_refused_before_it_is_called(tmp_path):
+    """Even a name the code location lists (GATE_AGENTS=os:system) is checked before anything is called."""
+    import subprocess
+    import sys
+    marker = tmp_path / "ran"
+    code = ("import dagster as dg, sys\n"
+            "from gate_pipeline.dagster_defs.definitions import defs\n"
+            "from gate_pipeline.dagster_defs.jobs import nightly_run_config\n"
+            "with dg.DagsterInstance.ephemeral() as i:\n"
+            "    r = defs.resolve_job_def('nightly_benchmark').execute_in_process(instance=i, raise_on_error=False,\n"
+            f"        run_config=nightly_run_config({str(EVAL)!r}, ['os:system'], "
+            f"{{'os:system': {{'command': 'touch {marker}'}}}}))\n"
+            "    print([e.event_specific_data.error.message for e in r.all_events if e.is_step_failure][0])\n")
+    import os
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "GATE_AGENTS": "os:system", "GATE_HOME": str(tmp_path / "h")})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "agent 'os:system': os:system is a builtin_function_or_method, not an agent" in out.stdout
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("content,needle", [
+    (b"\xff\xfe" + b"k" * 40, "is not text (it holds bytes that are not UTF-8)"),
+    (b"short\n", "is 5 bytes long: a key is 32 to 4,096 bytes of text"),
+    ("ключ-из-тридцати-двух-байт".encode()[:31], "bytes"),
+    (b"k" * 20 + b"\x00" + b"k" * 20, "holds control characters"),
+])
+def test_a_key_file_that_is_not_a_key_is_one_line(home, tmp_path, capsys, content, needle):
+    home.mkdir(parents=True)
+    (home / "store.key").write_bytes(content)
+    for command in (["verify"], ["nightly", "--agents", "naive"]):
+        assert main(command) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and needle in err and "store key" in err
+    key = tmp_path / "elsewhere.key"
+    key.write_bytes(content)
+    assert main(["verify", "--key-file", str(key)]) == 2
+    assert needle in capsys.readouterr().err
+    assert main(["verify", "--key-file", str(tmp_path / "missing.key")]) == 2
+    assert "missing.key: no such store key file" in capsys.readouterr().err
+
+
+def test_a_key_of_non_ascii_text_works_and_a_key_from_outside_gate_home_warns_nothing(home, tmp_path, capsys,
+                                                                                      monkeypatch):
+    key = tmp_path / "outside" / "gate.key"
+    key.parent.mkdir()
+    key.write_text("ключ, который лежит вне GATE_HOME\n")
+    monkeypatch.setenv("GATE_STORE_KEY_FILE", str(key))
+    store = RunStore()
+    play(prepare(read_cases(EVAL)[0]), "careful", sinks=[StoreSink(store)], run_id="k")
+    code, out, err = verify(capsys)
+    assert code == 0 and err == "" and "every check holds" in out
+    monkeypatch.setenv("GATE_STORE_KEY", "\udcff" * 40)  # not UTF-8: what the environment gives for such bytes
+    assert main(["verify"]) == 2 and "GATE_STORE_KEY is not text" in capsys.readouterr().err
+    monkeypatch.delenv("GATE_STORE_KEY")
+    monkeypatch.delenv("GATE_STORE_KEY_FILE")  # the default key now: another key than the store was sealed with
+    assert main(["nightly", "--agents", "naive"]) == 2
+    assert "is not the key" in capsys.readouterr().err
+
+
+def test_refused_calls_keep_a_bounded_preview(home):
+    """300 refused quarantine_rows calls of 1,000 keys of 200 characters each: a bounded ledger."""
+    v2 = read_cases(ROOT / "cases" / "v2" / "eval_curated.jsonl")[0]
+    store = RunStore()
+    session = Session(prepare(v2), "flood", sinks=[StoreSink(store)])
+    keys = [f"{n:0200d}" for n in range(1000)]
+    for _ in range(300):
+        result = session.call("quarantine_rows", {"batch_id": "nope", "keys": keys, "column": "amount",
+                                                  "defect_type": "out_of_range"})
+        assert "error" in result
+    session.finish()
+    sizes = [len(json.dumps(e)) for e in store.entries(session.episode_id)]
+    assert len(sizes) == 300 and max(sizes) < 6_000  # was 204 KB each
+    assert (home / "runs.db").stat().st_size < 8_000_000  # was 124 MB
+    entry = store.entries(session.episode_id)[0]
+    assert entry["args"]["keys"][-1] == "...[1,000 items]" and len(entry["args"]["keys"]) == 21
+    assert last_hash(store.entries(session.episode_id)) == store.episode(session.episode_id)["ledger_digest"]
+
+
+def test_a_model_episode_is_tied_to_its_transcript(home, tmp_path, capsys):
+    """A model cannot be played again: its ledger must be the tool calls its transcript's messages made. An
+    attacker with the key who rewrites one call in the stored transcript (or the transcript file) is named."""
+    from scripted_server import ScriptedServer
+    with ScriptedServer() as server:
+        assert main(["run", "--model", "careful", "--base-url", server.url, "-n", "2", "--run-id", "m",
+                     "--runs-dir", str(tmp_path), "--json"]) == 0
+    capsys.readouterr()
+    code, out, _ = verify(capsys, "--run", str(tmp_path / "m"))
+    assert code == 0 and "tied to a transcript 2," in out
+    store = RunStore()
+    [first, second] = store.episodes(run_id="m")
+    log = store.transcript(first["episode_id"])
+    call = next(tc for m in log["messages"] if m.get("role") == "assistant" for tc in m.get("tool_calls", [])
+                if tc["function"]["name"] == "run_sql")
+    call["function"]["arguments"] = json.dumps({"query": "SELECT 1"})
+    text = json.dumps(log, sort_keys=True, default=str)
+    import hashlib
+    conn = db(home)
+    conn.execute("UPDATE transcripts SET log = ? WHERE episode_id = ?", (text, first["episode_id"]))
+    conn.execute("UPDATE episodes SET transcript_sha256 = ? WHERE episode_id = ?",
+                 (hashlib.sha256(text.encode()).hexdigest(), first["episode_id"]))
+    row = store.episode(first["episode_id"])
+    conn.execute("UPDATE episodes SET seal = ? WHERE episode_id = ?", (store.seal(row), first["episode_id"]))
+    assert store.load(first["episode_id"]).problems == ()
+    code, out, _ = verify(capsys)
+    assert code == 1 and f"{first['episode_id']} {first['case_id']} careful: tool call" in out
+    assert "gives another result than the one the transcript says the model was sent" in out
+    # a line of the transcript file that is not the stored one, or a stored episode with no line
+    path = tmp_path / "m" / "transcripts.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    lines[1]["ledger"] = lines[1]["ledger"][:-1]
+    path.write_text(json.dumps(lines[1]) + "\n")
+    code, out, _ = verify(capsys, "--run", str(tmp_path / "m"))
+    assert code == 1 and f"{second['episode_id']} {second['case_id']} careful: the transcript line's ledger is not " \
+                         f"the stored ledger" in out
+    assert f"{first['episode_id']} {first['case_id']} careful: the episode has no line in transcripts.jsonl" in out
