@@ -53,6 +53,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Callable
+from urllib.parse import unquote
 
 import numpy as np
 from fastapi import FastAPI, Request, WebSocket
@@ -560,9 +561,12 @@ class Guard:
             given = presented_token(scope)
             if given is None:
                 return "this server requires its token: send 'Authorization: Bearer <token>'"
-            if not hmac.compare_digest(given.encode(), self.token):
-                return "wrong token"
-            return None
+            # a token in a URL's user info arrives percent-encoded from some clients (websockets), decoded
+            # from others (requests, httpx): either form of the right token is the token
+            if hmac.compare_digest(given.encode(), self.token) or (
+                    "%" in given and hmac.compare_digest(unquote(given).encode(), self.token)):
+                return None
+            return "wrong token"
         client = (scope.get("client") or ("", 0))[0]
         if self.config.remote_without_token or is_loopback(client or ""):
             return None
@@ -615,7 +619,7 @@ def create_gate_app(pool: CasePool, config: ServeConfig | None = None):
 
     info = metadata()
     app = FastAPI(title="gate (OpenEnv)", version=info.version or "0", description=info.description,
-                  lifespan=lifespan, openapi_url="/openapi.json", docs_url="/docs", redoc_url=None)
+                  lifespan=lifespan, openapi_url="/openapi.json", docs_url=None, redoc_url=None)
     app.state.gate = gate
 
     def refused(message: str, status: int = 422) -> JSONResponse:
