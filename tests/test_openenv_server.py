@@ -17,6 +17,7 @@ import urllib.request
 import pytest
 from conftest import EVAL, TRAIN
 from servers import start_server, stop_server
+from wire import WireTools, play_over_the_wire, recorded
 
 from gate_pipeline.kernel import engine
 from gate_pipeline.kernel.agents import make_agent
@@ -51,38 +52,11 @@ def run(coro):
     return asyncio.run(coro)
 
 
-class WireTools:
-    """What an agent gets (`tools(name, **args)`), over a sync GateEnvClient: each call one step."""
-
-    def __init__(self, env):
-        self.env, self.steps = env, []
-
-    def __call__(self, name, **args):
-        result = self.env.call(name, **args)
-        self.steps.append(result)
-        return json.loads(result.observation.result)
-
-
-class Recording:
-    """What an agent gets in process (`tools(name, **args)` on an engine Session), keeping each call."""
-
-    def __init__(self, session):
-        self.session, self.actions = session, []
-        self.episode_seed = session.episode_seed
-
-    def __call__(self, name, **args):
-        self.actions.append({"tool": name, "args": json.loads(json.dumps(args))})
-        return self.session.call(name, args)
-
-
 def careful_sql(case) -> tuple[list, dict]:
-    """careful-sql's calls on a case, played in process, and the grade `engine.play` gives it."""
-    session = engine.Session(prepare(case), "careful-sql")
-    tools = Recording(session)
-    make_agent("careful-sql").play(tools)
-    grade = session.finish().grade.as_dict()
-    assert grade == engine.play(prepare(case), "careful-sql").grade.as_dict() and grade["reward"] == 1.0
-    return tools.actions, grade
+    """careful-sql's calls on a case, played in process, and the grade `engine.play` gives it (1.0)."""
+    actions, grade = recorded(case, "careful-sql")
+    assert grade["reward"] == 1.0
+    return actions, grade
 
 
 # -- the grade over the wire is the engine's grade ------------------------------------------------
@@ -93,7 +67,7 @@ def test_careful_sql_through_the_client_grades_as_in_process(server):
             first = env.reset(case_id=case.case_id)
             assert first.observation.turn == 0 and first.observation.result == "" and not first.done
             assert first.observation.prompt == case.prompt
-            tools = WireTools(env)
+            tools = WireTools(env, case)
             make_agent("careful-sql").play(tools)
             want = engine.play(prepare(case), "careful-sql")
             state = env.state()
@@ -120,9 +94,7 @@ def test_agents_that_fail_grade_over_the_wire_as_in_process(server):
     with GateEnvClient(base_url=server).sync() as env:
         for case in list(families.values())[:4]:
             for name in WIRE_AGENTS:
-                env.reset(case_id=case.case_id, max_turns=256)  # citation-spray makes 88 calls
-                agent = make_agent(name)
-                agent.play(WireTools(env), case.data if getattr(agent, "oracle", False) else None)
+                play_over_the_wire(env, case, name, max_turns=256)  # citation-spray makes 88 calls
                 want = engine.play(prepare(case), name).grade.as_dict()
                 assert env.state().grade == want, (case.case_id, name)
                 grades.add(want["reward"])
