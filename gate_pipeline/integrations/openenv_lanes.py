@@ -28,6 +28,8 @@ import time
 from typing import Any, Callable
 
 LOW_PRIORITY = 19  # the largest nice value: runs on what CPU the others leave
+REST = 3.0  # the slow lane rests this many times as long as each call took: long queries get at most 1/4 of a CPU
+SHORT_TO_CLEAR = 10  # short calls in a row on the slow lane before a session's calls go to the fast lane again
 PER_THREAD_NICE = sys.platform.startswith("linux")
 
 
@@ -42,13 +44,14 @@ class _Worker:
 
 
 class _Call:
-    __slots__ = ("fn", "args", "future", "loop", "worker", "cpu0", "wall0", "done")
+    __slots__ = ("fn", "args", "future", "loop", "worker", "cpu0", "wall0", "done", "key")
 
     def __init__(self, fn, args, future, loop) -> None:
         self.fn, self.args, self.future, self.loop = fn, args, future, loop
         self.worker: _Worker | None = None
         self.cpu0 = self.wall0 = 0.0
         self.done = False
+        self.key = None
 
 
 def _settle(future: asyncio.Future, result, error) -> None:
@@ -63,17 +66,24 @@ def _settle(future: asyncio.Future, result, error) -> None:
 class Lanes:
     """`await lanes.run(fn, *args)`: fn(*args) on a worker thread; see the module's docstring."""
 
-    def __init__(self, threads: int = 8, slice_s: float = 0.05, name: str = "gate-step"):
-        if threads < 1 or slice_s <= 0:
-            raise ValueError("lanes need at least one thread and a positive slice")
-        self.threads, self.slice_s, self.name = threads, slice_s, name
+    def __init__(self, threads: int = 8, slice_s: float = 0.05, name: str = "gate-step", slow_threads: int = 1,
+                 nice_moved: bool = True):
+        if threads < 1 or slow_threads < 1 or slice_s <= 0:
+            raise ValueError("lanes need at least one thread each and a positive slice")
+        self.threads, self.slice_s, self.name, self.nice_moved = threads, slice_s, name, nice_moved
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._slow_calls: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._fast: set[_Worker] = set()
+        self._heavy: dict = {}  # key (a session) whose call was moved -> its short calls on the slow lane since
         self._closed = False
         self.moved = 0  # calls moved to the slow lane so far
         for _ in range(threads):
             self._spawn()
+        self._slow_workers = [threading.Thread(target=self._work_slow, name=f"{name}-slow", daemon=True)
+                              for _ in range(slow_threads)]
+        for thread in self._slow_workers:
+            thread.start()
 
     # -- the workers ------------------------------------------------------------------------------
     def _spawn(self) -> None:
@@ -108,12 +118,51 @@ class Lanes:
             if moved:
                 return  # a thread moved to the slow lane leaves; another took its place
 
+    def _work_slow(self) -> None:
+        """The slow lane: the calls of sessions whose last call ran long, one at a time per thread, at the
+        lowest priority (the thread is the lane's for good, so its priority never needs raising again)."""
+        if self.nice_moved and PER_THREAD_NICE:
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOW_PRIORITY)
+            except OSError:
+                pass
+        while True:
+            item = self._slow_calls.get()
+            if item is None:
+                return
+            call, key = item
+            cpu0, wall0 = time.thread_time(), time.monotonic()
+            try:
+                result, error = call.fn(*call.args), None
+            except BaseException as exc:  # noqa: BLE001
+                result, error = None, exc
+            with self._lock:
+                if key in self._heavy:
+                    short = time.thread_time() - cpu0 < self.slice_s
+                    self._heavy[key] = self._heavy[key] + 1 if short else 0
+                    if self._heavy[key] >= SHORT_TO_CLEAR:  # short again for a while: back to the fast lane
+                        del self._heavy[key]
+            call.done = True
+            try:
+                call.loop.call_soon_threadsafe(_settle, call.future, result, error)
+            except RuntimeError:
+                pass
+            took = time.monotonic() - wall0
+            if took > self.slice_s:
+                time.sleep(min(REST * took, 30.0))  # a duty cycle: the long queries' share of the CPU stays small
+
     # -- the event loop's side --------------------------------------------------------------------
-    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def run(self, fn: Callable[..., Any], *args: Any, key=None) -> Any:
+        """fn(*args) on a thread; `key` (a session) names whose calls these are: once one of its calls
+        ran past a slice, its next calls wait on the slow lane until one of them is short again."""
         if self._closed:
             raise RuntimeError("the server is stopping")
         loop = asyncio.get_running_loop()
         call = _Call(fn, args, loop.create_future(), loop)
+        call.key = key
+        if key is not None and key in self._heavy:
+            self._slow_calls.put((call, key))
+            return await call.future
         self._calls.put(call)
         handle = loop.call_later(self.slice_s, self._look, call)
         try:
@@ -141,13 +190,20 @@ class Lanes:
             worker.moved = True
             self._fast.discard(worker)
             self.moved += 1
+            if call.key is not None:
+                self._heavy[call.key] = 0
             if not self._closed:
                 self._spawn()
-        if PER_THREAD_NICE and worker.clock is not None:
+        if self.nice_moved and PER_THREAD_NICE and worker.clock is not None:
             try:
                 os.setpriority(os.PRIO_PROCESS, worker.tid, LOW_PRIORITY)
             except OSError:  # the thread has just ended, or the system refuses: it keeps its priority
                 pass
+
+    def forget(self, key) -> None:
+        """A session has ended: its key means nothing any more."""
+        with self._lock:
+            self._heavy.pop(key, None)
 
     def shutdown(self) -> None:
         """Stop the fast threads once they are idle (calls in flight end on their own; daemon threads)."""
@@ -156,3 +212,5 @@ class Lanes:
             count = len(self._fast)
         for _ in range(count):
             self._calls.put(None)
+        for _ in self._slow_workers:
+            self._slow_calls.put(None)

@@ -75,7 +75,7 @@ MAX_TURNS_LIMIT = 1024
 DEFAULT_MAX_SESSIONS = 64
 DEFAULT_IDLE_TIMEOUT = 300.0  # seconds without a message before a session is closed
 STEP_THREADS = 8  # threads at normal priority for steps, resets and closes (openenv_lanes.py)
-SLICE_S = 0.05  # CPU seconds a call may use before it moves to the slow lane
+SLICE_S = 0.02  # CPU seconds a call may use before it moves to the slow lane
 WS_MAX_BYTES = 1 << 20  # one message; far more than a tool call needs (the sandbox refuses queries over 10,000 characters)
 HTTP_MAX_BYTES = 1 << 20  # one HTTP request body
 RESET_OPTIONS = ("case_id", "seed", "reward", "max_turns", "episode_id")
@@ -356,6 +356,7 @@ class Sessions:
     async def close(self, session: ServedSession) -> None:
         if self.open.pop(session.id, None) is not None:
             await self.lanes.run(session.env.close)
+            self.lanes.forget(id(session.env))
 
     def idle(self, now: float) -> list[ServedSession]:
         return [s for s in self.open.values() if s.busy == 0 and now - s.last > self.config.idle_timeout]
@@ -407,11 +408,11 @@ class Gate:
     # -- one episode's messages (the WebSocket's and MCP's) ------------------------------------------
     async def reset(self, env: GateServerEnv, data: dict) -> dict:
         seed, episode_id, options = reset_arguments(data)
-        obs = await self.lanes.run(lambda: env.reset(seed=seed, episode_id=episode_id, **options))
+        obs = await self.lanes.run(lambda: env.reset(seed=seed, episode_id=episode_id, **options), key=id(env))
         return observation_payload(obs)
 
     async def step(self, env: GateServerEnv, action) -> GateObservation:
-        return await self.lanes.run(env.step, action)
+        return await self.lanes.run(env.step, action, key=id(env))
 
     # -- MCP ------------------------------------------------------------------------------------------
     async def rpc(self, message, client: str, session: ServedSession | None = None) -> dict | None:
