@@ -362,6 +362,11 @@ def test_the_http_endpoints(server):
                        ({"action": {}, "extra": 1}, "unexpected field 'extra'")):
         status, body = http(server, "/step", bad)
         assert status == 422 and words in body["detail"], (bad, body)
+    big = {"case_id": "x" * (2 << 20)}  # over the 1 MiB a body may have: refused, not read to its end
+    status, body = http(server, "/reset", big)
+    assert status == 422 and "over 1,048,576 bytes" in body["detail"]
+    status, body = http(server, "/mcp", {"jsonrpc": "2.0", "method": "tools/list", "id": "x" * (2 << 20)})
+    assert status == 200 and body["error"]["code"] == -32700 and "over 1,048,576 bytes" in body["error"]["message"]
     status, schema = http(server, "/schema")
     assert status == 200 and [s["title"] for s in schema["action"]["anyOf"]] == [
         "ToolCall", "ChatCompletionsToolCall", "WrappedAction"]

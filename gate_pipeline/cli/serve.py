@@ -62,7 +62,7 @@ def register(subparsers) -> None:
                    help="concurrent sessions, WebSocket and MCP (default: 64)")
     p.add_argument("--max-per-client", type=int_arg("--max-per-client"), default=None, metavar="N",
                    help="concurrent sessions of one client address (default: --max-sessions)")
-    p.add_argument("--idle-timeout", type=positive_arg("--idle-timeout"), default=300.0, metavar="SECONDS",
+    p.add_argument("--idle-timeout", type=positive_arg("--idle-timeout"), default=300, metavar="SECONDS",
                    help="close a session after this long without a message (default: 300)")
     p.add_argument("--token", default=None, help="the bearer token every request must carry (default: "
                                                  "GATE_SERVE_TOKEN; required on an address other machines reach)")

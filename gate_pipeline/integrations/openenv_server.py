@@ -44,6 +44,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import reprlib
 import signal
 import socket
 import threading
@@ -109,9 +110,14 @@ def _int_option(name: str, value, low: int, high: int | None = None) -> int:
     return value
 
 
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 80
+
+
 def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:80] + "..."
+    """A bounded rendering of a value a client sent (reprlib: safe for deep or huge values)."""
+    text = _REPR.repr(value)
+    return text if len(text) <= 120 else text[:120] + "..."
 
 
 class GateServerEnv(Environment[GateAction, GateObservation, GateState]):
@@ -408,7 +414,9 @@ class Gate:
     # -- one episode's messages (the WebSocket's and MCP's) ------------------------------------------
     async def reset(self, env: GateServerEnv, data: dict) -> dict:
         seed, episode_id, options = reset_arguments(data)
-        obs = await self.lanes.run(lambda: env.reset(seed=seed, episode_id=episode_id, **options), key=id(env))
+        # no key: a reset that prepares a case for the first time may run long, and that says nothing
+        # about the session's steps (a long reset's thread still moves off the fast threads)
+        obs = await self.lanes.run(lambda: env.reset(seed=seed, episode_id=episode_id, **options))
         return observation_payload(obs)
 
     async def step(self, env: GateServerEnv, action) -> GateObservation:
@@ -446,7 +454,8 @@ class Gate:
 
     async def _rpc_method(self, method: str, params: dict, client: str, session: ServedSession | None):
         if method == "initialize":
-            return {"protocolVersion": str(params.get("protocolVersion") or MCP_PROTOCOL),
+            asked = params.get("protocolVersion")
+            return {"protocolVersion": asked if isinstance(asked, str) and 0 < len(asked) <= 40 else MCP_PROTOCOL,
                     "capabilities": {"tools": {"listChanged": False}},
                     "serverInfo": {"name": "gate", "version": metadata().version or "0"}}
         if method == "ping":
@@ -596,6 +605,17 @@ class Guard:
             await send({"type": "websocket.close", "code": 1008, "reason": why[:120]})
 
 
+async def bounded_body(request, what: str) -> bytes:
+    """A request's body, read no further than HTTP_MAX_BYTES (else BadRequest): a huge body costs nothing."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > HTTP_MAX_BYTES:
+            raise BadRequest(f"the {what} body is over {HTTP_MAX_BYTES:,} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def error_frame(message: str, code: str, **extra) -> str:
     return json.dumps({"type": "error", "data": {"message": message, "code": code, **extra}})
 
@@ -627,9 +647,7 @@ def create_gate_app(pool: CasePool, config: ServeConfig | None = None):
         return JSONResponse(status_code=status, content={"detail": message})
 
     async def body_of(request: Request, what: str) -> dict:
-        raw = await request.body()
-        if len(raw) > HTTP_MAX_BYTES:
-            raise BadRequest(f"the {what} body is over {HTTP_MAX_BYTES:,} bytes")
+        raw = await bounded_body(request, what)
         if not raw.strip():
             return {}
         return strict_object(decode_json(raw, f"{what} body"), f"the {what} body")
@@ -697,12 +715,9 @@ def create_gate_app(pool: CasePool, config: ServeConfig | None = None):
 
     @app.post("/mcp", tags=["MCP"], summary="MCP JSON-RPC: tools/list, tools/call, openenv/session/create|close")
     async def mcp(request: Request):
-        raw = await request.body()
         client = (request.client.host if request.client else "") or ""
         try:
-            if len(raw) > HTTP_MAX_BYTES:
-                raise BadRequest(f"the request is over {HTTP_MAX_BYTES:,} bytes")
-            message = decode_json(raw, "request")
+            message = decode_json(await bounded_body(request, "request"), "request")
         except BadRequest as exc:
             return rpc_error(RPC_PARSE, str(exc))
         answer = await gate.rpc(message, client)
