@@ -6,13 +6,16 @@ budget stops it (2 s of wall time; a v2 database's budget grows with its rows). 
 eight such queries would take every thread and every CPU, and every other session would wait.
 Here a call starts on one of `threads` threads at normal priority; while it runs the event loop
 looks at the CPU time it has used every `slice_s` seconds, and once that passes `slice_s` the call
-is *moved to the slow lane*: its thread's OS scheduling priority is lowered to the lowest (Linux
-`nice` 19, a per-thread value there) and a new thread takes its place among the `threads`. So there
-are always `threads` threads at normal priority for everyone else, and the long queries run on
-whatever CPU is left over: a session's SQL delays another session's step by about one slice at
-most, not by its whole budget (benchmarks/bench_serve.py's noisy-neighbours row measures it). The
-slow call still runs to its end (the sandbox stops it at its budget, as in process); its thread
-then exits (a raised nice value cannot be lowered again without privileges).
+is *moved*: its thread's OS scheduling priority is lowered to the lowest (Linux `nice` 19, a
+per-thread value there) and a new thread takes its place among the `threads`, so there are always
+`threads` threads at normal priority for everyone else. The moved call still runs to its end (the
+sandbox stops it at its budget, as in process); its thread then exits (a raised nice value cannot
+be lowered again without privileges). Its session (the call's `key`) is marked: its next calls
+queue on the *slow lane*, one thread at the lowest priority that rests as long as each long call
+took (so the long queries of all marked sessions together get at most half a CPU there), until
+`SHORT_TO_CLEAR` of them in a row are short. A session's SQL thus delays another session's step by
+about one slice, not by its budget; the long-querying sessions wait for each other
+(benchmarks/bench_serve.py's noisy-neighbours rows measure it).
 
 Where threads have no CPU clock or no per-thread priority (not Linux), a call is moved on wall time
 and its thread keeps its priority: the others still find a free thread, but share the CPU with it.
@@ -28,7 +31,7 @@ import time
 from typing import Any, Callable
 
 LOW_PRIORITY = 19  # the largest nice value: runs on what CPU the others leave
-REST = 3.0  # the slow lane rests this many times as long as each call took: long queries get at most 1/4 of a CPU
+REST = 1.0  # the slow lane rests as long as each long call took: long queries get at most half a CPU there
 SHORT_TO_CLEAR = 10  # short calls in a row on the slow lane before a session's calls go to the fast lane again
 PER_THREAD_NICE = sys.platform.startswith("linux")
 
