@@ -11,6 +11,12 @@ before the sessions opened, divided by N. Bounded: `--episodes` in all per run, 
 episode starts after `--time-limit` seconds.
 
     .venv/bin/python benchmarks/bench_serve.py [--sessions 64,256,512] [--episodes 1024] [--cases FILE]
+                                               [--noisy 8] [--noisy-sessions 64]
+
+The noisy-neighbours rows: N sessions play while K more sessions each run a query until the
+sandbox's 2 s budget stops it, one after another, for the whole run, each such run right after a
+quiet run of the same N sessions, R times; the playing sessions' p99 step latency is printed
+beside the quiet runs' (the goal: at most twice it).
 """
 from __future__ import annotations
 
@@ -29,42 +35,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from wire import recorded  # noqa: E402  (tests/wire.py: an agent's calls, recorded through the engine)
 
 from gate_pipeline.integrations.openenv_client import GateAction, GateEnvClient  # noqa: E402
 from gate_pipeline.integrations.openenv_server import GateServerEnv  # noqa: E402
-from gate_pipeline.kernel.agents import make_agent  # noqa: E402
 from gate_pipeline.kernel.cases import Case, read_cases  # noqa: E402
-from gate_pipeline.kernel.engine import Session, play, prepare  # noqa: E402
+from gate_pipeline.kernel.engine import Session  # noqa: E402
 from gate_pipeline.kernel.pool import CasePool  # noqa: E402
 
 OPENENV_RPS_PER_CORE = 932 / 8  # OpenEnv's tutorial/03-scaling.md: local-uvicorn, 8 cores, 932 requests/s
 
 
-class Recording:
-    """What an agent gets in process (`tools(name, **args)` on an engine Session), keeping each call."""
-
-    def __init__(self, session):
-        self.session, self.actions = session, []
-        self.episode_seed = session.episode_seed
-        self.suite = session.prepared.suite  # the episode's suite, as the engine's tools give it
-        self.tool_names = self.suite.tool_names
-
-    def __call__(self, name, **args):
-        self.actions.append({"tool": name, "args": json.loads(json.dumps(args))})
-        return self.session.call(name, args)
-
-
 def record(cases: list[Case]) -> dict[str, tuple[list, dict]]:
     """{case id: (careful-sql's calls, its grade)}, played in process by the engine."""
-    out = {}
-    for case in cases:
-        session = Session(prepare(case), "careful-sql")
-        tools = Recording(session)
-        make_agent("careful-sql").play(tools)
-        grade = session.finish().grade.as_dict()
-        assert grade == play(prepare(case), "careful-sql").grade.as_dict()
-        out[case.case_id] = (tools.actions, grade)
-    return out
+    return {case.case_id: recorded(case, "careful-sql") for case in cases}
 
 
 def in_process(cases: list[Case], plays: dict, rounds: int = 3) -> tuple[float, float]:
@@ -121,7 +107,7 @@ class Server:
     def __init__(self, cases_file: str, sessions: int):
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gate_pipeline.cli.main", "serve", "--port", "0", "--cases", cases_file,
-             "--max-sessions", str(sessions)],
+             "--max-sessions", str(sessions), "--trainer-state"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         lines: queue.Queue = queue.Queue()
         self.err: list[str] = []
@@ -209,12 +195,13 @@ async def session(url: str, episodes: list[str], plays: dict, clock: dict, out: 
         await env.close()
 
 
-SLOW_QUERY = ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) "
-              "SELECT count(*) FROM c")  # runs until the sandbox's step budget stops it
+# a query that runs until the sandbox's 2 s time budget stops it: string work inside each VM step
+SLOW_QUERY = ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c WHERE "
+              f"instr(upper(lower(upper(substr('{'ab' * 4000}', x % 3)))), 'zz') > x")
 
 
 async def hostile(url: str, case_id: str, stop: asyncio.Event, out: dict) -> None:
-    """A policy that sends the slowest query the sandbox lets run, over and over, until told to stop."""
+    """A policy that sends a query as long as the sandbox lets run, over and over, until told to stop."""
     action = {"tool": "run_sql", "args": {"query": SLOW_QUERY}}
     async with GateEnvClient(base_url=url, message_timeout_s=120) as env:
         await env.reset(case_id=case_id, max_turns=1024)
@@ -222,6 +209,7 @@ async def hostile(url: str, case_id: str, stop: asyncio.Event, out: dict) -> Non
             t = time.perf_counter()
             result = await env.step(action)
             out["slow"].append(time.perf_counter() - t)
+            out["slow_interrupted"] += json.loads(result.observation.result) == {"error": "interrupted"}
             if result.done:
                 await env.reset(case_id=case_id, max_turns=1024)
 
@@ -230,7 +218,8 @@ async def load(url: str, sessions: int, episodes: int, plays: dict, time_limit: 
     case_ids = list(plays)
     share = [[case_ids[(i + k * sessions) % len(case_ids)] for k in range(episodes // sessions + (i < episodes % sessions))]
              for i in range(sessions)]
-    out = {"step": [], "reset": [], "errors": [], "mismatches": [], "episodes": 0, "skipped": 0, "slow": []}
+    out = {"step": [], "reset": [], "errors": [], "mismatches": [], "episodes": 0, "skipped": 0, "slow": [],
+           "slow_interrupted": 0}
     stop = asyncio.Event()
     slow_tasks = [asyncio.create_task(hostile(url, case_ids[0], stop, out)) for _ in range(slow)]
     opened = asyncio.Barrier(sessions + 1)
@@ -273,16 +262,42 @@ def run_one(cases_file: str, sessions: int, episodes: int, plays: dict, time_lim
     return out
 
 
+def row(label: str, n: int, out: dict, cores: int, adapter: float, slow: int = 0) -> int:
+    """Print one row of the table; the number of problems it had."""
+    steps = len(out["step"])
+    rate = steps / out["wall"]
+    errors = len(out["errors"]) + len(out["mismatches"])
+    per_session = (out["rss_peak"] - out["rss_before"]) / (n + slow)
+    print(f"{label:>8} {out['episodes']:>8} {steps:>6} {rate:>7.0f} {rate / cores:>7.0f} "
+          f"{1000 * statistics.median(out['step']):>7.1f} {1000 * percentile(out['step'], 0.99):>7.1f} "
+          f"{errors:>6} {per_session:>11.0f} {1000 * out['server_cpu'] / steps:>18.3f} "
+          f"{adapter / (out['server_cpu'] / steps):>10.2f}")
+    for line in (out["errors"] + [f"grade differs from in process: {c}" for c in out["mismatches"]])[:5]:
+        print(f"    {line}")
+    if out["skipped"]:
+        print(f"    {out['skipped']} episodes not started: the time limit passed")
+    return errors + out["skipped"]
+
+
+HEADER = (f"{'sessions':>8} {'episodes':>8} {'steps':>6} {'steps/s':>7} {'per CPU':>7} {'p50 ms':>7} {'p99 ms':>7} "
+          f"{'errors':>6} {'KiB/session':>11} {'server CPU ms/step':>18} {'gate share':>10}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sessions", default="64,256,512", help="comma-separated session counts (default: 64,256,512)")
     ap.add_argument("--episodes", type=int, default=1024, help="episodes per run, shared by the sessions (default: 1024)")
     ap.add_argument("--cases", default=str(ROOT / "cases/classic/train_procedural.jsonl"))
     ap.add_argument("--time-limit", type=float, default=120.0, help="seconds after which no episode starts (default: 120)")
-    ap.add_argument("--slow-sessions", type=int, default=0, metavar="K",
-                    help="K more sessions sending the slowest query the sandbox allows, all run long (default: 0)")
+    ap.add_argument("--noisy", type=int, default=8, metavar="K",
+                    help="the noisy-neighbours row: K sessions each running a query until the sandbox's 2 s budget "
+                         "stops it, over and over, while --noisy-sessions others play (default: 8; 0: no such row)")
+    ap.add_argument("--noisy-sessions", type=int, default=64, metavar="N", help="the sessions playing in that row "
+                                                                               "(default: 64)")
+    ap.add_argument("--noisy-rounds", type=int, default=2, metavar="R",
+                    help="quiet and noisy runs, one after the other, R times (default: 2)")
     a = ap.parse_args()
-    counts = [int(x) for x in a.sessions.split(",")]
+    counts = [int(x) for x in a.sessions.split(",") if x.strip()]
     load1, load5, _ = os.getloadavg()  # before this benchmark's own work
     cases = read_cases(a.cases)
     plays = record(cases)
@@ -291,33 +306,36 @@ def main() -> int:
     print(f"gate serve load test: careful-sql's episodes on {len(cases)} cases ({Path(a.cases).name}), "
           f"{a.episodes} episodes per run, terminal reward; server and clients on this machine's {cores} CPUs")
     print(f"(load average before the benchmark: {load1:.2f} over 1 min, {load5:.2f} over 5)", file=sys.stderr)
-    if a.slow_sessions:
-        print(f"and {a.slow_sessions} more sessions sending a query that runs until the sandbox's step budget stops it")
-    print(f"{'sessions':>8} {'episodes':>8} {'steps':>6} {'steps/s':>7} {'per CPU':>7} {'p50 ms':>7} {'p99 ms':>7} "
-          f"{'errors':>6} {'KiB/session':>11} {'server CPU ms/step':>18} {'gate share':>10}")
+    print(HEADER)
     bad = 0
     for n in counts:
-        out = run_one(a.cases, n, a.episodes, plays, a.time_limit, a.slow_sessions)
-        steps = len(out["step"])
-        rate = steps / out["wall"]
-        errors = len(out["errors"]) + len(out["mismatches"])
-        bad += errors + out["skipped"]
-        per_session = (out["rss_peak"] - out["rss_before"]) / (n + a.slow_sessions)
-        print(f"{n:>8} {out['episodes']:>8} {steps:>6} {rate:>7.0f} {rate / cores:>7.0f} "
-              f"{1000 * statistics.median(out['step']):>7.1f} {1000 * percentile(out['step'], 0.99):>7.1f} "
-              f"{errors:>6} {per_session:>11.0f} {1000 * out['server_cpu'] / steps:>18.3f} "
-              f"{adapter / (out['server_cpu'] / steps):>10.2f}")
-        for line in (out["errors"] + [f"grade differs from in process: {c}" for c in out["mismatches"]])[:5]:
-            print(f"    {line}")
-        if out["skipped"]:
-            print(f"    {out['skipped']} episodes not started: the time limit ({a.time_limit:.0f} s) passed")
-        if out["slow"]:
-            print(f"    slow-query steps: {len(out['slow'])}, median {1000 * statistics.median(out['slow']):.0f} ms")
+        bad += row(str(n), n, run_one(a.cases, n, a.episodes, plays, a.time_limit, 0), cores, adapter)
     print(f"steps/s and latency: careful-sql's steps only; per CPU = steps/s / {cores} (the clients run on them too); "
           f"OpenEnv's published figure: {OPENENV_RPS_PER_CORE:.1f} requests/s per core (932 on 8 cores)")
     print(f"in process, CPU per step: GateServerEnv.step {1000 * adapter:.3f} ms, of which the engine's Session.step "
           f"{1000 * engine:.3f} ms (careful-sql's calls on every case, least of 3 rounds); gate share = "
           f"GateServerEnv.step's CPU / the server's CPU per step (the rest: uvicorn, WebSocket, openenv-core, JSON)")
+    if a.noisy:
+        n, k = a.noisy_sessions, a.noisy
+        print(f"noisy neighbours: {n} sessions play careful-sql's episodes while {k} more each run a query until the "
+              f"sandbox's 2 s budget stops it, one after another; each noisy run right after a quiet one, "
+              f"{a.noisy_rounds} rounds")
+        print(HEADER)
+        pooled: dict[str, list] = {"quiet": [], "noisy": []}
+        for _ in range(a.noisy_rounds):
+            calm = run_one(a.cases, n, a.episodes, plays, a.time_limit, 0)
+            bad += row("quiet", n, calm, cores, adapter)
+            noisy = run_one(a.cases, n, a.episodes, plays, a.time_limit, k)
+            bad += row("noisy", n, noisy, cores, adapter, k)
+            slow = noisy["slow"]
+            print(f"    the {k} noisy sessions: {len(slow)} queries, each {min(slow):.2f} to {max(slow):.2f} s "
+                  f"(median {statistics.median(slow):.2f} s), {noisy['slow_interrupted']} of them stopped by the "
+                  f"budget; p99 noisy / quiet {percentile(noisy['step'], 0.99) / percentile(calm['step'], 0.99):.2f}x")
+            pooled["quiet"] += calm["step"]
+            pooled["noisy"] += noisy["step"]
+        q99, n99 = percentile(pooled["quiet"], 0.99), percentile(pooled["noisy"], 0.99)
+        print(f"p99 step latency of the {n} playing sessions over the {a.noisy_rounds} rounds, noisy / quiet: "
+              f"{1000 * n99:.1f} / {1000 * q99:.1f} ms = {n99 / q99:.2f}x (goal: at most 2x)")
     print("every episode's grade equal to the in-process grade" if bad == 0 else f"{bad} problems")
     return 0 if bad == 0 else 1
 

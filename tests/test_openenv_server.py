@@ -17,6 +17,7 @@ import urllib.request
 import pytest
 from conftest import EVAL, TRAIN
 from servers import start_server, stop_server
+from wire import WireTools, play_over_the_wire, recorded
 
 from gate_pipeline.kernel import engine
 from gate_pipeline.kernel.agents import make_agent
@@ -36,7 +37,7 @@ MAX_SESSIONS = 6
 
 @pytest.fixture(scope="module")
 def server():
-    proc, url, err = start_server("--cases", str(EVAL), "--max-sessions", str(MAX_SESSIONS))
+    proc, url, err = start_server("--cases", str(EVAL), "--max-sessions", str(MAX_SESSIONS), "--trainer-state")
     try:
         yield url
     finally:
@@ -51,38 +52,11 @@ def run(coro):
     return asyncio.run(coro)
 
 
-class WireTools:
-    """What an agent gets (`tools(name, **args)`), over a sync GateEnvClient: each call one step."""
-
-    def __init__(self, env):
-        self.env, self.steps = env, []
-
-    def __call__(self, name, **args):
-        result = self.env.call(name, **args)
-        self.steps.append(result)
-        return json.loads(result.observation.result)
-
-
-class Recording:
-    """What an agent gets in process (`tools(name, **args)` on an engine Session), keeping each call."""
-
-    def __init__(self, session):
-        self.session, self.actions = session, []
-        self.episode_seed = session.episode_seed
-
-    def __call__(self, name, **args):
-        self.actions.append({"tool": name, "args": json.loads(json.dumps(args))})
-        return self.session.call(name, args)
-
-
 def careful_sql(case) -> tuple[list, dict]:
-    """careful-sql's calls on a case, played in process, and the grade `engine.play` gives it."""
-    session = engine.Session(prepare(case), "careful-sql")
-    tools = Recording(session)
-    make_agent("careful-sql").play(tools)
-    grade = session.finish().grade.as_dict()
-    assert grade == engine.play(prepare(case), "careful-sql").grade.as_dict() and grade["reward"] == 1.0
-    return tools.actions, grade
+    """careful-sql's calls on a case, played in process, and the grade `engine.play` gives it (1.0)."""
+    actions, grade = recorded(case, "careful-sql")
+    assert grade["reward"] == 1.0
+    return actions, grade
 
 
 # -- the grade over the wire is the engine's grade ------------------------------------------------
@@ -93,7 +67,7 @@ def test_careful_sql_through_the_client_grades_as_in_process(server):
             first = env.reset(case_id=case.case_id)
             assert first.observation.turn == 0 and first.observation.result == "" and not first.done
             assert first.observation.prompt == case.prompt
-            tools = WireTools(env)
+            tools = WireTools(env, case)
             make_agent("careful-sql").play(tools)
             want = engine.play(prepare(case), "careful-sql")
             state = env.state()
@@ -120,9 +94,7 @@ def test_agents_that_fail_grade_over_the_wire_as_in_process(server):
     with GateEnvClient(base_url=server).sync() as env:
         for case in list(families.values())[:4]:
             for name in WIRE_AGENTS:
-                env.reset(case_id=case.case_id, max_turns=256)  # citation-spray makes 88 calls
-                agent = make_agent(name)
-                agent.play(WireTools(env), case.data if getattr(agent, "oracle", False) else None)
+                play_over_the_wire(env, case, name, max_turns=256)  # citation-spray makes 88 calls
                 want = engine.play(prepare(case), name).grade.as_dict()
                 assert env.state().grade == want, (case.case_id, name)
                 grades.add(want["reward"])
@@ -235,35 +207,36 @@ def test_sessions_beyond_max_sessions_are_refused_and_a_closed_one_frees_its_pla
     assert run(fill()).case_id == CASES[1].case_id
 
 
-def test_a_slow_query_in_one_session_does_not_hold_up_another(server):
-    slow = {"tool": "run_sql", "args": {"query": "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) "
-                                                 "SELECT count(*) FROM c"}}  # stopped by the sandbox's budget
+# a query that runs until the sandbox's 2 s time budget stops it: string work inside each step
+SLOW_SQL = ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c WHERE "
+            f"instr(upper(lower(upper(substr('{'ab' * 4000}', x % 3)))), 'zz') > x")
+
+
+def test_budget_long_queries_in_other_sessions_hold_up_a_step_by_a_slice_at_most(server):
+    """Four sessions each run a query until the sandbox's 2 s budget stops it (eight step threads
+    could all be taken that way) while a fifth steps: its steps wait a small bound, not seconds."""
+    heavy = MAX_SESSIONS - 2
 
     async def both():
-        async with GateEnvClient(base_url=server) as a, GateEnvClient(base_url=server) as b:
-            await a.reset(case_id=CASES[0].case_id)
-            await b.reset(case_id=CASES[1].case_id)
-            events = []
+        clients = [await open_session(server, CASES[i].case_id) for i in range(heavy + 1)]
+        try:
+            started = time.perf_counter()
+            slow = [asyncio.create_task(c.call("run_sql", query=SLOW_SQL)) for c in clients[:heavy]]
+            await asyncio.sleep(0.3)  # every slow query is running
+            waits = []
+            while not all(t.done() for t in slow) and len(waits) < 200:
+                t = time.perf_counter()
+                await clients[-1].call("list_batches")
+                waits.append(time.perf_counter() - t)
+            results = [json.loads((await t).observation.result) for t in slow]
+            return waits, results, time.perf_counter() - started
+        finally:
+            for c in clients:
+                await c.close()
 
-            async def cheap():
-                for _ in range(5):
-                    await b.call("list_batches")
-                    events.append("cheap")
-
-            async def expensive():
-                result = await a.step(slow)
-                events.append("slow")
-                return result
-
-            slow_task = asyncio.create_task(expensive())
-            await asyncio.sleep(0.005)  # the slow query is on its way first
-            await cheap()
-            result = await slow_task
-            return events, json.loads(result.observation.result)
-
-    events, slow_result = run(both())
-    assert slow_result == {"error": "interrupted"}
-    assert events == ["cheap"] * 5 + ["slow"], events
+    waits, results, wall = run(both())
+    assert results == [{"error": "interrupted"}] * heavy and wall >= 1.9  # they did run to their budget
+    assert len(waits) >= 10 and max(waits) < 0.25, (len(waits), max(waits))
 
 
 def test_the_seed_picks_the_case_the_gymnasium_env_picks(server):
@@ -298,15 +271,20 @@ def test_a_malformed_action_is_an_error_observation_and_the_episode_goes_on(serv
         assert env.state().step_count == 7
 
 
-def test_the_observation_carries_no_label_information(server):
+def test_the_observation_carries_no_label_information_and_the_reset_the_tool_catalogue(server):
+    from gate_pipeline.model_agent.tool_schemas import tool_schemas
     with GateEnvClient(base_url=server).sync() as env:
         result = env.reset(case_id="eval-amount-bounds-0", reward="dense")
         step = env.call("list_batches")
         state = env.state()
     for obs in (result.observation, step.observation):
         fields = set(obs.model_dump(exclude={"reward", "done", "metadata"}))
-        assert fields == {"prompt", "result", "turn"}
+        assert fields == {"prompt", "result", "turn", "tools"}
         assert "amount-bounds" not in obs.model_dump_json() and "truth" not in obs.result
+    # the tools, their argument schemas and descriptions: the very ones `gate run` sends a model
+    assert result.observation.tools == tool_schemas(prepare(BY_ID["eval-amount-bounds-0"]).suite)
+    assert [t["function"]["name"] for t in result.observation.tools][:2] == ["read_contract", "list_batches"]
+    assert step.observation.tools == []  # only the reset carries them
     assert state.case_id == "eval-amount-bounds-0" and state.step_parts is not None  # the trainer's view
 
 
@@ -337,6 +315,8 @@ def test_a_step_before_any_reset_is_an_error_observation(server):
     ({"case_id": 7}, "no case 7"),
     ({"seed": -1}, "'seed' must be a whole number"),
     ({"seed": "7"}, "'seed' must be a whole number"),
+    ({"seed": True}, "'seed' must be a whole number"),
+    ({"seed": 7.0}, "'seed' must be a whole number"),
     ({"max_turns": 0}, "'max_turns' must be a whole number from 1 to 1024"),
     ({"max_turns": True}, "'max_turns' must be a whole number"),
     ({"episode_id": ""}, "'episode_id' must be text"),
@@ -365,26 +345,85 @@ def test_the_http_endpoints(server):
     assert http(server, "/health") == (200, {"status": "healthy"})
     status, body = http(server, "/reset", {"case_id": CASES[0].case_id})
     assert status == 200 and body["observation"]["prompt"] == CASES[0].prompt and body["done"] is False
+    assert [t["function"]["name"] for t in body["observation"]["tools"]][0] == "read_contract"
     assert http(server, "/reset", {"reward": "sparse"})[0] == 422
-    status, body = http(server, "/reset", {"bogus": 1})
-    assert status == 422 and "unknown reset option 'bogus'" in body["detail"]
+    for bad, words in (({"bogus": 1}, "unknown reset option 'bogus'"), ({"seed": "7"}, "'seed' must be a whole number"),
+                       ({"seed": True}, "'seed' must be a whole number"), ([1, 2], "must be a JSON object"),
+                       ({"max_turns": "64"}, "'max_turns' must be a whole number")):
+        status, body = http(server, "/reset", bad)
+        assert status == 422 and words in body["detail"], (bad, body)
     status, body = http(server, "/step", {"action": {"action": '{"tool": "list_batches"}'}})
     assert status == 200 and "reset first" in json.loads(body["observation"]["result"])["error"]
+    status, body = http(server, "/step", {"action": {"tool": "list_batches"}})  # a bare tool call
+    assert status == 200 and "reset first" in json.loads(body["observation"]["result"])["error"]
+    for bad, words in (({"action": "list_batches"}, "'action' must be a JSON object"), ({}, "needs 'action'"),
+                       ({"action": {}, "timeout_s": "5"}, "'timeout_s' must be a number"),
+                       ({"action": {}, "timeout_s": True}, "'timeout_s' must be a number"),
+                       ({"action": {}, "extra": 1}, "unexpected field 'extra'")):
+        status, body = http(server, "/step", bad)
+        assert status == 422 and words in body["detail"], (bad, body)
+    big = {"case_id": "x" * (2 << 20)}  # over the 1 MiB a body may have: refused, not read to its end
+    status, body = http(server, "/reset", big)
+    assert status == 422 and "over 1,048,576 bytes" in body["detail"]
+    status, body = http(server, "/mcp", {"jsonrpc": "2.0", "method": "tools/list", "id": "x" * (2 << 20)})
+    assert status == 200 and body["error"]["code"] == -32700 and "over 1,048,576 bytes" in body["error"]["message"]
     status, schema = http(server, "/schema")
-    assert status == 200 and "action" in schema["action"]["properties"]
+    assert status == 200 and [s["title"] for s in schema["action"]["anyOf"]] == [
+        "ToolCall", "ChatCompletionsToolCall", "WrappedAction"]
+    assert "tools" in schema["observation"]["properties"] and "grade" in schema["state"]["properties"]
     assert http(server, "/metadata")[1]["name"] == "gate"
+    status, state = http(server, "/state")
+    assert status == 200 and state["step_count"] == 0 and state["trainer"] is False
 
 
-def test_hostile_messages_do_not_hurt_the_server(server):
+def test_frames_that_are_not_valid_messages_are_error_frames_and_the_session_lives_on(server):
     ws_url = server.replace("http://", "ws://") + "/ws"
 
     async def send(*messages):
         answers = []
         async with connect(ws_url, max_size=None) as ws:
             for message in messages:
-                await ws.send(message)
+                await (ws.send(message) if isinstance(message, (str, bytes)) else ws.send(json.dumps(message)))
                 answers.append(json.loads(await asyncio.wait_for(ws.recv(), 10)))
         return answers
+
+    reset = {"type": "reset", "data": {"case_id": CASES[0].case_id}}
+    frames = [  # (frame, the answer's type, its code)
+        (reset, "observation", None),
+        ("{not json", "error", "INVALID_JSON"),
+        ("[1, 2]", "error", "VALIDATION_ERROR"),                          # JSON, not an object
+        ("5", "error", "VALIDATION_ERROR"),
+        ('"step"', "error", "VALIDATION_ERROR"),
+        ("null", "error", "VALIDATION_ERROR"),
+        ("[" * 100_000 + "]" * 100_000, "error", "INVALID_JSON"),          # nested too deep to read
+        ("1" * 5000, "error", "INVALID_JSON"),                             # a number too long to read
+        (b"\xff\xfe", "error", "INVALID_JSON"),                          # binary, not UTF-8
+        ({"type": "nope"}, "error", "UNKNOWN_TYPE"),
+        ({"data": {}}, "error", "UNKNOWN_TYPE"),
+        ({"type": 5}, "error", "UNKNOWN_TYPE"),
+        ({"type": "step"}, "error", "VALIDATION_ERROR"),                   # no data
+        ({"type": "step", "data": [1]}, "error", "VALIDATION_ERROR"),
+        ({"type": "step", "data": "list_batches"}, "error", "VALIDATION_ERROR"),
+        ({"type": "step", "data": {"action": 1}, "x": 1}, "error", "VALIDATION_ERROR"),
+        ({"type": "step", "data": {"action": {}, "metadata": 5}}, "error", "VALIDATION_ERROR"),
+        ({"type": "state", "data": {}}, "error", "VALIDATION_ERROR"),
+        ({"type": "reset", "data": [1]}, "error", "VALIDATION_ERROR"),
+        ({"type": "reset", "data": {"seed": "7"}}, "error", "VALIDATION_ERROR"),
+        ({"type": "reset", "data": {"seed": True}}, "error", "VALIDATION_ERROR"),
+        ({"type": "reset", "data": {"self": 1}}, "error", "VALIDATION_ERROR"),
+        # well-formed messages whose tool calls are malformed: ordinary steps with an error result
+        ({"type": "step", "data": {}}, "observation", None),
+        ({"type": "step", "data": {"action": "[" * 100_000}}, "observation", None),
+        ({"type": "step", "data": {"tool": "run_sql", "args": {"query": "x" * 500_000}}}, "observation", None),
+        ({"type": "step", "data": {"name": "list_batches", "arguments": "{"}}, "observation", None),
+        ({"type": "state"}, "state", None),
+    ]
+    answers = run(send(*[f for f, _, _ in frames]))
+    for (sent, kind, code), answer in zip(frames, answers):
+        assert answer["type"] == kind and answer["data"].get("code") == code, (str(sent)[:80], answer)
+        if kind == "observation" and sent is not reset:
+            assert "error" in json.loads(answer["data"]["observation"]["result"]), str(sent)[:80]
+    assert answers[-1]["data"]["step_count"] == 4 and answers[-1]["data"]["case_id"] == CASES[0].case_id
 
     async def too_big():
         async with connect(ws_url) as ws:
@@ -393,25 +432,34 @@ def test_hostile_messages_do_not_hurt_the_server(server):
                 await asyncio.wait_for(ws.recv(), 10)
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009  # "message too big"
 
-    reset = json.dumps({"type": "reset", "data": {"case_id": CASES[0].case_id}})
-    answers = run(send(reset, "{not json", json.dumps({"type": "step", "data": {}}),
-                       json.dumps({"type": "step", "data": {"action": "[" * 100_000}}),
-                       json.dumps({"type": "step", "data": {"action": {"tool": "run_sql", "args": {"query": "x" * 500_000}}}}),
-                       json.dumps({"type": "nope"}), json.dumps({"type": "state"})))
-    assert [a["type"] for a in answers] == ["observation", "error", "error", "observation", "observation", "error",
-                                            "state"]
-    assert "error" in json.loads(answers[3]["data"]["observation"]["result"])
-    assert "error" in json.loads(answers[4]["data"]["observation"]["result"])
-    assert answers[-1]["data"]["step_count"] == 2
     run(too_big())
-    deep = "[" * 200_000 + "]" * 200_000  # nested too deep for the server's JSON decoder
-
-    async def deep_message():
-        async with connect(ws_url) as ws:
-            await ws.send(deep)
-            return json.loads(await asyncio.wait_for(ws.recv(), 10))
-    assert run(deep_message())["type"] == "error"
     assert http(server, "/health") == (200, {"status": "healthy"})
+
+
+def test_bare_and_chat_completions_tool_calls_play_an_episode_as_the_wrapped_ones(server):
+    case = BY_ID["eval-resent-rows-0"]
+    actions, grade = careful_sql(case)
+
+    def spellings(action, i):
+        name, args = action["tool"], action["args"]
+        return [{"tool": name, "args": args},                                             # bare
+                {"type": "function", "id": f"call_{i}", "function": {"name": name, "arguments": json.dumps(args)}},
+                {"name": name, "arguments": json.dumps(args)},                            # its function
+                {"action": json.dumps(action)}][i % 4]                                    # wrapped
+
+    async def play():
+        async with connect(server.replace("http://", "ws://") + "/ws") as ws:
+            await ws.send(json.dumps({"type": "reset", "data": {"case_id": case.case_id}}))
+            await ws.recv()
+            for i, action in enumerate(actions):
+                await ws.send(json.dumps({"type": "step", "data": spellings(action, i)}))
+                answer = json.loads(await ws.recv())
+                assert "error" not in json.loads(answer["data"]["observation"]["result"]), answer
+            await ws.send(json.dumps({"type": "state"}))
+            return json.loads(await ws.recv())["data"]
+
+    state = run(play())
+    assert state["terminated"] and state["grade"] == grade
 
 
 # -- the command line ----------------------------------------------------------------------------
@@ -453,14 +501,14 @@ def test_suite_v2_cases_are_served_and_grade_as_in_process():
     rows held back, citations) grades as the engine grades it."""
     v2 = EVAL.parent.parent / "v2" / "eval_curated.jsonl"
     cases = read_cases(v2)[::4]  # one case of each family
-    proc, url, err = start_server("--cases", str(v2))
+    proc, url, err = start_server("--cases", str(v2), "--trainer-state")
     try:
         with GateEnvClient(base_url=url).sync() as env:
             for case in cases:
                 for name in ("careful-v2", "oracle", "naive"):
                     env.reset(case_id=case.case_id, max_turns=1024)
                     agent = make_agent(name)
-                    agent.play(WireTools(env), case.data if agent.oracle else None)
+                    agent.play(WireTools(env, case), case.data if agent.oracle else None)
                     assert env.state().grade == engine.play(prepare(case), name).grade.as_dict(), (case.case_id, name)
     finally:
         assert stop_server(proc) == 0, "".join(err)[-2000:]

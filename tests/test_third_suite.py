@@ -88,7 +88,7 @@ def test_gate_serve_plays_it_over_the_wire(mini):
     old = {k: os.environ.get(k) for k in ENV}
     os.environ.update(ENV)
     try:
-        proc, url, err = start_server("--cases", str(path))
+        proc, url, err = start_server("--cases", str(path), "--trainer-state")
     finally:
         for k, v in old.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)

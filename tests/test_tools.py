@@ -172,3 +172,26 @@ def test_a_malformed_action_is_refused_and_logged(ep, action, text, sent):
     if sent is not None:
         assert e["args"]["sent"] == sent
     assert _snapshot(ep) == before and chain_intact(ep.ledger.entries)
+
+
+@pytest.mark.parametrize("action, want", [
+    ({"type": "function", "id": "call_1", "function": {"name": "list_batches", "arguments": "{}"}}, ("list_batches", {})),
+    ({"function": {"name": "run_sql", "arguments": '{"query": "SELECT 1"}'}}, ("run_sql", {"query": "SELECT 1"})),
+    ({"name": "profile_batch", "arguments": {"batch_id": "B-1"}}, ("profile_batch", {"batch_id": "B-1"})),
+    ({"name": "list_batches"}, ("list_batches", {})),
+    ('{"type": "function", "function": {"name": "list_batches", "arguments": ""}}', ("list_batches", {})),
+])
+def test_a_chat_completions_tool_call_is_an_action(action, want):
+    assert parse_action(action)[:2] == want and parse_action(action).problem is None
+
+
+@pytest.mark.parametrize("action, text", [
+    ({"type": "function", "function": "list_batches"}, "'function' must be an object"),
+    ({"type": "code", "function": {"name": "list_batches"}}, "an action needs a 'tool'"),
+    ({"function": {"name": "run_sql", "arguments": "{"}}, "arguments are not valid JSON"),
+    ({"function": {"name": "run_sql", "arguments": "[1]"}}, "arguments must be a JSON object"),
+    ({"name": "run_sql", "arguments": "{}", "extra": 1}, "an action needs a 'tool'"),
+    ({"function": {"name": "x", "other": 1}}, "an action needs a 'tool'"),
+])
+def test_a_malformed_chat_completions_tool_call_is_refused(action, text):
+    assert text in parse_action(action).problem

@@ -1,17 +1,20 @@
-"""`gate serve`: gate as an OpenEnv server (HTTP and WebSocket), one episode per session.
+"""`gate serve`: gate as an OpenEnv server (HTTP, WebSocket and MCP), one episode per session.
 
-    gate serve [--host 127.0.0.1] [--port 8000] [--cases FILE] [--max-sessions N]
+    gate serve [--host 127.0.0.1] [--port 8000] [--cases FILE] [--max-sessions N] [--max-per-client N]
+               [--idle-timeout SECONDS] [--token TOKEN | --no-token] [--trainer-state]
 
 Needs the `serve` extra (`pip install -e '.[serve]'`: openenv-core). `--port 0` picks a free port;
-the first line printed says where it listens. Ctrl-C or SIGTERM stops it (exit 0); a busy port,
-an unknown host or a bad case file is one line and exit 2.
+the first line printed says where it listens. An address other machines can reach needs a token
+(`--token` or GATE_SERVE_TOKEN; `--no-token` serves anyone instead). Ctrl-C or SIGTERM stops it
+(exit 0); a busy port, an unknown host, a public address without a token or a bad case file is
+one line and exit 2.
 """
 from __future__ import annotations
 
 import sys
 
 from ..kernel.settings import Settings
-from .common import int_arg
+from .common import int_arg, positive_arg
 from .errors import UsageError
 
 
@@ -22,29 +25,48 @@ def cmd_serve(a, settings: Settings) -> int:
     if "gradio" not in sys.modules:
         sys.modules["gradio"] = None
     from ..kernel.pool import CasePool
+    token = a.token if a.token is not None else settings.serve_token
+    if a.no_token and token:
+        raise UsageError("--no-token and a token (--token or GATE_SERVE_TOKEN) contradict each other")
+    if token is not None and not token.strip():
+        raise UsageError("the token is empty (--token or GATE_SERVE_TOKEN)")
     # a missing or malformed file is a CaseError: one line, in main (read before the server's imports)
     pool = CasePool.from_file(a.cases) if a.cases else CasePool.default(settings, "train")
     try:
-        from ..integrations.openenv_server import serve
+        from ..integrations.openenv_server import ServeConfig, serve
     except ModuleNotFoundError as exc:
         raise UsageError(f"gate serve needs openenv-core ({exc}); install it with pip install -e '.[serve]'") from None
     where = a.cases or "the train split"
+    config = ServeConfig(max_sessions=a.max_sessions, max_per_client=a.max_per_client, idle_timeout=a.idle_timeout,
+                         token=token, remote_without_token=a.no_token, trainer_state=a.trainer_state)
 
     def ready(url: str) -> None:
-        print(f"gate serve: {len(pool)} cases ({where}), up to {a.max_sessions} sessions, on {url} "
+        guard = "token required" if token else ("no token: anyone who reaches the port" if a.no_token
+                                                 else "no token: this machine only")
+        print(f"gate serve: {len(pool)} cases ({where}), up to {a.max_sessions} sessions ({config.per_client} per "
+              f"client, closed after {a.idle_timeout:g} s idle), {guard}, on {url} "
               f"(WebSocket {url.replace('http', 'ws', 1)}/ws); Ctrl-C stops it", flush=True)
 
-    stopped_by = serve(pool, a.host, a.port, a.max_sessions, ready)
+    stopped_by = serve(pool, a.host, a.port, config, ready)
     print(f"gate serve: stopped ({stopped_by or 'the server exited'})", file=sys.stderr, flush=True)
     return 0
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("serve", help="serve episodes over OpenEnv's protocol (HTTP and WebSocket)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    p = subparsers.add_parser("serve", help="serve episodes over OpenEnv's protocol (HTTP, WebSocket, MCP)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int_arg("--port", 0, 65535), default=8000, help="port (default: 8000; 0 picks a free one)")
     p.add_argument("--cases", default=None, metavar="FILE", help="case file (default: the default suite's train "
                                                                   "split)")
     p.add_argument("--max-sessions", type=int_arg("--max-sessions"), default=64, metavar="N",
-                   help="concurrent WebSocket sessions (default: 64)")
+                   help="concurrent sessions, WebSocket and MCP (default: 64)")
+    p.add_argument("--max-per-client", type=int_arg("--max-per-client"), default=None, metavar="N",
+                   help="concurrent sessions of one client address (default: --max-sessions)")
+    p.add_argument("--idle-timeout", type=positive_arg("--idle-timeout"), default=300, metavar="SECONDS",
+                   help="close a session after this long without a message (default: 300)")
+    p.add_argument("--token", default=None, help="the bearer token every request must carry (default: "
+                                                 "GATE_SERVE_TOKEN; required on an address other machines reach)")
+    p.add_argument("--no-token", action="store_true", help="serve clients on other machines without a token")
+    p.add_argument("--trainer-state", action="store_true", help="without a token, serve state()'s trainer-only "
+                                                                "fields (case id, rewards, grade) anyway")
     p.set_defaults(fn=cmd_serve)

@@ -4,10 +4,12 @@ An action names a tool and its arguments, in any of these spellings:
 
     {"tool": "profile_batch", "args": {"batch_id": "B-0930-60-1"}}     # "args" may be left out
     ["profile_batch", {"batch_id": "B-0930-60-1"}]  or  ["list_batches"]
+    {"type": "function", "function": {"name": "list_batches", "arguments": "{}"}}   # a chat-completions
+    {"name": "list_batches", "arguments": "{}"}                                     # tool call, or its function
     '{"tool": "list_batches"}'                                          # any of the above as JSON text
 
 and the arguments themselves may be JSON text (`{"tool": name, "args": "<json>"}`), which is
-how a chat-completions tool call carries them. `parse_action` never raises: a malformed action
+how a chat-completions tool call carries them (its `id` is ignored). `parse_action` never raises: a malformed action
 comes back with `problem` set, and the engine answers it with a tool error and logs it in the
 ledger like any refused call. Whether the tool exists and the arguments fit it is the tools'
 business (`tools.check_args`), not the parser's.
@@ -20,6 +22,8 @@ from typing import NamedTuple
 from .errors import GateError
 
 ACTION_KEYS = frozenset({"tool", "args"})
+TOOL_CALL_KEYS = frozenset({"id", "type", "function"})  # a chat-completions tool call
+FUNCTION_KEYS = frozenset({"name", "arguments"})  # its function
 REPR_LIMIT = 500
 
 # what went wrong, for counters (a model run counts each kind)
@@ -73,6 +77,14 @@ def parse_action(value) -> Action:
         if why:
             return Action(None, value, f"action is {why}", INVALID_JSON)
         value = decoded
+    if isinstance(value, dict) and "tool" not in value:
+        if "function" in value and value.keys() <= TOOL_CALL_KEYS and value.get("type", "function") == "function":
+            value = value["function"]
+            if not isinstance(value, dict):
+                return Action(None, value, "a tool call's 'function' must be an object with 'name' and 'arguments'",
+                              MALFORMED)
+        if "name" in value and value.keys() <= FUNCTION_KEYS:
+            return parse_arguments(value["name"], value.get("arguments"))
     if isinstance(value, dict):
         if "tool" not in value:
             return Action(None, value, "an action needs a 'tool' (and 'args')", MALFORMED)

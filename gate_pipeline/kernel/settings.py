@@ -12,6 +12,7 @@
 | `GATE_SUITES`    | more suites, `module:attribute`, comma-separated | none (gate's suites and installed plugins) |
 | `GATE_NIGHTLY_SCHEDULE` | `off`: the 02:00 schedule starts stopped | on                                     |
 | `GATE_CELERY_BROKER` | the broker of `nightly_benchmark_celery` (and its result backend) | `redis://127.0.0.1:6379/0` |
+| `GATE_SERVE_TOKEN` | the bearer token `gate serve` requires (`--token` overrides it) | none: loopback only |
 
 Environment variables are read here only, by `Settings.from_env()`, once per process entry point
 (a command, the Dagster definitions' load, a server's start, an environment factory), and the
@@ -22,7 +23,7 @@ repository those are links to its `cases/` and `contracts/`, the files you edit.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .contract import SHIPPED_CONTRACTS
@@ -31,7 +32,7 @@ from .suite import suites
 SHIPPED_CASES = Path(__file__).resolve().parents[1] / "data" / "cases"
 SPLIT_FILES = {"eval": "eval_curated.jsonl", "train": "train_procedural.jsonl"}
 VARIABLES = ("GATE_HOME", "GATE_DB_URL", "GATE_CASES_DIR", "GATE_CONTRACTS", "GATE_STORE_KEY", "GATE_STORE_KEY_FILE",
-             "GATE_AGENTS", "GATE_SUITES", "GATE_NIGHTLY_SCHEDULE", "GATE_CELERY_BROKER")
+             "GATE_AGENTS", "GATE_SUITES", "GATE_NIGHTLY_SCHEDULE", "GATE_CELERY_BROKER", "GATE_SERVE_TOKEN")
 DEFAULT_CELERY_BROKER = "redis://127.0.0.1:6379/0"
 
 
@@ -47,6 +48,7 @@ class Settings:
     extra_suites: tuple[str, ...] = ()
     nightly_schedule: bool = True
     celery_broker: str = DEFAULT_CELERY_BROKER
+    serve_token: str | None = field(default=None, repr=False)  # a secret: never printed
 
     @classmethod
     def from_env(cls, environ=None) -> Settings:
@@ -65,7 +67,8 @@ class Settings:
                    extra_agents=tuple(a.strip() for a in (env.get("GATE_AGENTS") or "").split(",") if a.strip()),
                    extra_suites=tuple(a.strip() for a in (env.get("GATE_SUITES") or "").split(",") if a.strip()),
                    nightly_schedule=(env.get("GATE_NIGHTLY_SCHEDULE") or "on").strip().lower() != "off",
-                   celery_broker=(env.get("GATE_CELERY_BROKER") or "").strip() or DEFAULT_CELERY_BROKER)
+                   celery_broker=(env.get("GATE_CELERY_BROKER") or "").strip() or DEFAULT_CELERY_BROKER,
+                   serve_token=env.get("GATE_SERVE_TOKEN") or None)
 
     @property
     def store_url(self) -> str:

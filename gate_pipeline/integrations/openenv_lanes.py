@@ -1,0 +1,219 @@
+"""Where `gate serve` runs its sessions' blocking work (steps, resets, closes): a few threads, and a
+slow call never holds one of them up for long.
+
+A step costs gate a fraction of a millisecond, but `run_sql` may run a query until the sandbox's
+budget stops it (2 s of wall time; a v2 database's budget grows with its rows). On a plain pool,
+eight such queries would take every thread and every CPU, and every other session would wait.
+Here a call starts on one of `threads` threads at normal priority; while it runs the event loop
+looks at the CPU time it has used every `slice_s` seconds, and once that passes `slice_s` the call
+is *moved*: its thread's OS scheduling priority is lowered to the lowest (Linux `nice` 19, a
+per-thread value there) and a new thread takes its place among the `threads`, so there are always
+`threads` threads at normal priority for everyone else. The moved call still runs to its end (the
+sandbox stops it at its budget, as in process); its thread then exits (a raised nice value cannot
+be lowered again without privileges). Its session (the call's `key`) is marked: its next calls
+queue on the *slow lane*, one thread at the lowest priority that rests as long as each long call
+took (so the long queries of all marked sessions together get at most half a CPU there), until
+`SHORT_TO_CLEAR` of them in a row are short. A session's SQL thus delays another session's step by
+about one slice, not by its budget; the long-querying sessions wait for each other
+(benchmarks/bench_serve.py's noisy-neighbours rows measure it).
+
+Where threads have no CPU clock or no per-thread priority (not Linux), a call is moved on wall time
+and its thread keeps its priority: the others still find a free thread, but share the CPU with it.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+LOW_PRIORITY = 19  # the largest nice value: runs on what CPU the others leave
+REST = 1.0  # the slow lane rests as long as each long call took: long queries get at most half a CPU there
+SHORT_TO_CLEAR = 10  # short calls in a row on the slow lane before a session's calls go to the fast lane again
+PER_THREAD_NICE = sys.platform.startswith("linux")
+
+
+class _Worker:
+    __slots__ = ("thread", "tid", "clock", "moved")
+
+    def __init__(self) -> None:
+        self.thread: threading.Thread | None = None
+        self.tid = 0
+        self.clock: int | None = None
+        self.moved = False
+
+
+class _Call:
+    __slots__ = ("fn", "args", "future", "loop", "worker", "cpu0", "wall0", "done", "key")
+
+    def __init__(self, fn, args, future, loop) -> None:
+        self.fn, self.args, self.future, self.loop = fn, args, future, loop
+        self.worker: _Worker | None = None
+        self.cpu0 = self.wall0 = 0.0
+        self.done = False
+        self.key = None
+
+
+def _settle(future: asyncio.Future, result, error) -> None:
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+class Lanes:
+    """`await lanes.run(fn, *args)`: fn(*args) on a worker thread; see the module's docstring."""
+
+    def __init__(self, threads: int = 8, slice_s: float = 0.05, name: str = "gate-step", slow_threads: int = 1,
+                 nice_moved: bool = True):
+        if threads < 1 or slow_threads < 1 or slice_s <= 0:
+            raise ValueError("lanes need at least one thread each and a positive slice")
+        self.threads, self.slice_s, self.name, self.nice_moved = threads, slice_s, name, nice_moved
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._slow_calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._fast: set[_Worker] = set()
+        self._heavy: dict = {}  # key (a session) whose call was moved -> its short calls on the slow lane since
+        self._closed = False
+        self.moved = 0  # calls moved to the slow lane so far
+        for _ in range(threads):
+            self._spawn()
+        self._slow_workers = [threading.Thread(target=self._work_slow, name=f"{name}-slow", daemon=True)
+                              for _ in range(slow_threads)]
+        for thread in self._slow_workers:
+            thread.start()
+
+    # -- the workers ------------------------------------------------------------------------------
+    def _spawn(self) -> None:
+        worker = _Worker()
+        worker.thread = threading.Thread(target=self._work, args=(worker,), name=self.name, daemon=True)
+        self._fast.add(worker)
+        worker.thread.start()
+
+    def _work(self, worker: _Worker) -> None:
+        worker.tid = threading.get_native_id()
+        try:
+            worker.clock = time.pthread_getcpuclockid(threading.get_ident())
+        except (AttributeError, OSError):  # no per-thread CPU clock here: calls are timed on the wall clock
+            worker.clock = None
+        while True:
+            call = self._calls.get()
+            if call is None:
+                return
+            with self._lock:
+                call.worker, call.cpu0, call.wall0 = worker, time.thread_time(), time.monotonic()
+            try:
+                result, error = call.fn(*call.args), None
+            except BaseException as exc:  # noqa: BLE001  (handed to the caller, as an executor does)
+                result, error = None, exc
+            with self._lock:
+                call.done = True
+                moved = worker.moved
+            try:
+                call.loop.call_soon_threadsafe(_settle, call.future, result, error)
+            except RuntimeError:  # the loop is closed: the server stopped while this call ran
+                pass
+            if moved:
+                return  # a thread moved to the slow lane leaves; another took its place
+
+    def _work_slow(self) -> None:
+        """The slow lane: the calls of sessions whose last call ran long, one at a time per thread, at the
+        lowest priority (the thread is the lane's for good, so its priority never needs raising again)."""
+        if self.nice_moved and PER_THREAD_NICE:
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOW_PRIORITY)
+            except OSError:
+                pass
+        while True:
+            item = self._slow_calls.get()
+            if item is None:
+                return
+            call, key = item
+            cpu0, wall0 = time.thread_time(), time.monotonic()
+            try:
+                result, error = call.fn(*call.args), None
+            except BaseException as exc:  # noqa: BLE001
+                result, error = None, exc
+            with self._lock:
+                if key in self._heavy:
+                    short = time.thread_time() - cpu0 < self.slice_s
+                    self._heavy[key] = self._heavy[key] + 1 if short else 0
+                    if self._heavy[key] >= SHORT_TO_CLEAR:  # short again for a while: back to the fast lane
+                        del self._heavy[key]
+            call.done = True
+            try:
+                call.loop.call_soon_threadsafe(_settle, call.future, result, error)
+            except RuntimeError:
+                pass
+            took = time.monotonic() - wall0
+            if took > self.slice_s:
+                time.sleep(min(REST * took, 30.0))  # a duty cycle: the long queries' share of the CPU stays small
+
+    # -- the event loop's side --------------------------------------------------------------------
+    async def run(self, fn: Callable[..., Any], *args: Any, key=None) -> Any:
+        """fn(*args) on a thread; `key` (a session) names whose calls these are: once one of its calls
+        ran past a slice, its next calls wait on the slow lane until one of them is short again."""
+        if self._closed:
+            raise RuntimeError("the server is stopping")
+        loop = asyncio.get_running_loop()
+        call = _Call(fn, args, loop.create_future(), loop)
+        call.key = key
+        if key is not None and key in self._heavy:
+            self._slow_calls.put((call, key))
+            return await call.future
+        self._calls.put(call)
+        handle = loop.call_later(self.slice_s, self._look, call)
+        try:
+            return await call.future
+        finally:
+            handle.cancel()
+            if call.worker is None or not call.done:  # still queued or running: look no more
+                call.done = True
+
+    def _look(self, call: _Call) -> None:
+        """Every slice while the call runs: move it once it has used a slice of CPU."""
+        with self._lock:
+            worker = call.worker
+            if call.done:
+                return
+            if worker is None:  # still queued (every fast thread busy): look again later
+                used = 0.0
+            elif worker.clock is not None:
+                used = time.clock_gettime(worker.clock) - call.cpu0
+            else:
+                used = time.monotonic() - call.wall0
+            if worker is None or used < self.slice_s:
+                call.loop.call_later(self.slice_s, self._look, call)
+                return
+            worker.moved = True
+            self._fast.discard(worker)
+            self.moved += 1
+            if call.key is not None:
+                self._heavy[call.key] = 0
+            if not self._closed:
+                self._spawn()
+        if self.nice_moved and PER_THREAD_NICE and worker.clock is not None:
+            try:
+                os.setpriority(os.PRIO_PROCESS, worker.tid, LOW_PRIORITY)
+            except OSError:  # the thread has just ended, or the system refuses: it keeps its priority
+                pass
+
+    def forget(self, key) -> None:
+        """A session has ended: its key means nothing any more."""
+        with self._lock:
+            self._heavy.pop(key, None)
+
+    def shutdown(self) -> None:
+        """Stop the fast threads once they are idle (calls in flight end on their own; daemon threads)."""
+        with self._lock:
+            self._closed = True
+            count = len(self._fast)
+        for _ in range(count):
+            self._calls.put(None)
+        for _ in self._slow_workers:
+            self._slow_calls.put(None)

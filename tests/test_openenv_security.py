@@ -1,0 +1,324 @@
+"""`gate serve` as an attacker tries it: nobody can lock it, read it or use it without its token.
+
+Real `gate serve` processes on 127.0.0.1 (clients from other loopback addresses, 127.0.0.2 and
+127.0.0.3, stand for other machines' clients): idle sessions, WebSocket and MCP, are closed
+after `--idle-timeout`, and MCP sessions count against `--max-sessions` and `--max-per-client`
+like WebSocket ones, so four and more `/mcp` session creates leave a WebSocket client served
+within the idle timeout; an address other machines can reach refuses to start without a token;
+with a token every request but `GET /health` needs it (401 without); state()'s trainer-only
+fields need the token or `--trainer-state`; MCP's JSON-RPC is answered strictly.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import http.client
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import EVAL
+from servers import start_server, stop_server
+
+from gate_pipeline.kernel.cases import read_cases
+from gate_pipeline.kernel.engine import prepare
+
+pytest.importorskip("openenv.core", reason="needs the serve extra (openenv-core)")
+from websockets.asyncio.client import connect  # noqa: E402  (openenv-core's dependency)
+from websockets.exceptions import ConnectionClosed, InvalidStatus  # noqa: E402
+
+from gate_pipeline.integrations.openenv_client import GateEnvClient, with_token  # noqa: E402
+from gate_pipeline.model_agent.tool_schemas import tool_schemas  # noqa: E402
+
+CASES = read_cases(EVAL)
+TOKEN = "s3cret-t0ken/with:odd@chars"
+
+
+def request(url, method, path, body=None, headers=None, source="127.0.0.1"):
+    """(status, decoded body) of one HTTP request from the loopback address `source`."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=10, source_address=(source, 0))
+    try:
+        payload = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+        conn.request(method, path, body=payload, headers={"content-type": "application/json", **(headers or {})})
+        response = conn.getresponse()
+        raw = response.read()
+        return response.status, (json.loads(raw) if raw else None)
+    finally:
+        conn.close()
+
+
+def rpc(url, method, params=None, source="127.0.0.1", headers=None, request_id=1):
+    message = {"jsonrpc": "2.0", "method": method, "id": request_id}
+    if params is not None:
+        message["params"] = params
+    status, body = request(url, "POST", "/mcp", message, headers, source)
+    assert status == 200, body
+    return body
+
+
+def ws_url(url):
+    return url.replace("http://", "ws://") + "/ws"
+
+
+async def ws_reset(url, case_id, source="127.0.0.1"):
+    """Open /ws from `source`, reset; (the connection, the first answer)."""
+    ws = await connect(ws_url(url), local_addr=(source, 0), open_timeout=10)
+    try:
+        await ws.send(json.dumps({"type": "reset", "data": {"case_id": case_id}}))
+    except ConnectionClosed:  # a full server answers at once, then hangs up: its answer is still there to read
+        pass
+    return ws, json.loads(await asyncio.wait_for(ws.recv(), 10))
+
+
+def gate_serve(*args, env=None, timeout=60):
+    return subprocess.run([sys.executable, "-m", "gate_pipeline.cli.main", "serve", *args], capture_output=True,
+                          text=True, timeout=timeout, check=False, env={**os.environ, **(env or {})})
+
+
+def stopped_cleanly(proc, err) -> str:
+    code = stop_server(proc)
+    time.sleep(0.2)
+    log = "".join(err)
+    assert code == 0 and "Traceback" not in log, log[-3000:]
+    return log
+
+
+# -- nobody can lock it --------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_mcp_session_creates_cannot_lock_out_a_websocket_client():
+    """The lockout of four POSTs against --max-sessions 4, and more: the extra creates are refused
+    (they hold nothing), and within the idle timeout the idle sessions are closed and a WebSocket
+    client is served."""
+    idle = 2.0
+    proc, url, err = start_server("--cases", str(EVAL), "--max-sessions", "4", "--idle-timeout", str(idle))
+    try:
+        created = [rpc(url, "openenv/session/create", request_id=i) for i in range(4 + 3)]
+        ids = [c["result"]["session_id"] for c in created[:4]]
+        assert len(set(ids)) == 4 and all("prompt" in c["result"]["observation"] for c in created[:4])
+        for refused in created[4:]:
+            assert refused["error"]["code"] == -32000 and "--max-sessions 4" in refused["error"]["message"]
+            assert refused["error"]["data"] == {"active_sessions": 4, "max_sessions": 4}
+        start = time.monotonic()
+
+        async def wait_for_a_place():
+            refusals = 0
+            while True:
+                ws, first = await ws_reset(url, CASES[0].case_id)
+                if first["type"] == "observation":
+                    await ws.send(json.dumps({"type": "step", "data": {"tool": "list_batches"}}))
+                    answer = json.loads(await ws.recv())
+                    await ws.close()
+                    return refusals, answer
+                assert first["data"]["code"] == "CAPACITY_REACHED", first
+                refusals += 1
+                await ws.close()
+                assert time.monotonic() - start < idle + 3, "no place within the idle timeout"
+                await asyncio.sleep(0.1)
+
+        refusals, answer = asyncio.run(wait_for_a_place())
+        waited = time.monotonic() - start
+        assert refusals >= 1 and idle - 0.5 < waited < idle + 2.5, (refusals, waited)  # refused, then served
+        assert json.loads(answer["data"]["observation"]["result"])[0]["batch_id"]
+        reaped = rpc(url, "tools/call", {"session_id": ids[0], "name": "list_batches"})
+        assert "no open MCP session" in reaped["error"]["message"]  # closed, not merely forgotten
+    finally:
+        stopped_cleanly(proc, err)
+
+
+@pytest.mark.slow
+def test_an_idle_websocket_session_is_closed_and_says_why():
+    proc, url, err = start_server("--cases", str(EVAL), "--idle-timeout", "1")
+
+    async def idle():
+        ws, first = await ws_reset(url, CASES[0].case_id)
+        assert first["type"] == "observation"
+        t = time.monotonic()
+        notice = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        with pytest.raises(ConnectionClosed):
+            await asyncio.wait_for(ws.recv(), 10)
+        return notice, time.monotonic() - t
+
+    try:
+        notice, after = asyncio.run(idle())
+        assert notice["data"]["code"] == "SESSION_IDLE" and "1 s without a message" in notice["data"]["message"]
+        assert 0.9 < after < 3.0, after
+    finally:
+        stopped_cleanly(proc, err)
+
+
+@pytest.mark.slow
+def test_the_per_client_cap_counts_mcp_and_websocket_sessions_alike():
+    proc, url, err = start_server("--cases", str(EVAL), "--max-sessions", "5", "--max-per-client", "2",
+                                  "--idle-timeout", "60")
+
+    async def sessions():
+        a1 = rpc(url, "openenv/session/create", source="127.0.0.2")
+        ws_a, a2 = await ws_reset(url, CASES[0].case_id, source="127.0.0.2")
+        a3 = rpc(url, "openenv/session/create", source="127.0.0.2")      # a third of the same client's
+        ws_a3, a4 = await ws_reset(url, CASES[0].case_id, source="127.0.0.2")
+        ws_b, b1 = await ws_reset(url, CASES[1].case_id, source="127.0.0.3")  # another client is served
+        rpc(url, "openenv/session/close", {"session_id": a1["result"]["session_id"]}, source="127.0.0.2")
+        ws_a5, a5 = await ws_reset(url, CASES[0].case_id, source="127.0.0.2")  # a place of its own freed
+        for ws in (ws_a, ws_a3, ws_b, ws_a5):
+            await ws.close()
+        return a1, a2, a3, a4, b1, a5
+
+    try:
+        a1, a2, a3, a4, b1, a5 = asyncio.run(sessions())
+        assert "session_id" in a1["result"] and a2["type"] == "observation"
+        assert "--max-per-client 2" in a3["error"]["message"] and "(127.0.0.2)" in a3["error"]["message"]
+        assert a4["type"] == "error" and a4["data"]["code"] == "CAPACITY_REACHED"
+        assert "--max-per-client 2" in a4["data"]["message"]
+        assert b1["type"] == "observation" and a5["type"] == "observation"
+    finally:
+        stopped_cleanly(proc, err)
+
+
+# -- nobody can use it without its token -----------------------------------------------------------
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::"])
+def test_an_address_other_machines_reach_refuses_to_start_without_a_token(host):
+    out = gate_serve("--host", host, "--port", "0", "--cases", str(EVAL), env={"GATE_SERVE_TOKEN": ""})
+    assert out.returncode == 2 and out.stdout == "", out
+    assert out.stderr.startswith("gate: error: --host ") and out.stderr.count("\n") == 1, out.stderr
+    assert "reachable from other machines: give a token (--token or GATE_SERVE_TOKEN)" in out.stderr
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--no-token", "--token", "x"), "--no-token and a token"),
+    (("--token", " "), "the token is empty"),
+    (("--idle-timeout", "0"), "--idle-timeout must be more than 0"),
+    (("--idle-timeout", "soon"), "--idle-timeout must be a number"),
+    (("--max-per-client", "0"), "--max-per-client must be at least 1"),
+])
+def test_contradictory_or_bad_flags_are_one_line_errors(args, words):
+    out = gate_serve("--port", "0", "--cases", str(EVAL), *args)
+    assert out.returncode == 2 and out.stdout == "" and out.stderr.count("\n") == 1, out
+    assert out.stderr.startswith("gate: error: ") and words in out.stderr, out.stderr
+
+
+@pytest.fixture(scope="module")
+def guarded():
+    """A server with a token (from GATE_SERVE_TOKEN): every request but /health needs it."""
+    old = os.environ.get("GATE_SERVE_TOKEN")
+    os.environ["GATE_SERVE_TOKEN"] = TOKEN
+    try:
+        proc, url, err = start_server("--cases", str(EVAL))
+    finally:
+        os.environ.pop("GATE_SERVE_TOKEN") if old is None else os.environ.__setitem__("GATE_SERVE_TOKEN", old)
+    try:
+        yield url, err
+    finally:
+        log = stopped_cleanly(proc, err)
+        assert TOKEN not in log
+
+
+def basic(token, user="anyone"):
+    return {"authorization": "Basic " + base64.b64encode(f"{user}:{token}".encode()).decode()}
+
+
+BEARER = {"authorization": f"Bearer {TOKEN}"}
+ROUTES = [("GET", "/metadata", None), ("GET", "/schema", None), ("GET", "/openapi.json", None),
+          ("GET", "/state", None), ("POST", "/reset", {}), ("POST", "/step", {"action": {"tool": "list_batches"}}),
+          ("POST", "/mcp", {"jsonrpc": "2.0", "method": "tools/list", "id": 1})]
+
+
+def test_with_a_token_a_request_without_it_gets_401(guarded):
+    url, _ = guarded
+    assert request(url, "GET", "/health") == (200, {"status": "healthy"})  # health checks need no token
+    for method, path, body in ROUTES:
+        for headers in (None, {"authorization": "Bearer wrong"}, basic("wrong"), {"authorization": TOKEN},
+                        {"authorization": "Basic !!notbase64"}, {"authorization": f"Bearer {TOKEN}x"}):
+            status, answer = request(url, method, path, body, headers)
+            assert status == 401 and "token" in answer["detail"], (method, path, headers, status)
+        for headers in (BEARER, basic(TOKEN), basic(TOKEN, user="")):
+            assert request(url, method, path, body, headers)[0] == 200, (method, path, headers)
+
+    async def handshake(uri, **kw):
+        async with connect(uri, open_timeout=10, **kw) as ws:
+            await ws.send(json.dumps({"type": "reset", "data": {"case_id": CASES[0].case_id}}))
+            return json.loads(await ws.recv())["type"]
+
+    for headers in ({}, {"authorization": "Bearer wrong"}):
+        with pytest.raises(InvalidStatus) as refused:
+            asyncio.run(handshake(ws_url(url), additional_headers=headers))
+        assert refused.value.response.status_code == 401
+    assert asyncio.run(handshake(ws_url(url), additional_headers=BEARER)) == "observation"
+    assert asyncio.run(handshake(ws_url(with_token(url, TOKEN)))) == "observation"  # the token in the URL
+
+
+def test_with_the_token_a_client_plays_and_reads_the_trainer_state(guarded):
+    from openenv.core import GenericEnvClient
+    url, _ = guarded
+    with GateEnvClient(base_url=url, token=TOKEN).sync() as env:
+        env.reset(case_id=CASES[0].case_id)
+        env.call("list_batches")
+        state = env.state()
+    assert state.trainer and state.case_id == CASES[0].case_id and state.step_count == 1
+    with GenericEnvClient(base_url=with_token(url, TOKEN)).sync() as env:  # any OpenEnv client, URL as it is
+        first = env.reset(case_id=CASES[1].case_id)
+        assert first.observation["prompt"] == CASES[1].prompt
+        assert env.state()["case_id"] == CASES[1].case_id
+
+
+def test_without_a_token_the_trainer_state_needs_the_flag():
+    proc, url, err = start_server("--cases", str(EVAL))
+    try:
+        with GateEnvClient(base_url=url).sync() as env:
+            env.reset(case_id=CASES[0].case_id)
+            env.call("list_batches")
+            env.call("submit_report", loaded=[], quarantined=[])
+            state = env.state()
+    finally:
+        stopped_cleanly(proc, err)
+    assert not state.trainer and state.step_count == 2 and state.episode_id
+    assert state.case_id is None and state.grade is None and state.rewards == [] and state.reward_mode == ""
+
+
+# -- MCP, strictly ---------------------------------------------------------------------------------
+
+def test_mcp_lists_the_tools_gate_run_sends_and_plays_an_episode_to_its_reward():
+    from test_openenv_server import careful_sql
+    proc, url, err = start_server("--cases", str(EVAL), "--idle-timeout", "60")
+    case = CASES[5]
+    actions, grade = careful_sql(case)
+    try:
+        listed = rpc(url, "tools/list")["result"]["tools"]
+        suite_tools = tool_schemas(prepare(case).suite)
+        assert listed == [{"name": t["function"]["name"], "description": t["function"]["description"],
+                           "inputSchema": t["function"]["parameters"]} for t in suite_tools]
+        sid = rpc(url, "openenv/session/create", {"reset": {"case_id": case.case_id}})["result"]["session_id"]
+        answers = [rpc(url, "tools/call", {"session_id": sid, "name": a["tool"], "arguments": a["args"]})["result"]
+                   for a in actions]
+        assert not any(a["isError"] for a in answers) and [a["_meta"]["turn"] for a in answers] == list(
+            range(1, len(actions) + 1))
+        assert answers[-1]["_meta"]["done"] and answers[-1]["_meta"]["reward"] == grade["reward"] == 1.0
+        after = rpc(url, "tools/call", {"session_id": sid, "name": "list_batches"})["result"]
+        assert after["isError"] and after["_meta"]["done"]
+        bad_tool = rpc(url, "tools/call", {"session_id": sid, "name": "drop_table", "arguments": {}})["result"]
+        assert bad_tool["isError"]
+        assert rpc(url, "openenv/session/close", {"session_id": sid})["result"] == {"session_id": sid, "closed": True}
+        assert "no open MCP session" in rpc(url, "openenv/session/close", {"session_id": sid})["error"]["message"]
+        # JSON-RPC, strictly: each a JSON-RPC error with status 200, never a traceback
+        for body, code in (({}, -32600), ([], -32600), ({"jsonrpc": "1.0", "method": "tools/list", "id": 1}, -32600),
+                           ({"jsonrpc": "2.0", "method": 5, "id": 1}, -32600),
+                           ({"jsonrpc": "2.0", "method": "tools/list", "id": True}, -32600),
+                           ({"jsonrpc": "2.0", "method": "tools/list", "id": 1, "x": 1}, -32600),
+                           ({"jsonrpc": "2.0", "method": "tools/list", "params": [], "id": 1}, -32602),
+                           ({"jsonrpc": "2.0", "method": "nope", "id": 1}, -32601),
+                           ({"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "list_batches"}, "id": 1},
+                            -32602),
+                           ({"jsonrpc": "2.0", "method": "tools/call", "params": {"session_id": sid, "name": 5},
+                             "id": 1}, -32602),
+                           ({"jsonrpc": "2.0", "method": "openenv/session/create",
+                             "params": {"reset": {"seed": "7"}}, "id": 1}, -32602),
+                           (b"{not json", -32700), (b"[" * 100_000, -32700)):
+            status, answer = request(url, "POST", "/mcp", body)
+            assert status == 200 and answer["jsonrpc"] == "2.0" and answer["error"]["code"] == code, (body, answer)
+    finally:
+        stopped_cleanly(proc, err)
