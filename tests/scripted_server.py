@@ -255,6 +255,7 @@ def answer(state, path: str, raw: bytes) -> tuple[float, int, dict, dict | None]
     if PROBE.search(raw):  # one token: the endpoint check, answered without playing a policy
         with state.lock:
             state.probes += 1
+            state.last_raw = raw
         return 0.0, 200, {"id": f"chatcmpl-{next(_ids)}", "object": "chat.completion", "created": int(time.time()),
                           "model": "probe", "choices": [{"index": 0, "finish_reason": "length",
                                                          "message": {"role": "assistant", "content": "OK"}}]}, None

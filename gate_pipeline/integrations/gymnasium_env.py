@@ -20,7 +20,10 @@ value is a number or a string (the tool result, the grade and the tool list as J
 vector env (`gymnasium.make_vec`, sync or async) stacks them. Text spaces are bounded
 (MAX_TEXT_CHARS, MAX_ACTION_CHARS: async shared memory is allocated at those sizes); a result
 longer than the bound comes back as an error naming its length, never cut JSON. `render_mode="ansi"`
-renders the last step as text; the registered spec has `max_episode_steps` (the default max_turns).
+renders the last step as text. The registered spec has `max_episode_steps` = DEFAULT_MAX_TURNS, so
+gymnasium's TimeLimit and the env truncate on the same step, graded; to change the length pass
+`max_turns=N` and `max_episode_steps=N` together (TimeLimit alone cuts an episode the env has not
+graded, and the next reset ends it as abandoned).
 """
 from __future__ import annotations
 
@@ -126,12 +129,6 @@ class GateEnv(gymnasium.Env):
         return {"prompt": prompt[:MAX_TEXT_CHARS], "result": result_text,
                 "turn": self.session.turn if self.session else 0}
 
-    def _limit(self) -> int:
-        """Steps before truncation: max_turns, or the spec's max_episode_steps when that is lower (so the
-        episode is graded on the step gymnasium's TimeLimit truncates it)."""
-        spec_limit = self.spec.max_episode_steps if self.spec is not None else None
-        return min(self.max_turns, spec_limit) if spec_limit else self.max_turns
-
     def reset(self, *, seed=None, options=None):
         """Start an episode on the case `options["case_id"]`, else on one drawn by the seeded generator."""
         super().reset(seed=seed)
@@ -139,9 +136,9 @@ class GateEnv(gymnasium.Env):
         self.close()
         self.case_id = self.cases[index].case_id
         self.session = Session(self.prepared(self.case_id), "gymnasium", reward=self.reward_mode,
-                               stop_at_report=True, max_steps=self._limit())
+                               stop_at_report=True, max_steps=self.max_turns)
         self._last = ("reset", "")
-        info = {"case_id": self.case_id, "reward_mode": self.reward_mode, "max_turns": self._limit(),
+        info = {"case_id": self.case_id, "reward_mode": self.reward_mode, "max_turns": self.max_turns,
                 "tools": _text({t.name: list(t.arg_names) for t in self.pool.suite.tools})}  # the suite's tools
         return self._obs(""), info
 
