@@ -109,7 +109,8 @@ def test_the_mcp_tools_are_the_suites_with_gate_runs_schemas():
     want = {f["function"]["name"]: f["function"] for f in tool_schemas(suites.default())}
     assert set(listed) == set(want)
     for name, fn in want.items():
-        schema = listed[name].inputSchema
+        tool = listed[name]
+        schema = getattr(tool, "input_schema", None) or tool.inputSchema  # mcp 2 renamed it
         assert set(schema.get("properties", {})) == set(fn["parameters"]["properties"]), name
         assert set(schema.get("required", [])) == set(fn["parameters"]["required"]), name
         assert listed[name].description.startswith(fn["description"])
@@ -174,3 +175,12 @@ def test_a_v2_case_file_needs_the_v2_suites_tools():
     names = {fn.__name__ for fn in __import__("verifiers.v1.utils.decorators", fromlist=["_"]).discover_decorated(
         GateTask.toolsets(tasks[0].config)[0], "tool")}
     assert names == set(suites.get("v2").tool_names)
+
+
+def test_the_taskset_id_is_the_package_name():
+    """`vf-eval gate-pipeline` on the v1 stack: verifiers imports `gate_pipeline` and takes the Taskset `__all__`
+    names; importing gate alone imports no verifiers (tests/test_architecture.py)."""
+    from verifiers.v1.utils.loaders import load_taskset, taskset_class
+    assert taskset_class("gate-pipeline") is GateTaskset
+    taskset = load_taskset(GateTasksetConfig(id="gate-pipeline", num_cases=2))
+    assert [t.key for t in taskset] == ["eval-clean-control-0", "eval-clean-control-1"]
