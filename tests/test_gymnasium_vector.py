@@ -1,5 +1,7 @@
 """gymnasium as vector users need it: make_vec sync and async (shared memory), info a vector env can stack,
-bounded Text spaces, render_mode="ansi", max_episode_steps in the spec."""
+bounded Text spaces, render_mode="ansi", max_episode_steps in the spec. Every step's observation is checked against
+its info: gymnasium's shared-memory reader decodes a Text buffer once, so without gate's ObsText every async
+observation would read as the first one."""
 from __future__ import annotations
 
 import json
@@ -30,8 +32,9 @@ def drive(envs, steps: int = 100) -> dict:
         obs, reward, terminated, truncated, info = envs.step(actions)
         assert reward.shape == (4,) and terminated.dtype == np.bool_
         assert envs.observation_space.contains(obs)
-        for k in info.get("_result", [False] * 4).nonzero()[0]:
+        for k in info.get("_result", np.zeros(4, bool)).nonzero()[0]:
             json.loads(info["result"][k])  # JSON text in every env
+            assert obs["result"][k] == info["result"][k]  # this step's observation (not a stale buffer)
             results += 1
         if "grade" in info:
             grades += [json.loads(info["grade"][k]) for k in info["_grade"].nonzero()[0]]

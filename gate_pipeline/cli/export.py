@@ -55,9 +55,19 @@ def _card(written: dict[str, list[tuple[str, Path]]], out: Path) -> str:
 
 def export_hf(settings: Settings, out: Path, suite_names: list[str]) -> list[Path]:
     try:
-        from datasets import Dataset
+        import datasets
     except ImportError:
         raise UsageError("--format hf needs the datasets package: pip install 'gate-pipeline[hf]'") from None
+    bars = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()  # the command prints the files it wrote, nothing else
+    try:
+        return _write_hf(datasets.Dataset, settings, out, suite_names)
+    finally:
+        if bars:
+            datasets.enable_progress_bars()
+
+
+def _write_hf(Dataset, settings: Settings, out: Path, suite_names: list[str]) -> list[Path]:
     written: dict[str, list[tuple[str, Path]]] = {}
     paths = []
     for name in suite_names:

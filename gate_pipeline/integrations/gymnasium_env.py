@@ -28,10 +28,13 @@ graded, and the next reset ends it as abandoned).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import gymnasium
+import numpy as np
 from gymnasium import spaces
+from gymnasium.vector.utils import read_from_shared_memory
 
 from ..kernel.cases import CaseError
 from ..kernel.engine import OVER, Session
@@ -46,6 +49,51 @@ DEFAULT_MAX_TURNS = 64
 PRINTABLE = "".join(chr(c) for c in range(32, 127))  # JSON text with ensure_ascii stays inside these
 MAX_ACTION_CHARS = 20_000
 MAX_TEXT_CHARS = 200_000  # the longest prompt or JSON result an observation carries
+
+
+class ObsText(spaces.Text):
+    """gate's Text space. Its one difference: in an async vector env with shared memory its batched values are
+    decoded from the shared buffer each time they are read (`LiveTexts`); gymnasium's own reader decodes a Text
+    buffer once, when the vector env is built, so every later observation would read as that first one."""
+
+
+class LiveTexts(Sequence):
+    """The batched values of an ObsText space in shared memory, decoded when read; a deep copy (what the
+    vector env hands out by default) is a plain tuple of str."""
+
+    def __init__(self, space: spaces.Text, buffer, n: int):
+        self._data = np.frombuffer(buffer.get_obj(), dtype=np.int32).reshape((n, space.max_length))
+        self._chars = np.array(space.character_list + ("",), dtype=f"<U1")  # the padding code decodes to ""
+        self._pad = len(space.character_set)
+
+    def __len__(self) -> int:
+        return self._data.shape[0]
+
+    def _row(self, i: int) -> str:
+        row = self._data[i]
+        ends = np.flatnonzero(row >= self._pad)
+        return "".join(self._chars[np.minimum(row[:ends[0] if ends.size else row.size], self._pad)].tolist())
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return tuple(self._row(k) for k in range(len(self))[i])
+        return self._row(range(len(self))[i])
+
+    def __eq__(self, other) -> bool:
+        return tuple(self) == tuple(other) if isinstance(other, (tuple, list, LiveTexts)) else NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __deepcopy__(self, memo) -> tuple:
+        return tuple(self)
+
+    def __repr__(self) -> str:
+        return f"LiveTexts({tuple(self)!r})"
+
+
+@read_from_shared_memory.register(ObsText)
+def _read_obs_text(space: ObsText, shared_memory, n: int = 1) -> LiveTexts:
+    return LiveTexts(space, shared_memory, n)
 
 
 def _pool(cases, suite: str | None, settings: Settings | None) -> CasePool:
@@ -100,8 +148,8 @@ class GateEnv(gymnasium.Env):
         self.session: Session | None = None
         self.case_id: str | None = None
         self.observation_space = spaces.Dict({
-            "prompt": spaces.Text(MAX_TEXT_CHARS, min_length=0, charset=PRINTABLE),
-            "result": spaces.Text(MAX_TEXT_CHARS, min_length=0, charset=PRINTABLE),
+            "prompt": ObsText(MAX_TEXT_CHARS, min_length=0, charset=PRINTABLE),
+            "result": ObsText(MAX_TEXT_CHARS, min_length=0, charset=PRINTABLE),
             "turn": spaces.Discrete(max_turns + 1),
         })
         self.action_space = spaces.Text(MAX_ACTION_CHARS, min_length=1, charset=PRINTABLE)
