@@ -10,11 +10,11 @@ import pytest
 from scripted_server import ScriptedServer
 
 from gate_pipeline.cli.main import main
+from gate_pipeline.kernel.suite import suites
 from gate_pipeline.model_agent.agent import ModelSettings, make_client
 from gate_pipeline.model_agent.rollouts import preflight, read_transcripts
 from gate_pipeline.model_agent.text_calls import parse_text_calls
 from gate_pipeline.model_agent.tool_schemas import tool_schemas
-from gate_pipeline.kernel.suite import suites
 
 
 @pytest.fixture(scope="module")

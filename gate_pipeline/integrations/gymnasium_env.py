@@ -63,7 +63,7 @@ class LiveTexts(Sequence):
 
     def __init__(self, space: spaces.Text, buffer, n: int):
         self._data = np.frombuffer(buffer.get_obj(), dtype=np.int32).reshape((n, space.max_length))
-        self._chars = np.array(space.character_list + ("",), dtype=f"<U1")  # the padding code decodes to ""
+        self._chars = np.array(space.character_list + ("",), dtype="<U1")  # the padding code decodes to ""
         self._pad = len(space.character_set)
 
     def __len__(self) -> int:

@@ -21,7 +21,6 @@ This module imports nothing of TRL: the class is what TRL drives, and nothing mo
 """
 from __future__ import annotations
 
-import inspect
 import json
 from pathlib import Path
 from typing import Callable
@@ -30,11 +29,11 @@ from ..kernel.engine import Session
 from ..kernel.pool import CasePool
 from ..kernel.rewards import REWARD_MODES
 from ..kernel.settings import Settings
-from ..kernel.suite import Arg, Suite, Tool
+from ..kernel.suite import Suite, Tool
 from ..model_agent.prompt import OPENING
+from ..model_agent.tool_schemas import as_method
 
 DEFAULT_MAX_STEPS = 64
-KINDS = {"str": str, "strlist": list[str]}
 
 
 def _pool(cases, suite: str | None, split: str, settings: Settings | None) -> CasePool:
@@ -96,18 +95,6 @@ class GateTRLEnv:
         self.session = None
 
 
-def _docstring(tool: Tool, suite: Suite) -> str:
-    lines = [tool.description, ""]
-    if tool.args:
-        lines.append("Args:")
-        for arg in tool.args:
-            choices = f' (choices: {json.dumps(list(suite.defect_types))})' if arg.enum == "defect_types" else ""
-            lines.append(f"    {arg.name}: {arg.description}{choices}")
-        lines.append("")
-    lines += ["Returns:", "    The tool's result as JSON text (an object with an error when the call is refused)."]
-    return "\n".join(lines)
-
-
 def _method(tool: Tool, suite: Suite) -> Callable:
     names = tool.arg_names
 
@@ -120,18 +107,7 @@ def _method(tool: Tool, suite: Suite) -> Callable:
             return json.dumps({"error": f"{tool.name} got {clash[0]!r} twice"})
         return self._step(tool.name, {**given, **kwargs})  # the engine checks names and kinds
 
-    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-    params += [inspect.Parameter(a.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=_kind(a))
-               for a in tool.args]
-    call.__signature__ = inspect.Signature(params, return_annotation=str)  # type: ignore[attr-defined]
-    call.__annotations__ = {**{a.name: _kind(a) for a in tool.args}, "return": str}
-    call.__name__ = call.__qualname__ = tool.name
-    call.__doc__ = _docstring(tool, suite)
-    return call
-
-
-def _kind(arg: Arg):
-    return KINDS[arg.kind]
+    return as_method(tool, suite, call)
 
 
 def environment_class(pool: CasePool, reward: str = "terminal", max_steps: int = DEFAULT_MAX_STEPS) -> type:

@@ -16,6 +16,7 @@ terms, `bad_batches_loaded`, `revenue_error_usd` and `finished` are recorded as 
 """
 from __future__ import annotations
 
+import inspect
 import json
 from functools import lru_cache
 from pathlib import Path
@@ -30,7 +31,7 @@ from ..kernel.records import TERMS
 from ..kernel.settings import Settings
 from ..kernel.suite import Tool
 from ..model_agent.prompt import OPENING
-from .trl_env import _docstring, _kind
+from ..model_agent.tool_schemas import as_method
 
 METRICS = (*TERMS, "bad_batches_loaded", "revenue_error_usd", "finished")
 DEFAULT_MAX_STEPS = 64
@@ -87,19 +88,12 @@ class GateToolset(Toolset):
 
 
 def _tool_method(tool: Tool, suite) -> Any:
-    import inspect
     names = tool.arg_names
 
     async def call(self, **kwargs) -> str:
         return self._step(tool.name, {k: v for k, v in kwargs.items() if k in names})
 
-    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-    params += [inspect.Parameter(a.name, inspect.Parameter.KEYWORD_ONLY, annotation=_kind(a)) for a in tool.args]
-    call.__signature__ = inspect.Signature(params, return_annotation=str)  # type: ignore[attr-defined]
-    call.__annotations__ = {**{a.name: _kind(a) for a in tool.args}, "return": str}
-    call.__name__ = call.__qualname__ = tool.name
-    call.__doc__ = _docstring(tool, suite)
-    return vf.tool(call)
+    return vf.tool(as_method(tool, suite, call, inspect.Parameter.KEYWORD_ONLY))
 
 
 @lru_cache(maxsize=None)
