@@ -117,3 +117,15 @@ def test_text_spaces_are_bounded_and_a_longer_result_is_valid_json_that_says_so(
     bounded = gymnasium_env._bounded(long)
     assert len(bounded) < MAX_TEXT_CHARS and "more than the observation's" in json.loads(bounded)["error"]
     assert gymnasium_env._bounded('{"ok": 1}') == '{"ok": 1}'
+
+
+def test_render_never_raises_on_a_hostile_action():
+    env = gymnasium_env.GateEnv(EVAL, render_mode="ansi")
+    env.reset(seed=0)
+    deep: dict = {"a": 1}
+    for _ in range(5000):
+        deep = {"a": deep}
+    env.step({"tool": "run_sql", "args": deep})
+    assert "not JSON" in env.render()
+    env.step("x" * 20_000)
+    assert len(env.render()) < 5000

@@ -172,7 +172,8 @@ def _reward(text: str) -> float:
 def register(csub) -> None:
     """`gate cases export`, under `gate cases` (cli/cases.py)."""
     p = csub.add_parser("export", help="the cases as a Hugging Face dataset, or transcripts as chat SFT data",
-                        description=__doc__.split("\n\n")[0],
+                        description="The cases as a Hugging Face dataset (hf), or model transcripts as chat SFT data "
+                                    "(jsonl-chat).",
                         epilog="examples:\n  gate cases export --format hf /tmp/gate-hf\n"
                                "  gate cases export --format jsonl-chat /tmp/sft.jsonl --run runs/coin-demo")
     p.add_argument("--format", required=True, choices=FORMATS,

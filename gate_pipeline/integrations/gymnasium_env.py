@@ -112,6 +112,16 @@ def _text(value) -> str:
     return json.dumps(value, ensure_ascii=True, default=str)
 
 
+def _action_text(action, limit: int = 2000) -> str:
+    """An action as a line of text for render(), whatever it is (nested past JSON's reach, not JSON at all)."""
+    if isinstance(action, str):
+        return action[:limit]
+    try:
+        return _text(action)[:limit]
+    except (RecursionError, ValueError, TypeError):
+        return f"<a {type(action).__name__} action that is not JSON>"
+
+
 def _bounded(text: str) -> str:
     """A result's JSON text, or, past MAX_TEXT_CHARS, an error object that says so (valid JSON either way)."""
     if len(text) <= MAX_TEXT_CHARS:
@@ -199,7 +209,7 @@ class GateEnv(gymnasium.Env):
             return self._obs(text), 0.0, self.session is not None, False, info
         step = self.session.step(action)
         text = _bounded(_text(step.result))
-        self._last = (action if isinstance(action, str) else _text(action), text)
+        self._last = (action, text)
         info = {"case_id": self.case_id, "turn": self.session.turn, "reward_mode": self.reward_mode,
                 "result": text}
         if step.parts is not None:
@@ -214,7 +224,7 @@ class GateEnv(gymnasium.Env):
             return None
         action, result = self._last
         turn = self.session.turn if self.session else 0
-        return f"case {self.case_id or '-'} turn {turn}\n> {action[:2000]}\n{result[:2000]}\n"
+        return f"case {self.case_id or '-'} turn {turn}\n> {_action_text(action)}\n{result[:2000]}\n"
 
     def close(self) -> None:
         if self.session is not None and not self.session.done:
