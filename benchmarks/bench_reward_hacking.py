@@ -47,7 +47,7 @@ class EnvTools:
     def __call__(self, name, **args):
         obs, reward, terminated, truncated, info = self.env.step(json.dumps({"tool": name, "args": args}))
         self.last = reward
-        return info.get("result", json.loads(obs["result"]))
+        return json.loads(info.get("result", obs["result"]))
 
 
 def episode_return(env: GateEnv) -> float:

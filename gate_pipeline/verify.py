@@ -163,7 +163,8 @@ def replay_agent(stored: StoredEpisode, row: dict, spec, fresh: Grade) -> str | 
 
 def tie(stored: StoredEpisode, row: dict, log: dict) -> str | None:
     """Apply the tool calls of the transcript's model messages, in order, to a fresh episode of the stored
-    case: they must give the stored ledger, and each tool result the content the model was sent."""
+    case (ending at the first accepted report, as the model's episode did): they must give the stored
+    ledger, and each tool result the content the model was sent."""
     messages = log.get("messages")
     if not isinstance(messages, list):
         return "its transcript holds no messages to tie its ledger to"
@@ -176,7 +177,8 @@ def tie(stored: StoredEpisode, row: dict, log: dict) -> str | None:
 
 
 def _tie(prepared, messages: list, sent: dict, row: dict) -> str | None:
-    session = Session(prepared, "tie")
+    # as a model's episode is played: a call after the accepted report is answered "the episode is over"
+    session = Session(prepared, "tie", stop_at_report=True)
     calls = 0
     for m in messages:
         if not (isinstance(m, dict) and m.get("role") == "assistant" and isinstance(m.get("tool_calls"), list)):

@@ -11,6 +11,12 @@ library only. The policy is chosen by the request's `model`:
   the first reply is that kind of malformed output; then the careful policy.
 - `silent`: never calls a tool.  `hang`: sleeps `hang_seconds` before answering.
 - `garbage`: a 200 reply that is not a chat completion.
+- `hermes-text`, `json-text`: the careful policy with its tool calls written in the reply's text, as a
+  server without a tool parser returns them: Hermes `<tool_call>{...}</tool_call>` blocks (all of a
+  turn's calls), or one bare JSON object `{"name": ..., "arguments": ...}` a reply.
+- `lazy`: writes prose, unless the request's `tool_choice` is "required"; then careful.
+- `report-then-load`: lists the batches, then in one reply reports them all loaded and loads them.
+- every policy answers a request whose `tool_choice` is "none" with text only, as a real server does.
 - `coin`: at its first turn picks, at random (seeded), to be careful or to load everything as
   listed without looking (it writes its plan in that turn's content and sticks to it): a
   policy with pass@1 near one half, to show what pass^k measures.
@@ -19,7 +25,9 @@ library only. The policy is chosen by the request's `model`:
   resume), with tables that are not all ones.
 
 `server.faults` is a queue of HTTP statuses (e.g. [429, 500]) served, one per request, before
-any policy answers. Run standalone: `python tests/scripted_server.py [--port N]`.
+any policy answers. `GET /v1/models` lists the policies (`server.models_route = False`: 404, as a
+server without that route); a request for one token (`max_tokens: 1`, the endpoint check's fallback)
+gets "OK" and counts in `server.probes`. Run standalone: `python tests/scripted_server.py [--port N]`.
 """
 from __future__ import annotations
 
@@ -119,9 +127,41 @@ def load_all(messages: list) -> list[dict]:
         _call("submit_report", {"loaded": ids, "quarantined": []})]
 
 
-def reply(model: str, messages: list, rng: random.Random | None = None) -> dict:
+POLICIES = ("careful", *MALFORMED, "no-tool-call", "silent", "hang", "garbage", "coin", "hermes-text", "json-text",
+            "lazy", "report-then-load")
+
+
+def _as_text(call: dict) -> dict:
+    return {"name": call["function"]["name"], "arguments": json.loads(call["function"]["arguments"])}
+
+
+def _not_done(messages: list) -> dict:
+    """The first of careful's next calls that has not been made (with a result) already."""
+    done = {(name, json.dumps(args, sort_keys=True)) for name, args, _ in _history(messages)}
+    calls = careful(messages)
+    return next((c for c in calls if (c["function"]["name"], json.dumps(json.loads(c["function"]["arguments"]),
+                                                                      sort_keys=True)) not in done), calls[-1])
+
+
+def reply(model: str, messages: list, rng: random.Random | None = None, tool_choice=None) -> dict:
     """The assistant message the policy `model` sends next."""
     first = not any(m.get("role") == "assistant" for m in messages)
+    if tool_choice == "none":
+        return {"role": "assistant", "content": "I would call list_batches now."}
+    if model == "hermes-text":
+        text = "\n".join(f"<tool_call>\n{json.dumps(_as_text(c))}\n</tool_call>" for c in careful(messages))
+        return {"role": "assistant", "content": "Next steps.\n" + text}
+    if model == "json-text":
+        return {"role": "assistant", "content": json.dumps(_as_text(_not_done(messages)))}
+    if model == "lazy" and tool_choice != "required":
+        return {"role": "assistant", "content": "Everything looks fine."}
+    if model == "report-then-load":
+        listing = next((r for name, _, r in _history(messages) if name == "list_batches"), None)
+        if listing is None:
+            return {"role": "assistant", "content": None, "tool_calls": [_call("list_batches", {})]}
+        ids = [b["batch_id"] for b in listing]
+        return {"role": "assistant", "content": None, "tool_calls": [
+            _call("submit_report", {"loaded": ids, "quarantined": []}), *(_call("load_batch", {"batch_id": b}) for b in ids)]}
     if model == "coin":
         if first:
             plan = "careful" if (rng or random).random() < 0.5 else "quick"
@@ -168,6 +208,10 @@ class Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             pass
 
+    def do_GET(self):
+        status, body = models_answer(self.server, self.path)
+        self._send(status, body)
+
     def do_POST(self):
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         wait, status, body, headers = answer(self.server, self.path, raw)
@@ -198,6 +242,17 @@ def _fresh(cached: dict) -> dict:
     return out
 
 
+def models_answer(state, path: str) -> tuple[int, dict]:
+    """`GET /v1/models`: the policies, as a model server lists what it serves."""
+    if path.rstrip("/") != "/v1/models" or not state.models_route:
+        return 404, {"error": {"message": f"no route {path}"}}
+    return 200, {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "gate-tests"}
+                                            for name in POLICIES]}
+
+
+PROBE = re.compile(rb'"max_tokens"\s*:\s*1\s*[,}]')
+
+
 def answer(state, path: str, raw: bytes) -> tuple[float, int, dict, dict | None]:
     """(seconds to wait first, status, JSON body, extra headers) for one request; `state` is a server.
 
@@ -208,6 +263,13 @@ def answer(state, path: str, raw: bytes) -> tuple[float, int, dict, dict | None]
         return 0.0, 404, {"error": {"message": f"no route {path}"}}, None
     if re.search(rb'"messages"\s*:\s*\[\s*\]', raw):  # as OpenAI: a request, not a conversation
         return 0.0, 400, {"error": {"message": "'messages' must contain at least one message"}}, None
+    if PROBE.search(raw):  # one token: the endpoint check, answered without playing a policy
+        with state.lock:
+            state.probes += 1
+            state.last_raw = raw
+        return 0.0, 200, {"id": f"chatcmpl-{next(_ids)}", "object": "chat.completion", "created": int(time.time()),
+                          "model": "probe", "choices": [{"index": 0, "finish_reason": "length",
+                                                         "message": {"role": "assistant", "content": "OK"}}]}, None
     found = MODEL.search(raw)
     shape = _shape(raw) if found and found.group(1) not in (b"coin", b"garbage") else None
     cached = state.replies.get(shape) if shape is not None else None
@@ -216,7 +278,7 @@ def answer(state, path: str, raw: bytes) -> tuple[float, int, dict, dict | None]
     else:
         try:
             body = json.loads(raw)
-            model, messages = body["model"], body["messages"]
+            model, messages, tool_choice = body["model"], body["messages"], body.get("tool_choice")
             if not isinstance(model, str):
                 raise TypeError("model is not a string")
         except (ValueError, KeyError, TypeError):
@@ -235,7 +297,7 @@ def answer(state, path: str, raw: bytes) -> tuple[float, int, dict, dict | None]
     if cached is not None:
         message = _fresh(cached)
     else:
-        message = reply(model, messages, rng)
+        message = reply(model, messages, rng, tool_choice)
         if shape is not None and model.encode() == found.group(1):
             with state.lock:
                 if len(state.replies) >= REPLY_CACHE_SIZE:
@@ -265,6 +327,8 @@ class _PolicyState:
         self.hang_seconds = hang_seconds
         self.rng = random.Random(seed)
         self.delay = 0.0  # seconds before every answer (to interrupt a run mid-way in tests)
+        self.models_route = True  # GET /v1/models answers (False: 404, a server without the route)
+        self.probes = 0  # one-token requests answered (the endpoint check's fallback)
 
     @property
     def last_body(self) -> dict | None:
@@ -314,6 +378,7 @@ class AsyncScriptedServer(_PolicyState):
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 lines = head.decode("latin-1").split("\r\n")
+                method = lines[0].split(" ")[0]
                 path = lines[0].split(" ")[1] if len(lines[0].split(" ")) > 1 else "/"
                 length = 0
                 for line in lines[1:]:
@@ -321,7 +386,10 @@ class AsyncScriptedServer(_PolicyState):
                     if name.strip().lower() == "content-length":
                         length = int(value.strip())
                 raw = await reader.readexactly(length)
-                wait, status, body, headers = answer(self, path, raw)
+                if method == "GET":
+                    (status, body), wait, headers = models_answer(self, path), 0.0, None
+                else:
+                    wait, status, body, headers = answer(self, path, raw)
                 if wait:
                     await asyncio.sleep(wait)
                 data = json.dumps(body).encode()

@@ -60,7 +60,7 @@ class EnvTools:
             action = json.dumps(action)
         obs, reward, term, trunc, info = self.env.step(action)
         self.steps.append(Recorded(action, reward, term, trunc, info, obs))
-        return info["result"]
+        return json.loads(info["result"])
 
 
 def recorded(env, agent_name, case_id, as_text=False) -> list[Recorded]:
@@ -86,7 +86,7 @@ def test_terminal_mode_final_reward_is_the_core_grade(name):
         want = engine.play(prepare(case), name).grade.reward
         *before, last = steps
         assert last.terminated is True and last.reward == want, case.case_id
-        assert last.info["grade"]["reward"] == want and last.info["result"] == {"status": "received"}
+        assert json.loads(last.info["grade"])["reward"] == want and json.loads(last.info["result"]) == {"status": "received"}
         assert all(s.reward == 0.0 and not s.terminated and not s.truncated for s in before)
         assert env.session.done and chain_intact(env.session.result.ledger)
         assert env.session.result.rewards == [s.reward for s in steps]
@@ -98,7 +98,7 @@ def test_observations_are_text_the_raw_result_is_in_info(dense_env):
     for s in steps:
         assert set(s.obs) == {"prompt", "result", "turn"}
         assert s.obs["prompt"] == CASES[3].prompt and s.obs["turn"] == s.info["turn"]
-        assert s.obs["result"] == json.dumps(s.info["result"], ensure_ascii=True, default=str)
+        assert s.obs["result"] == json.dumps(json.loads(s.info["result"]), ensure_ascii=True, default=str)
         assert dense_env.observation_space.contains(s.obs), s.obs["result"][:200]
     assert [s.obs["turn"] for s in steps] == list(range(1, len(steps) + 1))
 
@@ -116,11 +116,11 @@ def test_dense_mode_pays_decisions_nothing_and_the_rubric_at_the_report(dense_en
                     assert s.action["tool"] == "submit_report" or s.reward == s.info["step_reward"]
             last = steps[-1]
             assert last.action["tool"] == "submit_report" and last.terminated
-            assert last.reward == last.info["grade"]["reward"]  # the report's step pays the rubric only
+            assert last.reward == json.loads(last.info["grade"])["reward"]  # the report's step pays the rubric only
             shaped = sum(s.info.get("step_reward", 0.0) for s in steps)
             session = dense_env.unwrapped.session
             assert shaped == pytest.approx(session.shaper.ctx.cumulative_step_reward, abs=1e-9)
-            assert session.result.total_reward == pytest.approx(shaped + last.info["grade"]["reward"], abs=1e-9)
+            assert session.result.total_reward == pytest.approx(shaped + json.loads(last.info["grade"])["reward"], abs=1e-9)
 
 
 def test_careful_sql_finds_the_gold_rows_progress(dense_env):
@@ -137,7 +137,7 @@ def test_careful_sql_finds_the_gold_rows_progress(dense_env):
 def test_reset_by_case_id_and_by_the_seeded_generator():
     env = GateEnv(EVAL)
     obs, info = env.reset(options={"case_id": CASES[5].case_id})
-    assert info["case_id"] == CASES[5].case_id and set(info["tools"]) == set(TOOL_NAMES)
+    assert info["case_id"] == CASES[5].case_id and set(json.loads(info["tools"])) == set(TOOL_NAMES)
     assert obs == {"prompt": CASES[5].prompt, "result": "", "turn": 0}
     assert env.observation_space.contains(obs)
     # the seed seeds the env's generator, which draws the case (not seed % number of cases)
@@ -191,7 +191,7 @@ def test_malformed_actions_give_error_observations_and_never_raise(mode):
     mart = episode.world.revenue()
     for action in MALFORMED:
         obs, reward, term, trunc, info = env.step(action)
-        assert "error" in json.loads(obs["result"]) and "error" in info["result"], action
+        assert "error" in json.loads(obs["result"]) and "error" in json.loads(info["result"]), action
         assert not term and not trunc
         assert reward <= 0.0
     assert episode.world.revenue() == mart and chain_intact(episode.ledger.seal())
@@ -208,13 +208,13 @@ def test_an_action_is_json_text_or_a_dict_or_a_list(dense_env):
     for action in ('{"tool": "run_sql", "args": {"query": "SELECT 1"}}', ("run_sql", {"query": "SELECT 2"}),
                    ["run_sql", {"query": "SELECT 3"}], {"tool": "run_sql", "args": '{"query": "SELECT 4"}'}):
         obs, reward, *_, info = dense_env.step(action)
-        assert json.loads(obs["result"])["rows"] == info["result"]["rows"] and len(info["result"]["rows"]) == 1
+        assert json.loads(obs["result"])["rows"] == json.loads(info["result"])["rows"] and len(json.loads(info["result"])["rows"]) == 1
         assert reward == pytest.approx(0.025, abs=1e-12)
     obs, reward, *_, info = dense_env.step('["list_batches"]')
-    assert isinstance(info["result"], list) and reward == pytest.approx(0.025, abs=1e-12)
+    assert isinstance(json.loads(info["result"]), list) and reward == pytest.approx(0.025, abs=1e-12)
     obs, *_, info = dense_env.step({"tool": "run_sql", "args": {"query": "SELECT 'caf\u00e9 \u2603'"}})
-    assert obs["result"].isascii() and json.loads(obs["result"]) == info["result"]
-    assert info["result"]["rows"] == [["caf\u00e9 \u2603"]] and dense_env.observation_space.contains(obs)
+    assert obs["result"].isascii() and json.loads(obs["result"]) == json.loads(info["result"])
+    assert json.loads(info["result"])["rows"] == [["caf\u00e9 \u2603"]] and dense_env.observation_space.contains(obs)
 
 
 def test_vectors_through_the_real_tools(dense_env):
@@ -226,7 +226,7 @@ def test_vectors_through_the_real_tools(dense_env):
     assert reward == -0.005
     _, reward, _, _, info = dense_env.step(
         ("run_sql", {"query": "SELECT * FROM stg_b_0930_70_1 WHERE CAST(amount AS REAL) > 50000"}))
-    assert [tuple(r) for r in info["result"]["rows"]] == gold
+    assert [tuple(r) for r in json.loads(info["result"])["rows"]] == gold
     assert info["layer1"] == 0.025 and info["layer2"] == 0.15 and reward == pytest.approx(0.175, abs=1e-12)
     _, reward, *_ = dense_env.step(("run_sql", {"query": " SELECT * FROM stg_b_0930_70_1\nWHERE CAST(amount AS REAL) > 50000;"}))
     assert reward == pytest.approx(-0.015, abs=1e-12)
@@ -238,7 +238,8 @@ def test_max_turns_truncates_with_terminal_zero():
     out = [env.step({"tool": "run_sql", "args": {"query": f"SELECT {i}"}}) for i in range(3)]
     assert [o[3] for o in out] == [False, False, True] and not any(o[2] for o in out)
     assert out[-1][1] == out[-1][4]["step_reward"]  # no terminal reward: the episode was cut off
-    assert out[-1][4]["grade"]["reward"] == 0.0 and not out[-1][4]["grade"]["finished"]
+    grade = json.loads(out[-1][4]["grade"])
+    assert grade["reward"] == 0.0 and not grade["finished"]
     obs, reward, term, trunc, info = env.step({"tool": "submit_report", "args": {"loaded": [], "quarantined": []}})
     assert "error" in json.loads(obs["result"]) and reward == 0.0
     result = env.session.result
@@ -280,7 +281,7 @@ def test_dense_replay_matches_terminal_replay_and_the_env():
         results, dense = engine.replay(prepared, calls, reward="dense")
         core_results, core = engine.replay(prepared, calls)
         assert results == core_results and dense.ledger == core.ledger and dense.grade == core.grade
-        assert results[:n] == [s.info["result"] for s in steps]
+        assert results[:n] == [json.loads(s.info["result"]) for s in steps]
         assert len(dense.rewards) == len(calls)
         assert dense.rewards[:n] == [s.reward for s in steps]  # same rewards as the env gave
         assert dense.rewards[n:] == [0.0, 0.0]                  # after the report: nothing
@@ -331,7 +332,7 @@ def test_cli_replay_reward_dense(tmp_path, capsys):
     line = json.loads(capsys.readouterr().out)
     assert line["rewards"] == [s.reward for s in steps]
     assert line["dense_return"] == pytest.approx(sum(s.reward for s in steps))
-    assert line["grade"]["reward"] == steps[-1].info["grade"]["reward"] == 1.0
+    assert line["grade"]["reward"] == json.loads(steps[-1].info["grade"])["reward"] == 1.0
 
 
 def test_cli_dense_report_careful_far_above_random(capsys):
@@ -378,7 +379,7 @@ def fresh_python(code: str, tmp_path) -> subprocess.CompletedProcess:
 
 def test_gymnasium_make_in_a_fresh_process_passes_check_env_with_warnings_as_errors(tmp_path):
     code = """
-import sys, warnings
+import json, sys, warnings
 warnings.simplefilter("error")
 import gymnasium
 from gymnasium.utils.env_checker import check_env
@@ -388,7 +389,7 @@ check_env(env.unwrapped)
 obs, info = env.reset(seed=0)
 assert env.observation_space.contains(obs) and env.action_space.contains('{"tool": "list_batches"}')
 obs, reward, term, trunc, info = env.step('{"tool": "list_batches"}')
-assert env.observation_space.contains(obs) and isinstance(info["result"], list)
+assert env.observation_space.contains(obs) and isinstance(json.loads(info["result"]), list)
 env.close()
 print("checked")
 """
@@ -412,7 +413,7 @@ class Tools:
     def act(self, action):
         obs, reward, term, trunc, info = env.step(json.dumps(action))
         self.last = (reward, term, info)
-        return info["result"]
+        return json.loads(info["result"])
 
 env.reset(options={{"case_id": "eval-orphan-customer-1"}})
 tools = Tools()

@@ -120,3 +120,11 @@ def test_setup_state_opens_an_engine_session_and_cleanup_grades_it():
     assert [e["action"] for e in state["gate_grade"]["ledger"]] == ["list_batches"]
     with pytest.raises(vf.Error):
         asyncio.run(env.setup_state({"info": {"case_id": "nope"}}))
+
+
+def test_vf_eval_finds_load_environment_by_the_package_name():
+    """`vf-eval gate-pipeline` and `vf-eval gate_pipeline`: verifiers imports the package and calls load_environment."""
+    from verifiers.legacy.utils.env_utils import load_environment as vf_load
+    for env_id in ("gate-pipeline", "gate_pipeline"):
+        env = vf_load(env_id, num_cases=2)
+        assert type(env).__name__ == "GateEnv" and len(env.pool) == 2

@@ -100,11 +100,11 @@ def play_in_env(env: GateEnv, agent_name: str, case: Case) -> tuple[dict, list]:
             sent.append(text)
             obs, reward, terminated, truncated, info = env.step(text)
             last.update(info)
-            assert json.loads(obs["result"]) == info["result"]
-            return info["result"]
+            assert json.loads(obs["result"]) == json.loads(info["result"])
+            return json.loads(info["result"])
 
     agent.play(Tools(), case.data if agent.oracle else None)
-    return last["grade"], sent
+    return json.loads(last["grade"]), sent
 
 
 def test_the_gym_env_and_a_replay_of_its_calls_grade_as_gate_report_does(reported, tmp_path, capsys):
@@ -152,7 +152,7 @@ def test_a_replay_line_is_accepted_or_refused_as_the_env_does(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     env = GateEnv([case])
     env.reset(options={"case_id": case.case_id})
-    from_env = [env.step(action)[4]["result"] for action in LINES]
+    from_env = [json.loads(env.step(action)[4]["result"]) for action in LINES]
     assert out["results"] == from_env
     accepted = ["error" not in r for r in from_env]
     assert accepted[:5] == [True] * 5 and not any(accepted[5:])

@@ -130,14 +130,14 @@ def test_the_gym_env_and_a_replay_of_its_calls_grade_as_gate_report_does(reporte
         for k, case in enumerate(SURFACE_CASES):
             agent = make_agent(agent_name)
             _, info = env.reset(options={"case_id": case.case_id})
-            assert list(info["tools"]) == ["read_contract", "list_batches", "profile_batch", "run_sql", "load_batch",
+            assert list(json.loads(info["tools"])) == ["read_contract", "list_batches", "profile_batch", "run_sql", "load_batch",
                                            "quarantine_batch", "quarantine_rows", "cite_defect", "ask_owner",
                                            "submit_report"]
             sent, last = [], {}
 
             class Tools:
                 episode_seed = env.session.episode_seed
-                tool_names = tuple(info["tools"])
+                tool_names = tuple(json.loads(info["tools"]))
                 suite = suites.get("v2")
 
                 def __call__(self, name, **args):
@@ -148,9 +148,9 @@ def test_the_gym_env_and_a_replay_of_its_calls_grade_as_gate_report_does(reporte
                     sent.append(text)
                     _, _, _, _, step_info = env.step(text)
                     last.update(step_info)
-                    return step_info["result"]
+                    return json.loads(step_info["result"])
             agent.play(Tools(), case.data if agent.oracle else None)
-            assert last["grade"] == reported[agent_name][k], (agent_name, case.case_id)
+            assert json.loads(last["grade"]) == reported[agent_name][k], (agent_name, case.case_id)
             lines.append({"case_id": case.case_id, "calls": sent})
     trajectories = tmp_path / "calls.jsonl"
     trajectories.write_text("".join(json.dumps(line) + "\n" for line in lines))

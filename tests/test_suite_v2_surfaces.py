@@ -88,7 +88,7 @@ def test_the_gym_env_offers_a_v2_case_v2s_tools():
     env = GateEnv(suite="v2")
     assert all(c.suite == "v2" for c in env.cases) and len(env.cases) == 320
     _, info = env.reset(seed=3)
-    assert "ask_owner" in info["tools"] and info["tools"]["quarantine_rows"] == ["batch_id", "keys", "column",
+    assert "ask_owner" in json.loads(info["tools"]) and json.loads(info["tools"])["quarantine_rows"] == ["batch_id", "keys", "column",
                                                                                "defect_type"]
     obs, reward, terminated, truncated, info = env.step('{"tool": "list_batches"}')
     assert not terminated and json.loads(obs["result"])[0]["batch_id"].startswith("B-1008-")

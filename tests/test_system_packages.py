@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SETUP = ROOT / "scripts" / "test-setup"
-PACKAGES = ("postgresql", "redis-server", "chromium")
+PACKAGES = ("postgresql", "redis-server", "chromium", "cmake", "g++")
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def test_test_setup_finds_what_this_machine_has():
     out = setup({**os.environ})
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert [line.split()[1] for line in lines[:3]] == list(PACKAGES)
+    assert [line.split()[1] for line in lines[:len(PACKAGES)]] == list(PACKAGES)
 
 
 def test_on_a_bare_machine_test_setup_names_what_is_missing_and_how_to_install_it(bare):
@@ -48,11 +48,16 @@ def test_on_a_bare_machine_test_setup_names_what_is_missing_and_how_to_install_i
         "test-setup: postgresql    MISSING: skipped without it: tests/test_postgres.py, tests/test_celery.py",
         "test-setup: redis-server  MISSING: skipped without it: tests/test_celery.py",
         "test-setup: chromium      MISSING: skipped without it: tests/test_html_report.py's two browser tests",
-        "test-setup: 3 of 3 missing (postgresql, redis-server, chromium): the tests that need them are skipped; "
-        "`scripts/test-setup --install` installs them"]
+        "test-setup: cmake         MISSING: skipped without it: tests/test_real_model.py (pip builds llama-cpp-python "
+        "with it)",
+        "test-setup: g++           MISSING: skipped without it: tests/test_real_model.py (pip builds llama-cpp-python "
+        "with it)",
+        "test-setup: 5 of 5 missing (postgresql, redis-server, chromium, cmake, g++): the tests that need them are "
+        "skipped; `scripts/test-setup --install` installs them"]
     install = setup(bare, "--install")
     assert install.returncode == 1
-    assert install.stderr.strip() == ("test-setup: could not install postgresql redis-server chromium: apt-get is not "
+    assert install.stderr.strip() == ("test-setup: could not install postgresql redis-server chromium cmake g++: apt-get "
+                                      "is not "
                                       "here (not Debian or Ubuntu): install them with your system's package manager; "
                                       "the tests that need them will be skipped")
     assert setup(bare, "--bogus").returncode == 2
@@ -65,7 +70,8 @@ def test_on_a_bare_machine_the_tests_that_need_them_skip_naming_the_package(bare
                          capture_output=True, text=True, timeout=900, check=False)
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-3000:]
-    assert ("system packages: postgresql, redis-server, chromium missing; the tests that need them are skipped "
+    assert ("system packages: postgresql, redis-server, chromium, cmake, g++ missing; the tests that need them are "
+            "skipped "
             "(`scripts/test-setup --install` installs them)") in text
     skipped = [line for line in text.splitlines() if line.startswith("SKIPPED ")]
     reasons = {re.sub(r"^SKIPPED \[\d+\] \S+: ", "", line) for line in skipped}

@@ -57,7 +57,7 @@ def test_the_gymnasium_env_plays_it_with_one_tool_less(mini):
     env = GateEnv(cases=str(path))
     for case in read_cases(path):
         _, info = env.reset(options={"case_id": case.case_id})
-        assert sorted(info["tools"]) == sorted(t.name for t in mini_suite.TOOLS) and "profile_batch" not in info["tools"]
+        assert sorted(json.loads(info["tools"])) == sorted(t.name for t in mini_suite.TOOLS) and "profile_batch" not in json.loads(info["tools"])
         obs, *_ = env.step(json.dumps({"tool": "profile_batch", "args": {"batch_id": case.batches[0].batch_id}}))
         assert "unknown tool 'profile_batch'" in json.loads(obs["result"])["error"]
         obs, *_ = env.step('{"tool": "list_batches"}')
@@ -74,7 +74,7 @@ def test_the_gymnasium_env_plays_it_with_one_tool_less(mini):
                 loaded.append(b["batch_id"])
         *_, terminated, _, info = env.step(json.dumps({"tool": "submit_report",
                                                        "args": {"loaded": loaded, "quarantined": quarantined}}))
-        assert terminated and info["grade"]["reward"] == 1.0 and info["grade"]["suite"] == "mini"
+        assert terminated and json.loads(info["grade"])["reward"] == 1.0 and json.loads(info["grade"])["suite"] == "mini"
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""`gate cases generate`: a suite's case files, byte-identical on every run."""
+"""`gate cases generate`: a suite's case files, byte-identical on every run (`gate cases export`: cli/export.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -37,7 +37,8 @@ def cmd_cases_generate(a, settings: Settings) -> int:
 
 
 def register(subparsers) -> None:
-    cases = subparsers.add_parser("cases", help="write a suite's case files", description="Case files.")
+    cases = subparsers.add_parser("cases", help="write a suite's case files, export them as a dataset",
+                                  description="Case files.")
     csub = cases.add_subparsers(dest="cases_command", parser_class=Parser, title="commands", metavar="COMMAND")
     gen = csub.add_parser("generate", help="write a suite's case files (byte-identical on every run)",
                           epilog="examples:\n  gate cases generate --suite classic --out /tmp/cases\n"
@@ -49,3 +50,5 @@ def register(subparsers) -> None:
                      help="rows per batch, for a suite whose sizes scale (v2: 20 to 10,000,000; default 20)")
     gen.add_argument("--split", choices=("both", *SPLITS), default="both", help="which file(s) to write")
     gen.set_defaults(fn=cmd_cases_generate)
+    from . import export
+    export.register(csub)

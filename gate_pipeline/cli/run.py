@@ -1,7 +1,8 @@
 """`gate run`: a model (any OpenAI-compatible endpoint) plays the cases; transcripts, tables, pass^k.
 
     gate run --model NAME --base-url URL [--cases FILE] [-n N] [-r ROLLOUTS] [-c CONCURRENCY]
-             [--run-id ID] [--api-key-env VAR] [--max-turns N] [--timeout S]
+             [--run-id ID] [--api-key-env VAR] [--max-turns N] [--max-tokens N] [--timeout S]
+             [--tool-choice auto|required|none] [--text-tool-calls]
 
 Transcripts go to runs/<run-id>/transcripts.jsonl; the same --run-id resumes a run, after any number of
 Ctrl-C, SIGTERM (handled as Ctrl-C: what Slurm and Kubernetes send) or kill -9.
@@ -84,7 +85,8 @@ def _settings(a):
     if a.api_key_env and not os.environ.get(a.api_key_env):
         raise UsageError(f"--api-key-env {a.api_key_env}: that environment variable is not set")
     return ModelSettings(model=a.model, base_url=a.base_url, api_key_env=key_env, temperature=a.temperature,
-                         max_turns=a.max_turns, timeout=a.timeout, retries=a.retries)
+                         max_turns=a.max_turns, timeout=a.timeout, retries=a.retries, max_tokens=a.max_tokens,
+                         tool_choice=a.tool_choice, text_tool_calls=a.text_tool_calls)
 
 
 def _summary_lines(records: list[dict], new: int, kept: int, path: Path) -> list[str]:
@@ -102,10 +104,26 @@ def _summary_lines(records: list[dict], new: int, kept: int, path: Path) -> list
              "retries {retries}".format(**{k: counts.get(k, 0) for k in
                                             ("tool_calls", "tool_errors", "invalid_json", "not_an_object",
                                              "unknown_tool", "bad_arguments", "nudges", "retries")})]
+    if counts.get("text_tool_calls") or counts.get("after_report"):
+        lines.append(f"of the tool calls: written as text {counts.get('text_tool_calls', 0)}, after an accepted "
+                     f"report (refused) {counts.get('after_report', 0)}")
     if usage:
         lines.append("tokens: " + ", ".join(f"{k} {usage[k]:,}" for k in ("prompt_tokens", "completion_tokens",
                                                                            "total_tokens") if k in usage))
     return lines
+
+
+def no_tool_call_warning(records: list[dict], settings) -> str | None:
+    """One line when the model's replies in this run carried no tool call at all (a server without a tool
+    parser, a model that does not call tools), naming what may help."""
+    replies = sum(r["counts"].get("replies", 0) for r in records)
+    if not replies or any(r["counts"].get("tool_calls", 0) for r in records):
+        return None
+    hints = [h for h, off in (("--tool-choice required", settings.tool_choice != "required"),
+                              ("--text-tool-calls", not settings.text_tool_calls)) if off]
+    return (f"gate: warning: none of the model's {replies} replies carried a tool call: the server may need a tool "
+            f"parser (vLLM: --enable-auto-tool-choice --tool-call-parser NAME)"
+            + (f", or try {' or '.join(hints)}" if hints else ""))
 
 
 def cmd_run(a, gate_settings: Settings) -> int:
@@ -142,6 +160,9 @@ def cmd_run(a, gate_settings: Settings) -> int:
     finally:
         store.dispose()
     records = out["records"]
+    warning = no_tool_call_warning(records, settings)
+    if warning:
+        print(warning, file=sys.stderr)
     faults = sum(1 for r in records if r["end_reason"] in SERVER_FAULTS)
     if faults:
         print(f"gate: {faults} of {len(records)} rollouts ended on an API error or timeout and are left out of "
@@ -191,6 +212,14 @@ def register(subparsers) -> None:
     p.add_argument("--api-key-env", default=None, help=f"variable holding the key (default {DEFAULT_KEY_ENV}; "
                                                         "unset is fine for local servers)")
     p.add_argument("--max-turns", type=int_arg("--max-turns"), default=30, help="model turns per episode")
+    p.add_argument("--max-tokens", type=int_arg("--max-tokens"), default=None,
+                   help="the most tokens a reply may have (default: the server's)")
+    p.add_argument("--tool-choice", choices=("auto", "required", "none"), default=None,
+                   help="the API's tool_choice (default: not sent, the server decides; required makes a server that "
+                        "supports it answer with a tool call)")
+    p.add_argument("--text-tool-calls", action="store_true",
+                   help="also read tool calls a reply writes as text (Hermes <tool_call> JSON, a bare JSON object), "
+                        "for servers without a tool parser; counted apart in the summary")
     p.add_argument("--timeout", type=positive_arg("--timeout"), default=60.0, help="seconds per request")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature")
     p.add_argument("--retries", type=int, default=3, help="the client's retries per request on 408/409/429/5xx "

@@ -15,15 +15,26 @@ env's random generator, which picks the case; `options={"case_id": ...}` picks i
 
 `info` carries the case id, the turn, the step reward's layers in dense mode and the grade at
 the end: it is for the trainer. Step rewards and `info` carry label information (the dense
-reward's Layer 2 is computed from the truth labels); never show them to the policy.
+reward's Layer 2 is computed from the truth labels); never show them to the policy. Every `info`
+value is a number or a string (the tool result, the grade and the tool list as JSON text), so a
+vector env (`gymnasium.make_vec`, sync or async) stacks them. Text spaces are bounded
+(MAX_TEXT_CHARS, MAX_ACTION_CHARS: async shared memory is allocated at those sizes); a result
+longer than the bound comes back as an error naming its length, never cut JSON. `render_mode="ansi"`
+renders the last step as text. The registered spec has `max_episode_steps` = DEFAULT_MAX_TURNS, so
+gymnasium's TimeLimit and the env truncate on the same step, graded; to change the length pass
+`max_turns=N` and `max_episode_steps=N` together (TimeLimit alone cuts an episode the env has not
+graded, and the next reset ends it as abandoned).
 """
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import gymnasium
+import numpy as np
 from gymnasium import spaces
+from gymnasium.vector.utils import read_from_shared_memory
 
 from ..kernel.cases import CaseError
 from ..kernel.engine import OVER, Session
@@ -37,7 +48,54 @@ ENV_ID = "gate/Gate-v0"
 DEFAULT_MAX_TURNS = 64
 PRINTABLE = "".join(chr(c) for c in range(32, 127))  # JSON text with ensure_ascii stays inside these
 MAX_ACTION_CHARS = 20_000
-MAX_TEXT_CHARS = 1 << 24
+MAX_TEXT_CHARS = 200_000  # the longest prompt or JSON result an observation carries
+
+
+class ObsText(spaces.Text):
+    """gate's Text space. Its one difference: in an async vector env with shared memory its batched values are
+    decoded from the shared buffer each time they are read (`LiveTexts`); gymnasium's own reader decodes a Text
+    buffer once, when the vector env is built, so every later observation would read as that first one."""
+
+
+class LiveTexts(Sequence):
+    """The batched values of an ObsText space in shared memory, decoded when read; a deep copy (what the
+    vector env hands out by default) is a plain tuple of str."""
+
+    def __init__(self, space: spaces.Text, buffer, n: int):
+        self._data = np.frombuffer(buffer.get_obj(), dtype=np.int32).reshape((n, space.max_length))
+        self._chars = np.array(space.character_list + ("",), dtype="<U1")  # the padding code decodes to ""
+        self._pad = len(space.character_set)
+
+    def __len__(self) -> int:
+        return self._data.shape[0]
+
+    def _row(self, i: int) -> str:
+        row = self._data[i]
+        ends = np.flatnonzero(row >= self._pad)
+        return "".join(self._chars[np.minimum(row[:ends[0] if ends.size else row.size], self._pad)].tolist())
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return tuple(self._row(k) for k in range(len(self))[i])
+        return self._row(range(len(self))[i])
+
+    def __eq__(self, other) -> bool:
+        return tuple(self) == tuple(other) if isinstance(other, (tuple, list, LiveTexts)) else NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __deepcopy__(self, memo) -> tuple:
+        return tuple(self)
+
+    def __repr__(self) -> str:
+        return f"LiveTexts({tuple(self)!r})"
+
+
+@read_from_shared_memory.register(ObsText)
+def _read_obs_text(space: ObsText, shared_memory, n: int = 1) -> LiveTexts:
+    return LiveTexts(space, shared_memory, n)
+
+
 def _pool(cases, suite: str | None, settings: Settings | None) -> CasePool:
     if cases is None:
         settings = settings or Settings.from_env()  # gymnasium.make is a process entry point
@@ -54,20 +112,42 @@ def _text(value) -> str:
     return json.dumps(value, ensure_ascii=True, default=str)
 
 
+def _action_text(action, limit: int = 2000) -> str:
+    """An action as a line of text for render(), whatever it is (nested past JSON's reach, not JSON at all)."""
+    if isinstance(action, str):
+        return action[:limit]
+    try:
+        return _text(action)[:limit]
+    except (RecursionError, ValueError, TypeError):
+        return f"<a {type(action).__name__} action that is not JSON>"
+
+
+def _bounded(text: str) -> str:
+    """A result's JSON text, or, past MAX_TEXT_CHARS, an error object that says so (valid JSON either way)."""
+    if len(text) <= MAX_TEXT_CHARS:
+        return text
+    return _text({"error": f"the result is {len(text):,} characters of JSON, more than the observation's "
+                           f"{MAX_TEXT_CHARS:,}; ask for less (LIMIT, fewer columns)"})
+
+
 class GateEnv(gymnasium.Env):
     """One gate episode at a time over a list of cases (default: the train split of `suite`, the default
     suite's when none is named)."""
 
-    metadata = {"render_modes": []}
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}
 
     def __init__(self, cases=None, reward: str = "terminal", max_turns: int = DEFAULT_MAX_TURNS,
-                 suite: str | None = None, settings: Settings | None = None):
+                 suite: str | None = None, settings: Settings | None = None, render_mode: str | None = None):
         if reward not in REWARD_MODES:
             raise ValueError(f"reward must be one of {list(REWARD_MODES)}, not {reward!r}")
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
             raise ValueError(f"max_turns must be a positive integer, not {max_turns!r}")
         if suite is not None and suite not in suites.names():
             raise ValueError(f"suite must be one of {suites.names()}, not {suite!r}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, not {render_mode!r}")
+        self.render_mode = render_mode
+        self._last: tuple[str, str] = ("", "")  # the last action and result, for render()
         self.reward_mode = reward
         self.max_turns = max_turns
         try:
@@ -78,8 +158,8 @@ class GateEnv(gymnasium.Env):
         self.session: Session | None = None
         self.case_id: str | None = None
         self.observation_space = spaces.Dict({
-            "prompt": spaces.Text(MAX_TEXT_CHARS, min_length=0, charset=PRINTABLE),
-            "result": spaces.Text(MAX_TEXT_CHARS, min_length=0, charset=PRINTABLE),
+            "prompt": ObsText(MAX_TEXT_CHARS, min_length=0, charset=PRINTABLE),
+            "result": ObsText(MAX_TEXT_CHARS, min_length=0, charset=PRINTABLE),
             "turn": spaces.Discrete(max_turns + 1),
         })
         self.action_space = spaces.Text(MAX_ACTION_CHARS, min_length=1, charset=PRINTABLE)
@@ -103,8 +183,9 @@ class GateEnv(gymnasium.Env):
 
     def _obs(self, result_text: str) -> dict:
         prompt = self.pool.case(self.case_id).prompt if self.case_id else ""
-        return {"prompt": prompt if prompt.isascii() and prompt.isprintable() else _text(prompt)[1:-1],
-                "result": result_text, "turn": self.session.turn if self.session else 0}
+        prompt = prompt if prompt.isascii() and prompt.isprintable() else _text(prompt)[1:-1]
+        return {"prompt": prompt[:MAX_TEXT_CHARS], "result": result_text,
+                "turn": self.session.turn if self.session else 0}
 
     def reset(self, *, seed=None, options=None):
         """Start an episode on the case `options["case_id"]`, else on one drawn by the seeded generator."""
@@ -114,24 +195,36 @@ class GateEnv(gymnasium.Env):
         self.case_id = self.cases[index].case_id
         self.session = Session(self.prepared(self.case_id), "gymnasium", reward=self.reward_mode,
                                stop_at_report=True, max_steps=self.max_turns)
+        self._last = ("reset", "")
         info = {"case_id": self.case_id, "reward_mode": self.reward_mode, "max_turns": self.max_turns,
-                "tools": {t.name: list(t.arg_names) for t in self.pool.suite.tools}}  # the case's suite's tools
+                "tools": _text({t.name: list(t.arg_names) for t in self.pool.suite.tools})}  # the suite's tools
         return self._obs(""), info
 
     def step(self, action):
         """One tool call: (observation, reward, terminated, truncated, info). Never raises."""
         if self.session is None or self.session.done:
             why = "call reset() first" if self.session is None else OVER
-            info = {"case_id": self.case_id, "reward_mode": self.reward_mode, "error": why}
-            return self._obs(_text({"error": why})), 0.0, self.session is not None, False, info
+            text = _text({"error": why})
+            info = {"case_id": self.case_id or "", "reward_mode": self.reward_mode, "error": why, "result": text}
+            return self._obs(text), 0.0, self.session is not None, False, info
         step = self.session.step(action)
+        text = _bounded(_text(step.result))
+        self._last = (action, text)
         info = {"case_id": self.case_id, "turn": self.session.turn, "reward_mode": self.reward_mode,
-                "result": step.result}
+                "result": text}
         if step.parts is not None:
             info.update({k: v for k, v in step.parts.items() if k != "step"}, step_reward=step.parts["step"])
         if step.grade is not None:
-            info["grade"] = step.grade.as_dict()
-        return self._obs(_text(step.result)), float(step.reward), step.terminated, step.truncated, info
+            info["grade"] = _text(step.grade.as_dict())
+        return self._obs(text), float(step.reward), step.terminated, step.truncated, info
+
+    def render(self) -> str | None:
+        """render_mode "ansi": the case, the turn, the last action and its result, as text."""
+        if self.render_mode != "ansi":
+            return None
+        action, result = self._last
+        turn = self.session.turn if self.session else 0
+        return f"case {self.case_id or '-'} turn {turn}\n> {_action_text(action)}\n{result[:2000]}\n"
 
     def close(self) -> None:
         if self.session is not None and not self.session.done:
@@ -143,7 +236,7 @@ def register() -> None:
     """Register `gate/Gate-v0` (done on import; `gymnasium.make("gate_pipeline:gate/Gate-v0")`
     imports gate first, so nothing needs importing by hand)."""
     if ENV_ID not in gymnasium.registry:
-        gymnasium.register(id=ENV_ID, entry_point=f"{__name__}:GateEnv")
+        gymnasium.register(id=ENV_ID, entry_point=f"{__name__}:GateEnv", max_episode_steps=DEFAULT_MAX_TURNS)
 
 
 register()

@@ -10,9 +10,12 @@ Whatever the model sends back, the rollout goes on or ends with a reason. Each t
 to the episode as an action (`tools.act`), so the one action parser reads the model's
 arguments: malformed calls (arguments that are not JSON or not an object, an unknown tool,
 missing or mistyped arguments) are answered with the tool's error, logged in the ledger like
-any refused call, and counted; a reply with no tool call gets a short nudge. Running out of
-turns, a request timeout or an API error ends the episode unfinished (`AgentUnfinished`): no
-report, no credit.
+any refused call, and counted; a reply with no tool call gets a short nudge. With
+`text_tool_calls`, a reply whose tool calls came back as text (a server without a tool parser)
+has them read by `text_calls.parse_text_calls` and counted apart. An accepted `submit_report`
+ends the episode: calls after it in the same reply are refused (as the gymnasium env and `gate
+serve` refuse them) and never reach the warehouse. Running out of turns, a request timeout or an
+API error ends the episode unfinished (`AgentUnfinished`): no report, no credit.
 """
 from __future__ import annotations
 
@@ -24,15 +27,20 @@ from dataclasses import asdict, dataclass, field
 
 from ..kernel.actions import parse_arguments, tool_call_action
 from ..kernel.agents import AgentUnfinished
+from ..kernel.engine import OVER
 from ..kernel.episode import check_args
 from ..kernel.errors import GateError
 from ..kernel.records import API_ERROR, MAX_TURNS, REPORTED, TIMEOUT
 from ..kernel.suite import suites
 from .prompt import NUDGE, opening_messages
+from .text_calls import parse_text_calls
 from .tool_schemas import tool_schemas
 
+# replies: answers read from the server; text_tool_calls: the calls of `tool_calls` read from a reply's text;
+# after_report: calls after an accepted report in the same reply, refused
 COUNTERS = ("tool_calls", "tool_errors", "invalid_json", "not_an_object", "unknown_tool", "bad_arguments",
-            "nudges", "retries")
+            "nudges", "retries", "replies", "text_tool_calls", "after_report")
+TOOL_CHOICES = ("auto", "required", "none")
 
 
 class SettingsError(GateError, ValueError):
@@ -49,6 +57,8 @@ class ModelSettings:
     timeout: float = 60.0
     retries: int = 3
     max_tokens: int | None = None
+    tool_choice: str | None = None  # the API's tool_choice: "auto", "required" or "none"; None sends none
+    text_tool_calls: bool = False  # read tool calls written as text in a reply that carries none
 
     def __post_init__(self):
         def bad(msg):
@@ -74,6 +84,10 @@ class ModelSettings:
         if self.max_tokens is not None and (isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int)
                                             or self.max_tokens < 1):
             bad(f"max_tokens must be a whole number >= 1, not {self.max_tokens!r}")
+        if self.tool_choice is not None and self.tool_choice not in TOOL_CHOICES:
+            bad(f"tool_choice must be one of {', '.join(TOOL_CHOICES)}, not {self.tool_choice!r}")
+        if not isinstance(self.text_tool_calls, bool):
+            bad(f"text_tool_calls must be true or false, not {self.text_tool_calls!r}")
 
     def api_key(self) -> str:
         """The key from the named variable; local servers (vLLM, llama.cpp, Ollama) accept any, so "EMPTY"."""
@@ -128,7 +142,7 @@ def _text(value) -> str:
 def _assistant_message(message: dict) -> dict:
     """The assistant turn as it goes back into the conversation: content and well-shaped tool calls."""
     content = message.get("content")
-    out: dict = {"role": "assistant", "content": content if isinstance(content, str) else None}
+    content = content if isinstance(content, str) else None
     raw_calls = message.get("tool_calls")
     calls = []
     for n, tc in enumerate(raw_calls if isinstance(raw_calls, list) else []):
@@ -137,9 +151,24 @@ def _assistant_message(message: dict) -> dict:
         call_id = tc.get("id") if isinstance(tc.get("id"), str) and tc.get("id") else f"call_{n}"
         calls.append({"id": call_id, "type": "function",
                       "function": {"name": _text(fn.get("name")), "arguments": _text(fn.get("arguments"))}})
+    # content is always text, "" for none (OpenAI allows null beside tool calls; llama.cpp's server does not)
+    out: dict = {"role": "assistant", "content": content or ""}
     if calls:
         out["tool_calls"] = calls
     return out
+
+
+def _with_text_calls(assistant: dict, turn: int, convo: Conversation) -> dict:
+    """The assistant turn with the tool calls its text carries made structured (as a server's tool
+    parser would have returned them), and the text around them as its content."""
+    calls, rest = parse_text_calls(assistant.get("content"))
+    if not calls:
+        return assistant
+    convo.counts["text_tool_calls"] += len(calls)
+    return {"role": "assistant", "content": rest or "",
+            "tool_calls": [{"id": f"text_call_{turn}_{n}", "type": "function",
+                            "function": {"name": name, "arguments": arguments}}
+                           for n, (name, arguments) in enumerate(calls)]}
 
 
 def _retried(exc) -> bool:
@@ -209,7 +238,9 @@ class ModelAgent:
     # -- one request -----------------------------------------------------------------------
     async def _complete(self, client, convo: Conversation) -> dict:
         s = self.settings
-        extra = {"max_tokens": s.max_tokens} if s.max_tokens else {}
+        extra: dict = {"max_tokens": s.max_tokens} if s.max_tokens else {}
+        if s.tool_choice:
+            extra["tool_choice"] = s.tool_choice
         started = time.perf_counter()
         try:
             raw = await client.chat.completions.with_raw_response.create(
@@ -252,6 +283,14 @@ class ModelAgent:
         convo.tool_calls.append(record)
         return result, name == "submit_report" and not is_error
 
+    @staticmethod
+    def _refuse_after_report(turn: int, tc: dict, convo: Conversation) -> dict:
+        convo.counts["after_report"] += 1
+        convo.tool_calls.append({"turn": turn, "id": tc["id"], "name": tc["function"]["name"],
+                                 "arguments": tc["function"]["arguments"], "outcome": "after_report",
+                                 "error": OVER})
+        return {"error": OVER}
+
     # -- the conversation --------------------------------------------------------------------
     async def play_async(self, tools, case=None) -> None:
         """Play one episode; raises AgentUnfinished when it ends without a report."""
@@ -281,7 +320,10 @@ class ModelAgent:
                 convo.end_reason, convo.error = API_ERROR, describe_error(exc)
                 return
             _add_usage(convo.usage, reply.get("usage"))
+            convo.counts["replies"] += 1
             assistant = _assistant_message(message)
+            if not assistant.get("tool_calls") and self.settings.text_tool_calls:
+                assistant = _with_text_calls(assistant, turn, convo)
             messages.append(assistant)
             if not assistant.get("tool_calls"):
                 convo.counts["nudges"] += 1
@@ -289,8 +331,10 @@ class ModelAgent:
                 continue
             reported = False
             for tc in assistant["tool_calls"]:
-                result, ok_report = self._run_tool(tools, turn, tc, convo)
-                reported = reported or ok_report
+                if reported:  # the episode ended at the report: this call never reaches it
+                    result = self._refuse_after_report(turn, tc, convo)
+                else:
+                    result, reported = self._run_tool(tools, turn, tc, convo)
                 messages.append({"role": "tool", "tool_call_id": tc["id"],
                                  "content": json.dumps(result, default=str)})
             if reported:

@@ -43,13 +43,14 @@ from ..kernel.records import ABANDONED, API_ERROR, TIMEOUT, EpisodeResult, Grade
 from ..store import ENDED, LockHeld, RunStore, StoreSink, hold_lock, manifest_body, process_name
 from ..verify import Problem, differs
 from .agent import ModelAgent, ModelSettings, describe_error, make_client
+from .tool_schemas import tool_schemas
 
-TRANSCRIPTS, META = "transcripts.jsonl", "run.json"
+TRANSCRIPTS, META, TOOLS = "transcripts.jsonl", "run.json", "tools.json"
 REDONE_ON_RESUME = (API_ERROR, TIMEOUT, ABANDONED)
 STORE_BATCH, STORE_EVERY_S = 16, 1.0  # ended episodes are written 16 to a transaction, or after a second
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 # settings that change what a rollout means: a resumed run must not mix them
-BINDING = ("model", "base_url", "temperature", "max_turns", "max_tokens")
+BINDING = ("model", "base_url", "temperature", "max_turns", "max_tokens", "tool_choice", "text_tool_calls")
 
 
 # concurrent model rollouts allocate many short-lived objects (messages, requests, rows): at CPython's
@@ -82,26 +83,47 @@ PREFLIGHT_TIMEOUT_S = 10.0
 ABORT_AFTER = 8  # rollouts in a row ending on an API error: the endpoint is down, stop asking it
 
 
-async def preflight(client, settings: ModelSettings) -> None:
-    """One request before the run, that the server must refuse without generating anything: an empty
-    conversation. A 400 or 422 says the route exists and reads requests; no retries, at most
-    PREFLIGHT_TIMEOUT_S. Raises EndpointError with the cause."""
+PROBE = [{"role": "user", "content": "Say OK."}]
+
+
+def _endpoint_error(exc, url: str, settings: ModelSettings) -> EndpointError | None:
+    """The EndpointError an answer of the check means, or None when it says the endpoint is there."""
+    import openai
+    if isinstance(exc, openai.APIConnectionError):  # refused, unresolvable, timed out
+        return EndpointError(f"cannot reach {url}: {describe_error(exc)}")
+    if isinstance(exc, (openai.AuthenticationError, openai.PermissionDeniedError)):
+        return EndpointError(f"{url} refused the API key ({describe_error(exc)}); the key is read from "
+                             f"${settings.api_key_env}")
+    if isinstance(exc, openai.NotFoundError):
+        return EndpointError(f"{url} answered {describe_error(exc)}: check --base-url (an API root, usually "
+                             f"ending in /v1) and --model")
+    return None
+
+
+async def preflight(client, settings: ModelSettings) -> str:
+    """Check the endpoint before the run, through the API's cheap routes, never a generation:
+    `GET /models` (`client.models.list()`); a server without that route gets one request for one
+    token. A 400 or 422 to that request says the route exists and reads requests. No retries, at most
+    PREFLIGHT_TIMEOUT_S a request. Returns the route that answered; raises EndpointError with the cause."""
     import openai
 
-    url = f"{settings.base_url.rstrip('/')}/chat/completions"
+    root = settings.base_url.rstrip("/")
     probe = client.with_options(max_retries=0, timeout=min(settings.timeout, PREFLIGHT_TIMEOUT_S))
     try:
-        await probe.chat.completions.create(model=settings.model, messages=[])
-    except openai.APIConnectionError as exc:  # refused, unresolvable, timed out
-        raise EndpointError(f"cannot reach {url}: {describe_error(exc)}") from None
-    except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
-        raise EndpointError(f"{url} refused the API key ({describe_error(exc)}); the key is read from "
-                            f"${settings.api_key_env}") from None
-    except openai.NotFoundError as exc:
-        raise EndpointError(f"{url} answered {describe_error(exc)}: check --base-url (an API root, usually ending "
-                            f"in /v1) and --model") from None
-    except openai.APIStatusError:
-        return  # the server read the request and refused the empty conversation: it is there
+        await probe.models.list()
+        return "models"
+    except Exception as exc:  # noqa: BLE001 - no model list: the completions route decides, unless it cannot
+        error = _endpoint_error(exc, f"{root}/models", settings)
+        if error is not None and not isinstance(exc, openai.NotFoundError):
+            raise error from None  # unreachable, or the key was refused: a completion would fare no better
+    url = f"{root}/chat/completions"
+    try:
+        await probe.chat.completions.create(model=settings.model, messages=PROBE, max_tokens=1)
+    except Exception as exc:  # noqa: BLE001
+        error = _endpoint_error(exc, url, settings)
+        if error is not None:
+            raise error from None
+    return "chat/completions"  # answered, or read and refused the request (400, 422...): the server is there
 
 
 def rollout_key(case_id: str, index: int) -> str:
@@ -221,6 +243,16 @@ def pending(cases: list[Case], rollouts: int, done: dict[str, dict]) -> list[tup
             if row is None or row["status"] != ENDED or row["end_reason"] in REDONE_ON_RESUME:
                 out.append((case, i))
     return out
+
+
+def write_tools(run_dir: Path, cases: list[Case]) -> None:
+    """runs/<run-id>/tools.json: the tools schema and system prompt each suite of the run's cases gave
+    the model, as sent (`tool_schemas`); rewritten on every start, so it says what the last start sent."""
+    from ..kernel.suite import suites
+    names = sorted({case.suite for case in cases})
+    doc = {name: {"system_prompt": suites.get(name).prompt, "tools": tool_schemas(suites.get(name))}
+           for name in names}
+    (run_dir / TOOLS).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
 
 
 def _check_meta(run_dir: Path, settings: ModelSettings, rollouts: int) -> None:
@@ -343,6 +375,7 @@ async def run_rollouts(cases: list[Case], settings: ModelSettings, rollouts: int
 async def _run(cases, settings, rollouts, concurrency, run_dir, store, on_done, cases_file) -> dict:
     run_id = run_dir.name
     _check_meta(run_dir, settings, rollouts)
+    write_tools(run_dir, cases)
     path = run_dir / TRANSCRIPTS
     client = make_client(settings)
     spec = model_spec(settings, client)

@@ -1,0 +1,193 @@
+"""gate as a verifiers v1 `Taskset` (verifiers 0.4, what prime-rl uses; `verifiers.v1` of 0.3.1 too).
+
+    pip install 'gate-pipeline[verifiers-v1]'          # in a venv of its own: verifiers 0.4 needs openai<3
+    vf-eval gate-pipeline ...                           # the taskset id is the package name
+
+One task per case (`GateData`: the case id, family and suite, and the case file, so a tool server in
+another process finds it). The tools are a per-rollout tool server (`GateToolset`, one MCP tool per
+tool of the case's suite, built from `Suite.tools` as `gate run`'s schemas are), holding one engine
+`Session` that stops at the first accepted report. The model sees the suite's system prompt and the
+same opening as `gate run`.
+
+The reward is the engine's: `GateTask.gate_reward` plays the trace's tool calls, in order, on a fresh
+episode of the case (as `gate replay` does) and grades it in the one grader, so the score depends on
+what the model called and on nothing the tool server or the model says about it. The rubric's four
+terms, `bad_batches_loaded`, `revenue_error_usd` and `finished` are recorded as metrics.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import verifiers.v1 as vf
+from verifiers.v1.mcp import Toolset, ToolsetConfig
+
+from ..kernel.engine import Session
+from ..kernel.pool import CasePool, default_cases_file
+from ..kernel.records import TERMS
+from ..kernel.settings import Settings
+from ..kernel.suite import Tool
+from ..model_agent.prompt import OPENING
+from ..model_agent.tool_schemas import as_method
+
+METRICS = (*TERMS, "bad_batches_loaded", "revenue_error_usd", "finished")
+DEFAULT_MAX_STEPS = 64
+
+
+@lru_cache(maxsize=8)
+def case_pool(cases_path: str) -> CasePool:
+    """One pool per case file in a process (the host's scoring, a tool server), each case prepared once."""
+    return CasePool.from_file(cases_path)
+
+
+class GateData(vf.TaskData):
+    case_id: str
+    family: str = ""
+    suite: str = ""
+    cases_path: str
+    """The case file (absolute), read by the tool server and the scoring alike."""
+    max_steps: int = DEFAULT_MAX_STEPS
+
+
+class GateTaskConfig(vf.TaskConfig):
+    suite: str | None = None
+    """The suite whose tools the rollouts get (default: the default suite); a case file's cases are of it."""
+
+
+class GateTasksetConfig(vf.TasksetConfig):
+    task: GateTaskConfig = GateTaskConfig()
+    cases_path: str | None = None
+    """A case file; default: the `split` split of `task.suite` under GATE_CASES_DIR."""
+    split: str = "eval"
+    num_cases: int = -1
+    max_steps: int = DEFAULT_MAX_STEPS
+
+
+class GateToolset(Toolset):
+    """One rollout's tools: an engine Session on the task's case. Tools are added per suite by
+    `toolset_class` (one `@vf.tool` method per tool of the suite)."""
+    TOOL_PREFIX = None  # the model calls the suite's tools by their own names
+
+    def __init__(self, config: ToolsetConfig | None = None) -> None:
+        super().__init__(config or ToolsetConfig())
+        self.session: Session | None = None
+
+    async def setup_task(self, task) -> None:
+        data = task.data
+        pool = case_pool(data.cases_path)
+        self.session = Session(pool.prepared(data.case_id), "verifiers", stop_at_report=True,
+                               max_steps=data.max_steps)
+
+    def _step(self, tool: str, args: dict) -> str:
+        if self.session is None:
+            return json.dumps({"error": "no episode: the tool server has no task"})
+        return json.dumps(self.session.step({"tool": tool, "args": args}).result, default=str)
+
+
+def _tool_method(tool: Tool, suite) -> Any:
+    names = tool.arg_names
+
+    async def call(self, **kwargs) -> str:
+        return self._step(tool.name, {k: v for k, v in kwargs.items() if k in names})
+
+    return vf.tool(as_method(tool, suite, call, inspect.Parameter.KEYWORD_ONLY))
+
+
+@lru_cache(maxsize=None)
+def toolset_class(suite_name: str) -> type:
+    """The GateToolset subclass with the suite's tools."""
+    from ..kernel.suite import suites
+    suite = suites.get(suite_name)
+    namespace = {tool.name: _tool_method(tool, suite) for tool in suite.tools}
+    return type(f"Gate{suite.name.title().replace('-', '').replace('_', '')}Toolset", (GateToolset,), namespace)
+
+
+def _calls(trace) -> list[dict]:
+    """The trace's tool calls, in order, as engine actions (arguments as the model wrote them)."""
+    return [{"tool": call.name, "args": call.arguments}
+            for message in trace.assistant_messages for call in (message.tool_calls or [])]
+
+
+def grade_trace(data: GateData, trace) -> dict:
+    """The engine's grade of the trace's calls on a fresh episode of the case (stopping at the first
+    accepted report, as the tool server does)."""
+    session = Session(case_pool(data.cases_path).prepared(data.case_id), "verifiers", stop_at_report=True,
+                      max_steps=data.max_steps)
+    for action in _calls(trace):
+        if session.done:
+            break
+        session.step(action)
+    result = session.finish()
+    return {**result.grade.as_dict(), "calls": len(result.ledger)}
+
+
+def _suite_name(config) -> str:
+    from ..kernel.suite import suites
+    name = getattr(config, "suite", None)
+    return suites.get(name).name if name else suites.default().name
+
+
+class GateTask(vf.Task[GateData, vf.State, GateTaskConfig]):
+    """One case; the rollout's tools are its suite's (`toolset_class`)."""
+
+    @property
+    def key(self) -> str:
+        return self.data.case_id
+
+    @classmethod
+    def toolsets(cls, config) -> list:
+        """A tool server per rollout, with the tools of the config's suite."""
+        return [toolset_class(_suite_name(config))()]
+
+    def _grade(self, trace) -> dict:
+        kept = trace.info.get("gate_grade")
+        if not isinstance(kept, dict):
+            kept = trace.info["gate_grade"] = grade_trace(self.data, trace)
+        return kept
+
+    @vf.metric
+    async def gate_metrics(self, trace) -> dict:
+        grade = self._grade(trace)
+        return {key: float(grade.get(key) or 0.0) for key in METRICS}
+
+    @vf.reward
+    async def gate_reward(self, trace) -> float:
+        """gate's reward: from what reached the warehouse and the ledger (no report, no credit)."""
+        return float(self._grade(trace)["reward"])
+
+
+def _with_id(**fields) -> dict:
+    """`id` where this verifiers' TaskData has it (0.4 does, 0.3.1's v1 does not)."""
+    if "id" not in vf.TaskData.model_fields:
+        fields.pop("id", None)
+    return fields
+
+
+class GateTaskset(vf.Taskset[GateTask, GateTasksetConfig]):
+    """gate's cases of one suite and split (default: the default suite's 32 curated eval cases)."""
+
+    def load(self):
+        config = self.config
+        if config.cases_path:
+            path = Path(config.cases_path)
+        else:
+            settings = Settings.from_env()  # the taskset's load is a process entry point
+            settings.register_suites()
+            path = default_cases_file(settings, config.split, config.task.suite)
+        path = path.resolve()
+        pool = case_pool(str(path))
+        if pool.suite.name != _suite_name(config.task):
+            raise ValueError(f"{path}: its cases are of the {pool.suite.name} suite, the taskset's tools are "
+                             f"{_suite_name(config.task)}'s; set task.suite = {pool.suite.name!r}")
+        cases = pool.cases if config.num_cases < 0 else pool.cases[:config.num_cases]
+        for case in cases:
+            yield GateTask(GateData(**_with_id(
+                id=case.case_id, name=case.case_id, prompt=OPENING, system_prompt=pool.suite.prompt,
+                case_id=case.case_id, family=case.family, suite=case.suite, cases_path=str(path),
+                max_steps=config.max_steps)), config.task)
+
+
+__all__ = ["GateData", "GateTask", "GateTaskConfig", "GateTaskset", "GateTasksetConfig", "GateToolset", "grade_trace", "toolset_class"]

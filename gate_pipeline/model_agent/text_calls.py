@@ -1,0 +1,68 @@
+"""Tool calls a model wrote as text, for servers that return them unparsed (opt-in: `--text-tool-calls`).
+
+A vLLM or llama.cpp server started without a tool parser hands the model's tool calls back as the
+reply's text. Two common shapes are read here:
+
+    <tool_call>{"name": "list_batches", "arguments": {}}</tool_call>      # Hermes / Qwen, one or more
+    {"name": "profile_batch", "arguments": {"batch_id": "B-1"}}           # a bare JSON object (Llama)
+
+(`"parameters"` is taken for `"arguments"`, a ```json fence around a bare object is allowed). Only
+the name and the arguments' JSON text come out of here: the arguments go through the one action
+parser like a structured call's, so a `<tool_call>` block that is not JSON is answered as a call
+with invalid JSON, never dropped. Text that is neither shape is no call (the reply gets a nudge).
+"""
+from __future__ import annotations
+
+import json
+import re
+
+HERMES = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.S)
+FENCE = re.compile(r"\A```[A-Za-z0-9_-]*\s*\n?(.*?)\n?```\Z", re.S)
+NAME = re.compile(r'"name"\s*:\s*"([^"\\]{1,200})"')
+MAX_TEXT = 200_000  # a reply longer than this is not searched for calls
+MAX_CALLS = 64
+
+
+def _decode(text: str):
+    """(value, None) or (None, why): JSON text that may be broken or nested too deep."""
+    try:
+        return json.loads(text), None
+    except (ValueError, RecursionError) as exc:
+        return None, str(exc)
+
+
+def _call_of(obj) -> tuple[str, str] | None:
+    """(name, arguments as JSON text) of a decoded `{"name": ..., "arguments": ...}`, or None."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None
+    args = obj.get("arguments", obj.get("parameters"))
+    if args is None:
+        return obj["name"], ""
+    return obj["name"], args if isinstance(args, str) else json.dumps(args)
+
+
+def parse_text_calls(content) -> tuple[list[tuple[str, str]], str | None]:
+    """The tool calls written in a reply's text, as (name, arguments JSON text), and the text left
+    around them (None when nothing is left). No call found: ([], content unchanged)."""
+    if not isinstance(content, str) or not content.strip() or len(content) > MAX_TEXT:
+        return [], content
+    if "<tool_call>" in content:
+        calls = []
+        for block in HERMES.findall(content)[:MAX_CALLS]:
+            value, why = _decode(block.strip())
+            call = _call_of(value) if why is None else None
+            if call is None:  # a tool call the model meant, in a shape that does not read: answered, not dropped
+                found = NAME.search(block)
+                call = (found.group(1) if found else "", block.strip())
+            calls.append(call)
+        rest = HERMES.sub("", content).strip()
+        return calls, rest or None
+    text = content.strip()
+    fenced = FENCE.match(text)
+    if fenced:
+        text = fenced.group(1).strip()
+    if not text.startswith("{"):
+        return [], content
+    value, why = _decode(text)
+    call = _call_of(value) if why is None else None
+    return ([call], None) if call else ([], content)
