@@ -45,8 +45,6 @@ from gate_pipeline.kernel.cases import Case, read_cases  # noqa: E402
 from gate_pipeline.kernel.engine import Session  # noqa: E402
 from gate_pipeline.kernel.pool import CasePool  # noqa: E402
 
-OPENENV_RPS_PER_CORE = 932 / 8  # OpenEnv's tutorial/03-scaling.md: local-uvicorn, 8 cores, 932 requests/s
-
 
 def record(cases: list[Case]) -> dict[str, tuple[list, dict]]:
     """{case id: (careful-sql's calls, its grade)}, played in process by the engine."""
@@ -310,8 +308,7 @@ def main() -> int:
     bad = 0
     for n in counts:
         bad += row(str(n), n, run_one(a.cases, n, a.episodes, plays, a.time_limit, 0), cores, adapter)
-    print(f"steps/s and latency: careful-sql's steps only; per CPU = steps/s / {cores} (the clients run on them too); "
-          f"OpenEnv's published figure: {OPENENV_RPS_PER_CORE:.1f} requests/s per core (932 on 8 cores)")
+    print(f"steps/s and latency: careful-sql's steps only; per CPU = steps/s / {cores} (the clients run on them too)")
     print(f"in process, CPU per step: GateServerEnv.step {1000 * adapter:.3f} ms, of which the engine's Session.step "
           f"{1000 * engine:.3f} ms (careful-sql's calls on every case, least of 3 rounds); gate share = "
           f"GateServerEnv.step's CPU / the server's CPU per step (the rest: uvicorn, WebSocket, openenv-core, JSON)")
