@@ -171,8 +171,10 @@ def test_the_grading_sensor_closes_a_night_whose_process_died(home, tmp_path, ca
         proc.communicate(timeout=60)
         data = tick()
     assert store.episodes(status="running") == [] and store.manifests()[0]["status"] == DIED
-    graded = {e.metadata["episode_id"].value: e.metadata for e in data.asset_events}
-    [abandoned] = [m for m in graded.values() if m["reason"].value.startswith("gate nightly (process")]
-    assert abandoned["reward"].value == 0.0 and abandoned["failed"].value is True
+    agent = "interrupted_nightly:StallOnce"  # an observation's keys are the agent's own: `<agent>/reason`
+    [abandoned] = [e.metadata for e in data.asset_events
+                   if e.metadata.get(f"{agent}/reason") is not None
+                   and e.metadata[f"{agent}/reason"].value.startswith("gate nightly (process")]
+    assert abandoned[f"{agent}/reward"].value == 0.0 and "died" in abandoned[f"{agent}/reason"].value
     store.dispose()
     assert main(["verify"]) == 0 and "its process died" in capsys.readouterr().out

@@ -227,7 +227,8 @@ def test_a_nightly_prints_info_not_every_event_and_grades(stack):
     ticks = [m for m in map(TICK_LINE.search, lines) if m]
     assert sum(int(m.group(2)) for m in ticks) >= 96  # (with, perhaps, the previous test's last grade)
     assert len([line for line in lines if "grading_sensor - graded " in line]) >= 96
-    if len(ticks) == 1:  # a tick that graded the whole night says it as a night
+    if len(ticks) == 1 and int(ticks[0].group(2)) == 96:  # a tick that graded the whole night, and only it,
+        # says it as a night (a tick that also took the previous test's last grade counts that one too)
         for agent, mean in (("naive", "0.5344"), ("careful", "1.0000"), ("refuse-all", "0.3875")):
             assert f"{agent} 32 (mean {mean})" in ticks[0].group(3)
 
