@@ -26,9 +26,15 @@ AGENTS = {
     "obey-data": "gate_pipeline.suites.v2.attackers:ObeyData",
     "cite-everything": "gate_pipeline.suites.v2.attackers:CiteEverything",
     "where-zero": "gate_pipeline.suites.v2.attackers:WhereZero",
+    "no-warehouse": "gate_pipeline.suites.v2.attackers:NoWarehouse",
+    "no-history": "gate_pipeline.suites.v2.attackers:NoHistory",
+    "profiles-only": "gate_pipeline.suites.v2.attackers:ProfilesOnly",
+    "by-table": "gate_pipeline.suites.v2.attackers:ByTable",
+    "by-metadata": "gate_pipeline.suites.v2.attackers:ByMetadata",
 }
 BASELINES = ("oracle", "careful-v2")
 ATTACKERS = ("quarantine-all-rows", "row-spray", "ask-everything", "obey-data", "cite-everything", "where-zero")
+SHORTCUTS = ("no-warehouse", "no-history", "profiles-only", "by-table", "by-metadata")
 OVERRIDES = {
     "limits": {"max_amount": (int, float), "currency": str, "allowed_status": list, "allowed_countries": list},
     "reporting_window": {"start": str, "end": str},
@@ -58,7 +64,7 @@ SUITE = Suite(
     prompt=SYSTEM_PROMPT,
     agents=AGENTS,
     report_agents=("naive", "careful", "careful-v2", "refuse-all"),
-    attack_agents=("careful-v2", *ATTACKERS, "report-liar", "load-then-quarantine", "inspect-theatre"),
+    attack_agents=("careful-v2", *ATTACKERS, *SHORTCUTS, "report-liar", "load-then-quarantine", "inspect-theatre"),
     target="careful-v2",
     rows=(generator.MIN_ROWS, generator.MAX_ROWS, generator.DEFAULT_ROWS),
     rule_keys=RULE_KEYS_V2,

@@ -1,8 +1,9 @@
 """The v2 contract's rules as data: which defect each clause detects, and at what level.
 
-Row rules judge one row (the classic eleven, and `wrong_type` for an amount that is not a plain
-decimal number); a file rule judges the header (`schema_drift`); history rules judge the batch
-against the earlier nights (`volume_anomaly`, `unit_shift`, `duplicate_content`). Keys are
+Row rules judge one row (the classic eleven, `wrong_type` for an amount that is not a plain
+decimal number, `invalid_value` for an e-mail that is not an address); a file rule judges the
+header (`schema_drift`); history rules judge the batch against the earlier nights
+(`volume_anomaly` of orders and of customers, `unit_shift`, `duplicate_content`). Keys are
 `table.column.defect_type` as in the classic catalogue (`rules.py`, unchanged); a file rule's
 column is `header` (its citation may name any column of the table).
 """
@@ -20,8 +21,10 @@ CATALOGUE_V2: tuple[Rule, ...] = (
     Rule("customers", "header", "schema_drift", level=FILE),
     Rule("customers", "customer_id", "duplicate_key", True),
     Rule("customers", "email", "missing_value"),
+    Rule("customers", "email", "invalid_value"),
     Rule("customers", "country", "invalid_value"),
     Rule("customers", "signup_date", "out_of_window"),
+    Rule("customers", "customer_id", "volume_anomaly", True, level=HISTORY),
     Rule("orders", "header", "schema_drift", level=FILE),
     Rule("orders", "order_id", "duplicate_key", True),
     Rule("orders", "amount", "missing_value"),
@@ -49,7 +52,7 @@ def stated(rule: Rule, contract: dict) -> bool:
         section = (contract.get("history") or {}).get(HISTORY_SECTION[rule.defect_type])
         if not section:
             return False
-        return section.get("table", "orders") == rule.table if rule.defect_type == "volume_anomaly" else True
+        return rule.table in section.get("tables", ()) if rule.defect_type == "volume_anomaly" else True
     return rule.column in (contract.get(rule.table) or {})
 
 
