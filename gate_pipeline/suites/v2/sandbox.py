@@ -14,9 +14,10 @@ on a 20-row one.
 **Looked at.** A read counts as looking at a batch when SQLite read the batch's rows to answer it:
 run again with the batch's staging table emptied (its rows deleted inside a savepoint and put back
 by rolling it back: the schema, `sqlite_master` and every other table stay exactly as they were),
-it returns other rows, fails, or executes a different number of SQLite virtual-machine steps (so a
-check that scans every row and finds nothing counts, and `WHERE 0`, `LIMIT 0`, a read of the
-schema, of another table or of the clock do not). Nothing else can change between the two runs:
+it returns other rows, fails, or executes a different number of SQLite virtual-machine steps, by
+at least a quarter of the batch's rows (so a check that scans every row and finds nothing counts,
+and `WHERE 0`, `LIMIT 0`, `rowid < 0`, a read of the schema, of another table or of the clock do
+not). Nothing else can change between the two runs:
 the clock is fixed, randomness and change counters are refused, and the emptied table is the only
 thing that differs. Steps are counted by the progress handler every `interval` steps (at most a
 quarter of the smallest batch's rows, at most 1,000), on the agent's run and on the re-run alike.
@@ -116,12 +117,17 @@ class SandboxV2(Sandbox):
                 again = self._rerun_empty(query, table, self.step_budget - spent, deadline)
             except _OverBudget:
                 break  # what is left of the budget cannot decide: no look, and nothing more is tried
-            if again is None or again[0] != fetched or again[1] != steps:
+            if again is None or again[0] != fetched or abs(again[1] - steps) >= self.work(table):
                 looked.append(table)
             if again is not None:
                 spent += again[1]
         self.pending.difference_update(looked)
         return {"looked_at": looked}
+
+    def work(self, table: str) -> int:
+        """The least difference in steps that counts as having read the table's rows: a quarter of them (a
+        seek that touches one row and finds nothing to return, `rowid < 0`, is not a read of the batch)."""
+        return max(2 * self.fine, self.staging[table][1] // 4)
 
     def mark_looked(self, table: str) -> None:
         """A batch looked at another way (profiled): no read needs testing for it any more."""
