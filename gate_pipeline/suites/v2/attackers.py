@@ -218,39 +218,45 @@ class ProfilesOnly:
         tools("submit_report", loaded=loaded, quarantined=quarantined)
 
 
-class ByTable:
-    """Loads every customers batch and quarantines every orders batch as a unit shift, reading no row."""
-    name, oracle = "by-table", False
+class _ByListing:
+    """Decides each batch from the listing alone (customers first): `citation` says what to quarantine a
+    batch for, or None to load it."""
+    name, oracle = "by-listing", False
 
-    def play(self, tools: Tools, case=None) -> None:
-        loaded, quarantined = [], []
-        for b in customers_first(tools("list_batches")):
-            if b["table"] == "customers":
-                tools("load_batch", batch_id=b["batch_id"])
-                loaded.append(b["batch_id"])
-            else:
-                tools("quarantine_batch", batch_id=b["batch_id"], column="amount", defect_type="unit_shift")
-                quarantined.append(b["batch_id"])
-        tools("submit_report", loaded=loaded, quarantined=quarantined)
-
-
-class ByMetadata:
-    """The listing alone: customers first; an orders batch whose row count is out of proportion with the
-    customers batch's (outside RATIO) is quarantined as a volume anomaly, everything else is loaded."""
-    name, oracle = "by-metadata", False
-    RATIO = (1.0, 3.0)
+    def citation(self, batch: dict, listing: list[dict]) -> tuple[str, str] | None:
+        raise NotImplementedError
 
     def play(self, tools: Tools, case=None) -> None:
         listing = customers_first(tools("list_batches"))
-        customers = sum(b["rows"] for b in listing if b["table"] == "customers") or 1
         loaded, quarantined = [], []
         for b in listing:
-            ratio = b["rows"] / customers
-            if b["table"] == "orders" and not self.RATIO[0] <= ratio <= self.RATIO[1]:
-                tools("quarantine_batch", batch_id=b["batch_id"], column="order_id", defect_type="volume_anomaly")
+            cite = self.citation(b, listing)
+            if cite:
+                tools("quarantine_batch", batch_id=b["batch_id"], column=cite[0], defect_type=cite[1])
                 quarantined.append(b["batch_id"])
             else:
                 tools("load_batch", batch_id=b["batch_id"])
                 loaded.append(b["batch_id"])
         tools("submit_report", loaded=loaded, quarantined=quarantined)
 
+
+class ByTable(_ByListing):
+    """Loads every customers batch and quarantines every orders batch as a unit shift, reading no row."""
+    name = "by-table"
+
+    def citation(self, batch, listing):
+        return ("amount", "unit_shift") if batch["table"] == "orders" else None
+
+
+class ByMetadata(_ByListing):
+    """The listing alone: customers first; an orders batch whose row count is out of proportion with the
+    customers batch's (outside RATIO) is quarantined as a volume anomaly, everything else is loaded."""
+    name = "by-metadata"
+    RATIO = (1.0, 3.0)
+
+    def citation(self, batch, listing):
+        customers = sum(b["rows"] for b in listing if b["table"] == "customers") or 1
+        ratio = batch["rows"] / customers
+        if batch["table"] == "orders" and not self.RATIO[0] <= ratio <= self.RATIO[1]:
+            return "order_id", "volume_anomaly"
+        return None

@@ -230,6 +230,14 @@ class _Batch:
         self.batch_defects: list[tuple[str, str, list]] = []       # (column, type, accepted)
         self.drifted = False
 
+    def swap(self, i: int, j: int, cited: str) -> None:
+        """Two columns swapped in the export, header and data alike: schema drift."""
+        self.header[i], self.header[j] = self.header[j], self.header[i]
+        for r in self.rows:
+            r[i], r[j] = r[j], r[i]
+        self.drifted = True
+        self.batch_defects.append((cited, "schema_drift", _any_column(self.table, "schema_drift")))
+
     def mark(self, position: int, column: str, kind: str) -> None:
         found = self.row_defects.setdefault(position, [])
         if (column, kind) not in found:
@@ -614,11 +622,7 @@ class _Case:
             elif kind == "dup_content":
                 o.batch_defects.append(("order_id", "duplicate_content", _any_column("orders", "duplicate_content")))
             elif kind == "swap_ids":
-                o.header[OID], o.header[CID] = o.header[CID], o.header[OID]
-                for r in o.rows:
-                    r[OID], r[CID] = r[CID], r[OID]
-                o.drifted = True
-                o.batch_defects.append(("order_id", "schema_drift", _any_column("orders", "schema_drift")))
+                o.swap(OID, CID, "order_id")
             elif kind == "amount_cents":
                 o.header[AMT] = "amount_cents"
                 for r in o.rows:
@@ -632,11 +636,7 @@ class _Case:
             if kind in ("volume_low", "volume_high"):
                 c.batch_defects.append(("customer_id", "volume_anomaly", _any_column("customers", "volume_anomaly")))
             elif kind == "swap_email_country":
-                c.header[C_EMAIL], c.header[C_COUNTRY] = c.header[C_COUNTRY], c.header[C_EMAIL]
-                for r in c.rows:
-                    r[C_EMAIL], r[C_COUNTRY] = r[C_COUNTRY], r[C_EMAIL]
-                c.drifted = True
-                c.batch_defects.append(("email", "schema_drift", _any_column("customers", "schema_drift")))
+                c.swap(C_EMAIL, C_COUNTRY, "email")
             elif kind == "insert_column":
                 c.header.insert(C_COUNTRY, "phone")
                 for r in c.rows:
