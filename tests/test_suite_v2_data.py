@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 V2 = ROOT / "cases" / "v2"
 EVAL, TRAIN = V2 / "eval_curated.jsonl", V2 / "train_procedural.jsonl"
 SHA = {
-    "eval_curated.jsonl": "7221d87c6f7b3d537237e97e60aed659d526390666bbbfd26230de48011a830f",
-    "train_procedural.jsonl": "768a113a94d468e2d171e4487313705386f456107d5a6de3360d2f7a71662ef5",
+    "eval_curated.jsonl": "44fe6460b1212f739a40ba4c72bc0eb5c56d26129542a97da681d47034c60bb7",
+    "train_procedural.jsonl": "d1d8b673d8f566bc222b04b424d1bd485ff18388389a67b7a95e9f8230ea8216",
 }
 
 

@@ -175,6 +175,9 @@ FOREIGN = ("EUR", "GBP", "CAD", "AUD")
 USD_SPELLINGS = ("usd", "Usd", "US$")
 NOT_ISO2 = ("Germany", "U.S.", "Deutschland", "United Kingdom")
 OPEN_COUNTRIES = ("NZ", "IE", "MX", "SG", "BR", "NL", "ZA")
+# a blank breaks more than one clause of the contract's text: each reading it supports is accepted
+BLANK_ALSO = {("amount", "missing_value"): [("amount", "out_of_range"), ("amount", "wrong_type")],
+              ("email", "missing_value"): [("email", "invalid_value")]}
 
 
 def _money(x: float) -> str:
@@ -672,8 +675,7 @@ class _Case:
                     grouped.setdefault((column, kind), []).append(batch.rows[p][key])
             order = [c for c in COLUMNS_V2[batch.table]]
             for (column, kind), keys in sorted(grouped.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1])):
-                accepted = [("amount", "out_of_range"), ("amount", "wrong_type")] if kind == "missing_value" \
-                    and column == "amount" else []
+                accepted = BLANK_ALSO.get((column, kind), [])
                 defects.append(defect(column, kind, keys, accepted))
         return {"defective": True, "disposition": disposition, "defects": defects}
 
