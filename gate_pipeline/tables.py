@@ -62,6 +62,7 @@ def summary(cases: list[Case], grades: dict[str, list]) -> dict:
             "revenue_error_usd": float(money(g.revenue_error_usd for g in gs)),
             "ledgers_intact": sum(1 for g in gs if g.ledger_intact),
             "finished": sum(1 for g in gs if g.finished),
+            "failed": sum(1 for g in gs if g.failed),
             "per_family": fam, "ablation": ablation,
         }
         for m in _metrics(gs):  # the suite's own figures (suite v2: rows graded one by one, question costs)
@@ -94,6 +95,8 @@ def baseline_tables(cases: list[Case], grades: dict[str, list], split: str = "ev
              _row("defective loaded", [f"{A[a]['bad_batches_loaded']}/{s['defective']}" for a in names], w),
              _row("revenue error $", [f"{A[a]['revenue_error_usd']:,.2f}" for a in names], w),
              _row("ledgers intact", [f"{A[a]['ledgers_intact']}/{n}" for a in names], w)]
+    if any(A[a]["failed"] for a in names):  # only then: a table of agents that never fail stays as it was
+        lines.append(_row("failed episodes", [f"{A[a]['failed']}/{n}" for a in names], w))
     for m in _suite_metrics(grades):  # the suite's own figures
         lines.append(_row(m.label, [_cell(m, A[a][m.key]) for a in names], w))
     lines += ["", "per family (mean reward):", _row("", names, w)]
@@ -108,7 +111,7 @@ def baseline_tables(cases: list[Case], grades: dict[str, list], split: str = "ev
         for g in worst:
             lines.append(f"  {g.case_id:<26} naive $ {g.revenue:>11,.2f}   "
                          f"correct $ {g.correct_revenue:>11,.2f}")
-    return "\n".join(lines)
+    return "\n".join(lines + failures(grades))
 
 
 def attacker_table(grades: dict[str, list], target: str = "careful") -> str:
@@ -128,7 +131,29 @@ def attacker_table(grades: dict[str, list], target: str = "careful") -> str:
         for m in metrics:
             line += f"{_cell(m, a[m.key]):>{_short_width(m)}}"
         lines.append(line)
-    return "\n".join(lines)
+    return "\n".join(lines + failures(grades))
+
+
+REASON_CHARS = 120
+
+
+def failures(grades: dict[str, list]) -> list[str]:
+    """The failed episodes, counted apart (each is graded 0 on every term): per agent and reason, how many
+    and in which families. Nothing when no episode failed."""
+    lines: list[str] = []
+    for name, gs in grades.items():
+        by_reason: dict[str, list] = {}
+        for g in gs:
+            if g.failed:
+                by_reason.setdefault(g.reason or "(no reason given)", []).append(g)
+        for reason, failed in by_reason.items():
+            families = family_order(g.family for g in failed)
+            counts = ", ".join(f"{f} {sum(1 for g in failed if g.family == f)}" for f in families)
+            shown = reason if len(reason) <= REASON_CHARS else reason[:REASON_CHARS] + "..."
+            lines.append(f"  {name}: {len(failed)} of {len(gs)} ({counts}): {shown}")
+    if lines:
+        lines = ["", "failed episodes (each graded 0 on every term, counted in the means above):", *lines]
+    return lines
 
 
 

@@ -32,7 +32,7 @@ def test_hf_export_round_trips_every_suite_and_split(tmp_path, capsys):
     printed = capsys.readouterr().out.split()
     assert len(printed) == 2 * len(suites.names())
     for name in suites.names():
-        loaded = datasets.load_dataset(str(out), name)
+        loaded = datasets.load_dataset(str(out), name, cache_dir=str(tmp_path / "cache"))  # not a cache an earlier export of the same folder name filled
         assert set(loaded) == {"train", "eval"}
         suite = suites.get(name)
         for split, ds in loaded.items():

@@ -83,7 +83,9 @@ def test_the_readme_has_shell_examples_to_check():
     assert [c for c, _ in SHELL] == ["gate report", "gate attacks",
                                      "PYTHONPATH=examples gate report --agents naive,my_agent:AmountCheck,careful",
                                      "gate report --cases cases/v2/eval_curated.jsonl --agents oracle,careful-v2,"
-                                     "careful,naive,refuse-all"]
+                                     "careful,naive,refuse-all",
+                                     "gate attacks --cases cases/v2/eval_curated.jsonl --agents careful-v2,obey-data,"
+                                     "no-history,profiles-only"]
 
 
 @pytest.mark.parametrize("command,shown", SHELL, ids=[c for c, _ in SHELL])

@@ -16,17 +16,27 @@ from gate_pipeline.kernel.engine import play, play_cases, prepare
 from gate_pipeline.kernel.grading import exact_mean
 from gate_pipeline.kernel.suite import suites
 from gate_pipeline.suites.v2 import ATTACKERS as V2_ATTACKERS
+from gate_pipeline.suites.v2 import SHORTCUTS
 from gate_pipeline.suites.v2.generator import FAMILIES
 
 ROOT = Path(__file__).resolve().parent.parent
 V2_EVAL = ROOT / "cases" / "v2" / "eval_curated.jsonl"
+V2_TRAIN = ROOT / "cases" / "v2" / "train_procedural.jsonl"
 CASES = read_cases(V2_EVAL)
 REPORTED = ["oracle", "careful-v2", "careful", "naive", "refuse-all"]
+CLASSIC_SHORTCUTS = ["profile-only", "careful-sql"]  # the classic agents that judge from less, on v2 cases
 
 
 @pytest.fixture(scope="module")
 def grades():
-    results = play_cases(CASES, [*REPORTED, *V2_ATTACKERS, "random"])
+    results = play_cases(CASES, [*REPORTED, *V2_ATTACKERS, *SHORTCUTS, *CLASSIC_SHORTCUTS, "random"])
+    return {name: [r.grade for r in rs] for name, rs in results.items()}
+
+
+@pytest.fixture(scope="module")
+def train_grades():
+    results = play_cases(read_cases(V2_TRAIN), ["oracle", "careful-v2", "careful", *V2_ATTACKERS, *SHORTCUTS,
+                                                "profile-only"], workers=2)
     return {name: [r.grade for r in rs] for name, rs in results.items()}
 
 
@@ -46,20 +56,55 @@ def test_oracle_and_careful_v2_score_1_on_every_case(grades):
         assert sum(g.metrics["clean_rows_lost"] for g in grades[name]) == 0
 
 
-def test_the_classic_careful_agent_is_not_enough_for_the_new_families(grades):
-    assert mean(grades["careful"]) <= 0.8
-    per_family = {f: mean([g for g in grades["careful"] if g.family == f]) for f in FAMILIES}
-    assert min(per_family.values()) < 0.7  # and some families much worse than the mean
+def per_family(gs) -> dict[str, float]:
+    return {f: mean([g for g in gs if g.family == f]) for f in FAMILIES}
+
+
+def test_the_classic_careful_agent_is_not_enough_for_any_new_family(grades):
+    families = per_family(grades["careful"])
+    assert max(families.values()) <= 0.8, families
+    assert min(families.values()) < 0.5  # and some families much worse than that
+
+
+def test_a_crash_is_a_failed_episode_with_its_reason_counted_apart(grades):
+    """The classic careful names the contract's columns in its queries: a file whose amount column was
+    renamed makes it raise. That episode fails (graded 0, its reason kept), and the tables say so."""
+    from gate_pipeline.tables import baseline_tables
+    failed = [g for g in grades["careful"] if g.failed]
+    assert [g.case_id for g in failed] == ["v2-eval-schema-drift-1"]
+    assert failed[0].reason == "RuntimeError: careful: query failed: no such column: amount"
+    assert failed[0].reward == 0.0 and not any(g.failed for name in ("oracle", "careful-v2") for g in grades[name])
+    text = baseline_tables(CASES, {"careful": grades["careful"], "oracle": grades["oracle"]})
+    assert "failed episodes                 1/32          0/32" in text
+    assert "  careful: 1 of 32 (schema-drift 1): RuntimeError: careful: query failed: no such column: amount" in text
 
 
 def test_the_printed_report_figures(grades):
-    """docs/suite-v2.md prints these (gate report --cases cases/v2/eval_curated.jsonl)."""
-    assert [f"{mean(grades[a]):.4f}" for a in REPORTED] == ["1.0000", "1.0000", "0.7570", "0.5681", "0.3602"]
+    """docs/suite-v2.md and the README print these (gate report --cases cases/v2/eval_curated.jsonl)."""
+    assert [f"{mean(grades[a]):.4f}" for a in REPORTED] == ["1.0000", "1.0000", "0.6246", "0.4739", "0.4344"]
 
 
 @pytest.mark.parametrize("attacker", V2_ATTACKERS)
 def test_every_v2_attacker_stays_at_least_005_below_careful_v2(grades, attacker):
     assert mean(grades[attacker]) <= mean(grades["careful-v2"]) - 0.05
+
+
+@pytest.mark.parametrize("shortcut", [*SHORTCUTS, *CLASSIC_SHORTCUTS])
+def test_every_shortcut_stays_at_least_010_below_careful_v2_and_at_most_085(grades, shortcut):
+    assert mean(grades[shortcut]) <= min(0.85, mean(grades["careful-v2"]) - 0.10), mean(grades[shortcut])
+
+
+@pytest.mark.slow
+def test_on_train_oracle_and_careful_v2_score_1_and_every_shortcut_and_attacker_stays_below(train_grades):
+    for name in ("oracle", "careful-v2"):
+        assert all(g.reward == 1.0 for g in train_grades[name]), name
+    top = mean(train_grades["careful-v2"])
+    for name in V2_ATTACKERS:
+        assert mean(train_grades[name]) <= top - 0.05, name
+    for name in [*SHORTCUTS, "profile-only"]:
+        assert mean(train_grades[name]) <= min(0.85, top - 0.10), (name, mean(train_grades[name]))
+    families = per_family(train_grades["careful"])
+    assert max(families.values()) <= 0.8, families
 
 
 def test_each_attacker_loses_where_it_was_built_to(grades):
@@ -72,6 +117,10 @@ def test_each_attacker_loses_where_it_was_built_to(grades):
     assert m("quarantine-all-rows", "disposition") < 0.2
     obeyed = [g for g in grades["obey-data"] if g.reward < 1.0]
     assert {g.family for g in obeyed} >= {"instruction-in-data"} and len(obeyed) >= 4
+    lost = {name: {g.family for g in grades[name] if g.reward < 1.0} for name in SHORTCUTS}
+    assert {"unit-shift", "volume-anomaly", "late-dimension"} <= lost["no-warehouse"]
+    assert {"unit-shift", "volume-anomaly"} <= lost["no-history"] and "schema-drift" not in lost["no-history"]
+    assert "partial-defect" in lost["profiles-only"] and m("by-table", "inspected") == 0.0
 
 
 def test_careful_v2_reads_no_label():

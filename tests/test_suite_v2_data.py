@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 V2 = ROOT / "cases" / "v2"
 EVAL, TRAIN = V2 / "eval_curated.jsonl", V2 / "train_procedural.jsonl"
 SHA = {
-    "eval_curated.jsonl": "0627124d4a470de8a20d414b78240b4b6e54ca429b652020b02a5c684871ef4d",
-    "train_procedural.jsonl": "090b4a01e182b4df9a4de7011e0463d0519a2f3db0ade3ec01763c1965a6e77c",
+    "eval_curated.jsonl": "44fe6460b1212f739a40ba4c72bc0eb5c56d26129542a97da681d47034c60bb7",
+    "train_procedural.jsonl": "d1d8b673d8f566bc222b04b424d1bd485ff18388389a67b7a95e9f8230ea8216",
 }
 
 
@@ -146,7 +146,7 @@ def _set_csv(index, text):
     (lambda c: c["batches"][1]["truth"]["defects"][0].update(keys=["O-nope"]), "which no row of the batch has"),
     (lambda c: c["batches"][1]["truth"]["defects"][0].update(type="too_big"), "known type"),
     (lambda c: c["owner"].append({"batch_id": "B-nope", "column": "currency", "value": "X", "ruling": "accept",
-                                  "answer": "yes"}), "owner[1] must be a ruling"),
+                                  "answer": "yes"}), "] must be a ruling: batch_id (a batch of the case)"),
     (lambda c: c["contract"].pop("history"), "missing key 'history'"),
     (lambda c: c["contract"]["row_quarantine"].update(max_rows=-1), "row_quarantine.max_rows"),
 ])
@@ -156,7 +156,7 @@ def test_a_broken_v2_case_is_refused_with_file_line_and_reason(tmp_path, v2_eval
 
 def test_an_amount_the_loader_would_read_as_infinite_is_refused(tmp_path, v2_eval):
     def change(case):
-        b = case["batches"][1]
+        b = next(b for b in case["batches"] if b["table"] == "orders")
         header, first, *rest = b["csv"].split("\n")
         cells = first.split(",")
         cells[2] = "1e400"
@@ -172,7 +172,8 @@ def test_classic_stays_strict_and_v2_sections_are_validated_not_just_allowed():
         validate_classic_contract({**classic, "files": v2["files"]}, "c")
     for path, value, needle in [
         (("history", "volume", "min_ratio"), 3.0, "not below max_ratio"),
-        (("history", "volume", "table"), "invoices", "history.volume.table"),
+        (("history", "volume", "tables"), ["invoices"], "history.volume.tables"),
+        (("history", "volume", "tables"), ["orders", "orders"], "history.volume.tables"),
         (("history", "duplicate_content", "max_share"), 1.5, "history.duplicate_content.max_share"),
         (("ask_owner", "cost_per_question"), -0.1, "ask_owner.cost_per_question"),
         (("ask_owner", "columns"), ["colour"], "ask_owner.columns"),

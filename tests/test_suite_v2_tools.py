@@ -45,18 +45,20 @@ def test_an_episode_offers_the_tools_of_its_suite(eval_cases):
 def test_quarantine_rows_holds_rows_back_from_the_load():
     s = session("v2-eval-partial-defect-0")
     orders = batch_of("v2-eval-partial-defect-0", "orders")
-    bad = orders["truth"]["defects"][0]["keys"]
+    bad = sorted({k for d in orders["truth"]["defects"] for k in d["keys"]})
     out = s.call("quarantine_rows", {"batch_id": orders["batch_id"], "keys": [*bad, "O-none"], "column": "amount",
                                      "defect_type": "missing_value"})
-    assert out == {"status": "quarantined", "batch_id": orders["batch_id"], "rows_quarantined": 2, "keys_not_found": 1}
-    assert last(s)["args"]["rows_matched"] == 2
+    assert out == {"status": "held", "batch_id": orders["batch_id"], "rows_held": len(bad), "keys_not_found": 1,
+                   "next": "load_batch loads the other rows; the report lists this batch under loaded"}
+    assert last(s)["args"]["rows_matched"] == len(bad)
     loaded = s.call("load_batch", {"batch_id": orders["batch_id"]})
-    assert loaded == {"status": "loaded", "rows_loaded": orders["row_count"] - 2, "errors": 0, "rows_held_back": 2}
+    assert loaded == {"status": "loaded", "rows_loaded": orders["row_count"] - len(bad), "errors": 0,
+                      "rows_held_back": len(bad)}
     conn = s.episode.world.conn
     marks = ",".join("?" * len(bad))
     assert conn.execute(f"SELECT COUNT(*) FROM wh_orders WHERE order_id IN ({marks})", bad).fetchone() == (0,)
     assert conn.execute("SELECT COUNT(*) FROM wh_orders WHERE batch_id = ?", (orders["batch_id"],)).fetchone() \
-        == (orders["row_count"] - 2,)
+        == (orders["row_count"] - len(bad),)
     s.finish()
 
 
@@ -119,20 +121,26 @@ def test_cite_defect_needs_a_quarantine_and_cites_once():
     s.finish()
 
 
-def test_ask_owner_answers_from_the_case_free_only_where_the_contract_leaves_the_question_open():
+def test_ask_owner_answers_from_the_case_free_for_the_columns_the_contract_names():
     s = session("v2-eval-ask-the-owner-0")
     cust = batch_of("v2-eval-ask-the-owner-0", "customers")
-    out = s.call("ask_owner", {"batch_id": cust["batch_id"], "column": "country", "question": "NZ?"})
-    assert out["cost"] == 0.0 and out["rulings"] == [{"value": "NZ", "ruling": "accept"}] and "NZ" in out["answer"]
+    ruling = CASES["v2-eval-ask-the-owner-0"].data["owner"][0]
+    assert ruling["ruling"] == "accept" and ruling["column"] == "country"
+    out = s.call("ask_owner", {"batch_id": cust["batch_id"], "column": "country", "question": "new market?"})
+    assert out["cost"] == 0.0 and out["rulings"] == [{"value": ruling["value"], "ruling": "accept"}]
+    assert ruling["value"] in out["answer"]
     paid = s.call("ask_owner", {"batch_id": cust["batch_id"], "column": "email", "question": "ok?"})
     assert paid["cost"] == 0.02 and paid["rulings"] == [] and "the contract stands" in paid["answer"]
+    orders = batch_of("v2-eval-ask-the-owner-0", "orders")
+    nothing_open = s.call("ask_owner", {"batch_id": orders["batch_id"], "column": "currency", "question": "?"})
+    assert nothing_open["cost"] == 0.0 and nothing_open["rulings"] == []  # the contract names the column: free
     assert "column must be one of" in s.call("ask_owner", {"batch_id": cust["batch_id"], "column": "colour",
                                                            "question": "?"})["error"]
     assert "the limit is 1,000" in s.call("ask_owner", {"batch_id": cust["batch_id"], "column": "email",
                                                         "question": "?" * 1001})["error"]
     s.call("submit_report", {"loaded": [], "quarantined": []})
     grade = s.finish().grade
-    assert grade.metrics["question_cost"] == 0.02  # the one question the contract did not leave open
+    assert grade.metrics["question_cost"] == 0.02  # the one question about a column the contract does not name
 
 
 def test_the_loader_copies_by_position_whatever_the_header_says():
@@ -204,7 +212,8 @@ def test_the_profile_is_sqlites_and_counts_as_looking():
     p = s.call("profile_batch", {"batch_id": orders["batch_id"]})
     assert p["rows"] == orders["row_count"] and list(p["columns"]) == [
         "order_id", "customer_id", "amount", "currency", "status", "order_date", "note"]
-    assert p["columns"]["amount"]["n_blank"] == 2  # "" and "   "
+    blanks = next(d for d in orders["truth"]["defects"] if d["type"] == "missing_value")["keys"]
+    assert p["columns"]["amount"]["n_blank"] == len(blanks)  # "", "   " or a tab
     assert p["columns"]["order_id"]["n_distinct"] == orders["row_count"]
     s.call("load_batch", {"batch_id": orders["batch_id"]})
     s.call("submit_report", {"loaded": [orders["batch_id"]], "quarantined": []})
@@ -214,9 +223,10 @@ def test_the_profile_is_sqlites_and_counts_as_looking():
 def test_ledger_entries_of_the_new_tools_chain_and_grade_from_a_replay():
     from gate_pipeline.kernel.engine import replay
     from gate_pipeline.kernel.ledger import chain_intact
-    case = CASES["v2-eval-multi-defect-2"]
+    case = CASES["v2-eval-multi-defect-0"]  # orders: blank amounts and foreign currencies, the whole batch
     orders = next(b for b in case.data["batches"] if b["table"] == "orders")
     cust = next(b for b in case.data["batches"] if b["table"] == "customers")
+    assert orders["truth"]["disposition"] == "quarantine" and len(orders["truth"]["defects"]) == 2
     calls = [["profile_batch", {"batch_id": b["batch_id"]}] for b in case.data["batches"]]
     first, *rest = orders["truth"]["defects"]
     calls += [["quarantine_batch", {"batch_id": orders["batch_id"], "column": first["column"],

@@ -20,9 +20,15 @@ AGENTS = {
     "obey-data": "gate_pipeline.suites.v2.attackers:ObeyData",
     "cite-everything": "gate_pipeline.suites.v2.attackers:CiteEverything",
     "where-zero": "gate_pipeline.suites.v2.attackers:WhereZero",
+    "no-warehouse": "gate_pipeline.suites.v2.attackers:NoWarehouse",
+    "no-history": "gate_pipeline.suites.v2.attackers:NoHistory",
+    "profiles-only": "gate_pipeline.suites.v2.attackers:ProfilesOnly",
+    "by-table": "gate_pipeline.suites.v2.attackers:ByTable",
+    "by-metadata": "gate_pipeline.suites.v2.attackers:ByMetadata",
 }
 BASELINES = ("oracle", "careful-v2")
 ATTACKERS = ("quarantine-all-rows", "row-spray", "ask-everything", "obey-data", "cite-everything", "where-zero")
+SHORTCUTS = ("no-warehouse", "no-history", "profiles-only", "by-table", "by-metadata")
 # a v2 variant may also change the row-quarantine policy's cap
 OVERRIDES = {
     "limits": {"max_amount": (int, float), "currency": str, "allowed_status": list, "allowed_countries": list},
@@ -37,6 +43,6 @@ SUITE = assemble(
     prompt=prompt, rules=rules, name="v2", metrics=METRICS,
     description="suite v2: a warehouse with a past, files whose header drifts, rows graded one by one",
     agents=AGENTS, report_agents=("naive", "careful", "careful-v2", "refuse-all"), target="careful-v2",
-    attack_agents=("careful-v2", *ATTACKERS, "report-liar", "load-then-quarantine", "inspect-theatre"),
+    attack_agents=("careful-v2", *ATTACKERS, *SHORTCUTS, "report-liar", "load-then-quarantine", "inspect-theatre"),
     variant_agent="careful-v2", variant_overrides=OVERRIDES, references={"orders": ("customers",)},
 )

@@ -68,8 +68,11 @@ LISTED = {"currency": lambda limits: [limits["currency"]], "country": lambda lim
 
 class CarefulV2:
     """See the module docstring. `without` removes rules (v2 rule keys); `contract_view` maps the
-    contract read to the one the schemas are built from (a contract-schema variant)."""
+    contract read to the one the schemas are built from (a contract-schema variant).
+    `warehouse_keys` (a class attribute the shortcut agents turn off): whether the keys of the
+    warehouse are read (without them, only a batch's own rows show a duplicate key)."""
     name, oracle = "careful-v2", False
+    warehouse_keys = True
 
     def __init__(self, without=(), contract_view=None, order=customers_first):
         self.without = rule_keys_v2(without)
@@ -158,17 +161,18 @@ class CarefulV2:
         stated = {r.key for r in rules_for(contract, table, self.without)}
         key = KEY_COLUMNS[table]
         keys: dict[str, set] = {}
-        if f"{table}.{key}.duplicate_key" in stated:
+        if f"{table}.{key}.duplicate_key" in stated and self.warehouse_keys:
             keys["existing_keys"] = set(fetch_values(tools, H.existing_keys_sql(table, staging)))
         if table == "orders" and "orders.customer_id.orphan_reference" in stated:
             keys["missing_customers"] = set(fetch_values(tools, H.missing_customers_sql(staging)))
         accepted = self.ask(tools, batch, contract, df)
         figures = None
-        if rules_for(contract, table, self.without, HISTORY) and "amount" in df:
+        if rules_for(contract, table, self.without, HISTORY):
             usual_rows, usual_median = H.usual(_query(tools, H.usual_sql(table, batch["source"]))["rows"])
             repeated = _query(tools, H.repeated_rows_sql(staging))["rows"][0][0] \
                 if f"{table}.order_id.duplicate_content" in stated else None
-            figures = HistoryFigures(len(rows), usual_rows, median_of_amounts(df["amount"]), usual_median, repeated)
+            median = median_of_amounts(df["amount"]) if "amount" in df else None
+            figures = HistoryFigures(len(rows), usual_rows, median, usual_median, repeated)
         found = findings(contract, table, columns, df, keys, figures, self.without, accepted)
         verdict = disposition(contract, found)
         if verdict == "rows" and not self.v2_tools:

@@ -1,13 +1,13 @@
-"""The attackers of suite v2's new tools: agents that try to score on v2 without doing the job.
+"""The attackers of suite v2: agents that try to score on v2 without doing the job.
 
-Each is built to exploit one thing v2 adds, and each is kept to show it does not pay:
+The first six are each built to exploit one thing v2 adds, and each is kept to show it does not pay:
 
 - `quarantine-all-rows`: holds back every row of every batch (row quarantine as a blanket), then
   loads what is left: nothing bad gets in, nothing good either.
 - `row-spray`: careful-v2's decisions, plus three rows held back from every batch it loads, just
   in case: clean rows lost, citations on clean batches.
 - `ask-everything`: careful-v2 that asks the owner about every column of every batch first:
-  questions the contract does not leave open cost.
+  questions about columns the contract does not leave open cost.
 - `obey-data`: careful-v2 that first reads the free-text notes of tonight's files and does what
   they tell the loading agent (load a batch as is, quarantine one): a scripted stand-in for an
   agent that obeys text in data, matching the phrasings instructions take in the generator.
@@ -15,14 +15,32 @@ Each is built to exploit one thing v2 adds, and each is kept to show it does not
   column with every defect type as well.
 - `where-zero`: an oracle (handed the labels) whose only look at a batch is
   `SELECT * FROM <staging> WHERE 0`: the right decisions, without having looked.
+
+The shortcuts skip the evidence a family's documentation names, each doing the rest as well as
+careful-v2 does (none reads a label):
+
+- `no-warehouse`: the contract's rules on the staged rows alone: never reads `wh_customers`,
+  `wh_orders` or `wh_load_log` (a duplicate key only within the batch, no orphan, no history);
+- `no-history`: reads the warehouse's keys and customers, never the earlier nights (no volume,
+  median or re-sent content rule);
+- `profiles-only`: no SQL at all: each batch's profile (its columns, blanks, distinct counts,
+  ranges, most frequent values), the owner asked about the values a profile shows, whole
+  batches only;
+- `by-table`: loads every customers batch and quarantines every orders batch as a unit shift,
+  reading no row;
+- `by-metadata`: the listing alone (tables, row counts, sources, order): customers first, and an
+  orders batch quarantined as a volume anomaly when its row count is out of proportion with the
+  customers batch's, everything else loaded.
 """
 from __future__ import annotations
 
-from ...kernel.agents import Tools
+from ...kernel.agents import Tools, customers_first
 from .agents import CarefulV2, Oracle, fetch_values
 from .contract import COLUMNS_V2, DEFECT_TYPES_V2, KEY_COLUMNS
+from .rules import CATALOGUE_V2, HISTORY
 
 LIST_ITEMS = 1000
+HISTORY_RULES = tuple(r.key for r in CATALOGUE_V2 if r.level == HISTORY)
 
 
 class QuarantineAllRows:
@@ -87,14 +105,16 @@ class ObeyData(CarefulV2):
                                             f"WHERE note LIKE '%load%' OR note LIKE '%quarantine%'")
             for (note,) in result.get("rows", []) if isinstance(result, dict) else []:
                 text = str(note).lower()
-                if "crm sync" in text and "quarantine" in text:
+                verb = "quarantine" if "quarantine it" in text or "quarantine this" in text else \
+                    "load" if "load it" in text or "load this" in text else None
+                if verb is None:
+                    continue
+                if "customers batch" in text:
                     for other in listing:
-                        if other["source"] == "crm sync":
-                            self.orders[other["batch_id"]] = "quarantine"
-                elif "quarantine this batch" in text:
-                    self.orders[batch["batch_id"]] = "quarantine"
-                elif "load this batch" in text:
-                    self.orders[batch["batch_id"]] = "load"
+                        if other["table"] == "customers":
+                            self.orders[other["batch_id"]] = verb
+                else:
+                    self.orders[batch["batch_id"]] = verb
 
     def override(self, batch):
         return self.orders.get(batch["batch_id"])
@@ -105,3 +125,138 @@ class WhereZero(Oracle):
 
     def inspect(self, tools, batch):
         tools("run_sql", query=f"SELECT * FROM {batch['staging_table']} WHERE 0")
+
+
+# -- the shortcuts -----------------------------------------------------------------------------------
+
+class NoHistory(CarefulV2):
+    """careful-v2 without the history rules: it never reads wh_load_log nor compares with earlier rows."""
+    name = "no-history"
+
+    def __init__(self, **options):
+        super().__init__(without=HISTORY_RULES, **options)
+
+
+class NoWarehouse(CarefulV2):
+    """careful-v2 on the staged rows alone: no warehouse key, no customer lookup, no history."""
+    name = "no-warehouse"
+    warehouse_keys = False
+
+    def __init__(self, **options):
+        super().__init__(without=(*HISTORY_RULES, "orders.customer_id.orphan_reference"), **options)
+
+
+def _profile_citations(p: dict, contract: dict, accepted: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Every rule a profile alone shows broken, as citations (the first is the quarantine's)."""
+    from .schemas import contract_columns
+    cols, rows, table = p["columns"], p["rows"], p["table"]
+    limits, window = contract["limits"], contract["reporting_window"]
+    if list(cols) != contract_columns(contract, table):
+        return [(contract_columns(contract, table)[0], "schema_drift")]
+    out: list[tuple[str, str]] = []
+
+    def values(c):
+        return {str(v) for v, _ in cols[c]["top_values"] if v is not None}
+
+    def blank(c):
+        return cols[c]["n_null"] + cols[c]["n_blank"] > 0
+    key = KEY_COLUMNS[table]
+    if cols[key]["n_distinct"] < rows:
+        out.append((key, "duplicate_key"))
+    if table == "customers":
+        if blank("email"):
+            out.append(("email", "missing_value"))
+        if any("@" not in v for v in values("email") if v.strip()):
+            out.append(("email", "invalid_value"))
+        if values("country") - set(limits["allowed_countries"]) - accepted.get("country", set()):
+            out.append(("country", "invalid_value"))
+        if (cols["signup_date"]["max"] or "") > window["end"]:
+            out.append(("signup_date", "out_of_window"))
+        return out
+    amount = cols["amount"]
+    if blank("amount"):
+        out.append(("amount", "missing_value"))
+    if amount["numeric_max"] is not None and (amount["numeric_max"] > limits["max_amount"] or (
+            amount["numeric_min"] <= 0 and "refunded" not in values("status"))):
+        out.append(("amount", "out_of_range"))
+    if values("currency") - {limits["currency"]} - accepted.get("currency", set()):
+        out.append(("currency", "wrong_currency"))
+    if values("status") - set(limits["allowed_status"]):
+        out.append(("status", "invalid_value"))
+    dates = cols["order_date"]
+    if (dates["min"] or "") < window["start"] or (dates["max"] or "") > window["end"]:
+        out.append(("order_date", "out_of_window"))
+    return out
+
+
+class ProfilesOnly:
+    """Profiles each batch (customers first), asks the owner about the open values a profile shows, and
+    judges whole batches from what the profiles show; never runs a query."""
+    name, oracle = "profiles-only", False
+
+    def play(self, tools: Tools, case=None) -> None:
+        contract = tools("read_contract")
+        limits = contract["limits"]
+        loaded, quarantined = [], []
+        for b in customers_first(tools("list_batches")):
+            bid = b["batch_id"]
+            p = tools("profile_batch", batch_id=bid)
+            accepted: dict[str, set[str]] = {}
+            for column, listed in (("currency", {limits["currency"]}), ("country", set(limits["allowed_countries"]))):
+                if column in p["columns"] and {str(v) for v, _ in p["columns"][column]["top_values"]} - listed:
+                    answer = tools("ask_owner", batch_id=bid, column=column, question="accept or reject?")
+                    accepted[column] = {r["value"] for r in answer.get("rulings", []) if r.get("ruling") == "accept"}
+            cites = _profile_citations(p, contract, accepted)
+            if cites:
+                tools("quarantine_batch", batch_id=bid, column=cites[0][0], defect_type=cites[0][1])
+                for column, defect in cites[1:]:
+                    tools("cite_defect", batch_id=bid, column=column, defect_type=defect)
+                quarantined.append(bid)
+            else:
+                tools("load_batch", batch_id=bid)
+                loaded.append(bid)
+        tools("submit_report", loaded=loaded, quarantined=quarantined)
+
+
+class _ByListing:
+    """Decides each batch from the listing alone (customers first): `citation` says what to quarantine a
+    batch for, or None to load it."""
+    name, oracle = "by-listing", False
+
+    def citation(self, batch: dict, listing: list[dict]) -> tuple[str, str] | None:
+        raise NotImplementedError
+
+    def play(self, tools: Tools, case=None) -> None:
+        listing = customers_first(tools("list_batches"))
+        loaded, quarantined = [], []
+        for b in listing:
+            cite = self.citation(b, listing)
+            if cite:
+                tools("quarantine_batch", batch_id=b["batch_id"], column=cite[0], defect_type=cite[1])
+                quarantined.append(b["batch_id"])
+            else:
+                tools("load_batch", batch_id=b["batch_id"])
+                loaded.append(b["batch_id"])
+        tools("submit_report", loaded=loaded, quarantined=quarantined)
+
+
+class ByTable(_ByListing):
+    """Loads every customers batch and quarantines every orders batch as a unit shift, reading no row."""
+    name = "by-table"
+
+    def citation(self, batch, listing):
+        return ("amount", "unit_shift") if batch["table"] == "orders" else None
+
+
+class ByMetadata(_ByListing):
+    """The listing alone: customers first; an orders batch whose row count is out of proportion with the
+    customers batch's (outside RATIO) is quarantined as a volume anomaly, everything else is loaded."""
+    name = "by-metadata"
+    RATIO = (1.0, 3.0)
+
+    def citation(self, batch, listing):
+        customers = sum(b["rows"] for b in listing if b["table"] == "customers") or 1
+        ratio = batch["rows"] / customers
+        if batch["table"] == "orders" and not self.RATIO[0] <= ratio <= self.RATIO[1]:
+            return "order_id", "volume_anomaly"
+        return None

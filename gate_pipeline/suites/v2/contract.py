@@ -24,6 +24,13 @@ V2_SECTIONS = ("files", "history", "row_quarantine", "ask_owner")
 CONTRACT_KEYS_V2 = ("reporting_window", "orders", "customers", "limits", "defect_types", *V2_SECTIONS)
 
 
+def question_cost(contract: dict, column: str) -> float:
+    """What one question to the owner about `column` costs, as the contract words it: nothing for a column
+    `ask_owner.columns` names, `ask_owner.cost_per_question` for any other."""
+    ask = contract.get("ask_owner") or {}
+    return 0.0 if column in ask.get("columns", ()) else float(ask.get("cost_per_question", 0.0))
+
+
 def validate_contract(doc: Any, where: str = "contract") -> dict:
     """Check a v2 contract document; return it unchanged or raise ContractError."""
     check_core(doc, where, CONTRACT_KEYS_V2, COLUMNS_V2, DEFECT_TYPES_V2)
@@ -40,7 +47,7 @@ V2_SECTION_KEYS: dict[str, dict] = {
     "files": {"columns": "layout", "header": "text", "loader": "text", "blank": "text"},
     "history": {
         "load_log": "text", "compare_with": "text",
-        "volume": {"table": "table", "min_ratio": "ratio", "max_ratio": "ratio", "rule": "text"},
+        "volume": {"tables": "tables", "min_ratio": "ratio", "max_ratio": "ratio", "rule": "text"},
         "amount_median": {"min_ratio": "ratio", "max_ratio": "ratio", "rule": "text"},
         "duplicate_content": {"max_share": "share", "rule": "text"},
     },
@@ -68,9 +75,10 @@ def _check_v2_value(value: Any, kind: str, key: str, where: str) -> None:
     elif kind == "count":
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1000:
             bad("a whole number from 0 to 1000")
-    elif kind == "table":
-        if value not in COLUMNS_V2:
-            bad(f"one of {list(COLUMNS_V2)}")
+    elif kind == "tables":
+        if not isinstance(value, list) or not value or not all(v in COLUMNS_V2 for v in value) \
+                or len(set(value)) != len(value):
+            bad(f"a non-empty list of distinct tables from {list(COLUMNS_V2)}")
     elif kind == "defects":
         if not isinstance(value, list) or not value or not all(v in DEFECT_TYPES_V2 for v in value):
             bad(f"a non-empty list of defect types from {list(DEFECT_TYPES_V2)}")

@@ -2,8 +2,8 @@
 
 The same pandera schemas careful-v2 uses (`schemas.py`, through `gold.batch_findings`): the header,
 every row, the warehouse and the earlier nights. The customers batches that pass their own checks
-(or whose bad rows the contract lets a run hold back) count as loaded before the orders. The
-Dagster contract check shows the result.
+(or whose bad rows the contract lets a run hold back, those rows aside) count as loaded before the
+orders. The Dagster contract check shows the result.
 """
 from __future__ import annotations
 
@@ -26,7 +26,17 @@ def findings(prepared) -> list[BatchFindings]:
     customers = [bid for bid in prepared.order if prepared.batches[bid].table == "customers"]
     for bid in customers:
         found[bid] = batch_findings(prepared, bid, customers_loaded=[])
-    loaded = [bid for bid in customers if disposition(prepared.contract, found[bid]) != "quarantine"]
+    loaded = []
+    for bid in customers:
+        verdict = disposition(prepared.contract, found[bid])
+        if verdict == "quarantine":
+            continue
+        held = []
+        if verdict == "rows":
+            from .gold import staged_frame
+            keys = staged_frame(prepared.batches[bid])["customer_id"]
+            held = sorted({str(keys.iloc[i]) for i in found[bid].bad_rows()})
+        loaded.append((bid, held))
     for bid in prepared.order:
         if bid not in found:
             found[bid] = batch_findings(prepared, bid, customers_loaded=loaded)

@@ -31,15 +31,22 @@ def accepted_values(case, batch_id: str) -> dict[str, set[str]]:
     return out
 
 
-def loaded_by_truth(prepared) -> list[str]:
-    """The customers batches a correct run loads (all or some of their rows), by the truth labels."""
-    return [b for b in prepared.order if prepared.batches[b].table == "customers"
-            and prepared.truth[b]["disposition"] != "quarantine"]
+def loaded_by_truth(prepared) -> list[tuple[str, list[str]]]:
+    """The customers batches a correct run loads (all or some of their rows), by the truth labels: each
+    with the keys of the rows it holds back."""
+    out = []
+    for b in prepared.order:
+        truth = prepared.truth[b]
+        if prepared.batches[b].table == "customers" and truth["disposition"] != "quarantine":
+            out.append((b, sorted({k for d in truth["defects"] for k in d.get("keys", ())})))
+    return out
 
 
-def batch_findings(prepared, batch_id: str, df=None, customers_loaded: list[str] | None = None) -> Findings:
+def batch_findings(prepared, batch_id: str, df=None, customers_loaded: list[tuple[str, list[str]]] | None = None) \
+        -> Findings:
     """The rules one batch breaks, as gate judges it from the case (see the module docstring), the
-    customers batches in `customers_loaded` counted as loaded before it (default: as the truth loads)."""
+    customers batches in `customers_loaded` ((batch id, keys of its rows held back)) counted as loaded
+    before it (default: as the truth loads them)."""
     case, conn = prepared.case, prepared._reader()
     batch = prepared.batches[batch_id]
     table, header, staging = batch.table, prepared.headers[batch_id], prepared.staging[batch_id]
@@ -51,13 +58,18 @@ def batch_findings(prepared, batch_id: str, df=None, customers_loaded: list[str]
     figures = None
     if drift_free:
         keys["existing_keys"] = {r[0] for r in conn.execute(existing_keys_sql(table, staging, tonight))}
+        repeated = None
         if table == "orders":
             loaded = loaded_by_truth(prepared) if customers_loaded is None else customers_loaded
-            first = [prepared.staging[b] for b in loaded if list(prepared.headers[b]) == list(COLUMNS_V2["customers"])]
-            keys["missing_customers"] = {r[0] for r in conn.execute(missing_customers_sql(staging, first))}
-            usual_rows, usual_median = usual(conn.execute(usual_sql(table, batch.source)).fetchall())
-            figures = HistoryFigures(prepared.row_counts[batch_id], usual_rows, median_of_amounts(df["amount"]), usual_median,
-                                     conn.execute(repeated_rows_sql(staging, tonight)).fetchone()[0])
+            first = [(prepared.staging[b], held) for b, held in loaded
+                     if list(prepared.headers[b]) == list(COLUMNS_V2["customers"])]
+            held = sorted({k for _, h in first for k in h})
+            keys["missing_customers"] = {r[0] for r in conn.execute(
+                missing_customers_sql(staging, [t for t, _ in first], held))}
+            repeated = conn.execute(repeated_rows_sql(staging, tonight)).fetchone()[0]
+        usual_rows, usual_median = usual(conn.execute(usual_sql(table, batch.source)).fetchall())
+        median = median_of_amounts(df["amount"]) if table == "orders" else None
+        figures = HistoryFigures(prepared.row_counts[batch_id], usual_rows, median, usual_median, repeated)
     return findings(contract, table, header, df if drift_free else None, keys, figures,
                     accepted=accepted_values(case, batch_id))
 

@@ -12,23 +12,27 @@ episode scores 0. The terms and their weights are the classic ones (records.WEIG
   loaded twice loads no clean row right.
 - `report` (0.20): the report's lists are exactly the batches loaded and those quarantined.
 - `evidence` (0.15): per defect. For each defective batch whose bad rows were all kept out,
-  (defects cited - citations that match no defect) / defects, at least 0; summed over
-  defective batches, minus one per clean batch cited, over the number of defective batches,
-  at least 0. Without defective batches: 1 when nothing was cited, else 0.
+  (defects cited - citations that match no defect) / defects, at least 0, where each citation
+  counts for one defect at most (a largest matching of citations to the defects they match, so
+  a citation two defects accept is credited once); summed over defective batches, minus one per
+  clean batch cited, over the number of defective batches, at least 0. Without defective
+  batches: 1 when nothing was cited, else 0.
 - `inspected` (0.15): of the batches acted on (the first load, quarantine or row quarantine of
   each), the share looked at before that action: profiled, or read by a query whose result or
   work depended on the batch's rows (`looked_at`, see `suite_v2.sandbox`).
 
 reward = 0.50 disposition + 0.20 report + 0.15 evidence + 0.15 inspected - questions x the
-contract's cost per question, for every question about a column whose values the contract does
-not leave open (the case's owner has no ruling on it), rounded to six decimals, at least 0.
+contract's cost per question, for every question about a column the contract's `ask_owner.columns`
+does not name (as the contract words it), rounded to six decimals, at least 0.
 """
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
 from ...kernel.cases import Case
 from ...kernel.grading import LIST, STR, Judgement, LedgerFold, Rubric
+from .contract import question_cost as column_cost
 
 
 def _int(value) -> int:
@@ -140,6 +144,23 @@ def _matches(citation: tuple[str, str], defect: dict) -> bool:
     return any(citation == (a["column"], a["type"]) for a in defect.get("accepted", ()))
 
 
+def credited(cites: list[tuple[str, str]], defects: list[dict]) -> int:
+    """How many defects the citations cover when each citation counts for one defect at most: the size of
+    a largest matching between citations and the defects they match (augmenting paths; a batch has a few)."""
+    owner: dict[int, int] = {}  # defect -> the citation credited for it
+
+    def place(c: int, seen: set[int]) -> bool:
+        for d, found in enumerate(defects):
+            if d in seen or not _matches(cites[c], found):
+                continue
+            seen.add(d)
+            if d not in owner or place(owner[d], seen):
+                owner[d] = c
+                return True
+        return False
+    return sum(1 for c in range(len(cites)) if place(c, set()))
+
+
 def evidence(case: Case, state: EpisodeState, outcomes: dict) -> float:
     batches = case.batches
     defective = [b for b in batches if b.defective]
@@ -152,7 +173,7 @@ def evidence(case: Case, state: EpisodeState, outcomes: dict) -> float:
         if not cites or outcome["kept_out"] < outcome["bad"]:
             continue
         defects = b.truth["defects"]
-        hits = sum(1 for d in defects if any(_matches(c, d) for c in cites))
+        hits = credited(cites, defects)
         wrong = sum(1 for c in cites if not any(_matches(c, d) for d in defects))
         total += max(Fraction(0), Fraction(hits - wrong, len(defects)))
     wrong_clean = sum(1 for b in batches if not b.defective and state.citations.get(b.batch_id))
@@ -160,10 +181,10 @@ def evidence(case: Case, state: EpisodeState, outcomes: dict) -> float:
 
 
 def question_cost(case: Case, state: EpisodeState) -> float:
-    """The cost of the questions whose answer the case's owner has no ruling for."""
-    ruled = {(r["batch_id"], r["column"]) for r in case.data["owner"]}
-    paid = sum(1 for q in state.questions if q not in ruled)
-    return round(paid * float(case.contract["ask_owner"]["cost_per_question"]), 6)
+    """The cost of the questions, as the contract words it: nothing for a column `ask_owner.columns`
+    names, `cost_per_question` for any other (`contract.question_cost`)."""
+    contract = dict(case.contract)
+    return round(math.fsum(column_cost(contract, column) for _, column in state.questions), 6)
 
 
 def outcomes_of(case: Case, state: EpisodeState) -> dict[str, dict]:

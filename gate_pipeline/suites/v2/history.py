@@ -30,9 +30,11 @@ def existing_keys_sql(table: str, staging: str, tonight: Sequence[str] = ()) -> 
     return f"SELECT DISTINCT s.{key} FROM {staging} s JOIN wh_{table} w ON w.{key} = s.{key}{skip}"
 
 
-def missing_customers_sql(staging: str, also: Sequence[str] = ()) -> str:
-    """The batch's customer ids neither wh_customers nor the staging tables `also` hold."""
-    others = "".join(f" AND s.customer_id NOT IN (SELECT customer_id FROM {t})" for t in also)
+def missing_customers_sql(staging: str, also: Sequence[str] = (), held: Sequence[str] = ()) -> str:
+    """The batch's customer ids neither wh_customers nor the staging tables `also` hold (rows whose key is
+    in `held`, the rows held back from those batches' loads, aside)."""
+    skip = f" WHERE customer_id NOT IN ({', '.join(map(_lit, held))})" if held else ""
+    others = "".join(f" AND s.customer_id NOT IN (SELECT customer_id FROM {t}{skip})" for t in also)
     return (f"SELECT DISTINCT s.customer_id FROM {staging} s WHERE NOT EXISTS "
             f"(SELECT 1 FROM wh_customers c WHERE c.customer_id = s.customer_id){others}")
 

@@ -1,8 +1,9 @@
 """The v2 contract's rules as data: which defect each clause detects, and at what level.
 
-Row rules judge one row (the classic eleven, and `wrong_type` for an amount that is not a plain
-decimal number); a file rule judges the header (`schema_drift`); history rules judge the batch
-against the earlier nights (`volume_anomaly`, `unit_shift`, `duplicate_content`). Keys are
+Row rules judge one row (the classic eleven, `wrong_type` for an amount that is not a plain
+decimal number, `invalid_value` for an e-mail that is not an address); a file rule judges the
+header (`schema_drift`); history rules judge the batch against the earlier nights
+(`volume_anomaly` of orders and of customers, `unit_shift`, `duplicate_content`). Keys are
 `table.column.defect_type` as in the classic catalogue (`rules.py`, unchanged); a file rule's
 column is `header` (its citation may name any column of the table).
 """
@@ -16,19 +17,24 @@ ROW, FILE, HISTORY = "row", "file", "history"
 
 
 # Every rule the v2 contract states, in the order careful-v2 checks them.
+AFTER_CORE = {"orders.amount.missing_value": Rule("orders", "amount", "wrong_type"),  # v2's row rules, each
+              "customers.email.missing_value": Rule("customers", "email", "invalid_value")}  # after its core rule
+
+
 def _with_v2_rules(table: str) -> tuple[Rule, ...]:
-    """A table's rules of the contract core, with the file rule first and `wrong_type` after a blank amount."""
+    """A table's rules of the contract core, with the file rule first and v2's row rules after their core rule."""
     out = [Rule(table, "header", "schema_drift", level=FILE)]
     for rule in CORE_RULES:
         if rule.table == table:
             out.append(rule)
-            if rule.key == "orders.amount.missing_value":
-                out.append(Rule("orders", "amount", "wrong_type"))
+            if rule.key in AFTER_CORE:
+                out.append(AFTER_CORE[rule.key])
     return tuple(out)
 
 
 CATALOGUE_V2: tuple[Rule, ...] = (
     *_with_v2_rules("customers"),
+    Rule("customers", "customer_id", "volume_anomaly", True, level=HISTORY),
     *_with_v2_rules("orders"),
     Rule("orders", "order_id", "volume_anomaly", True, level=HISTORY),
     Rule("orders", "amount", "unit_shift", True, level=HISTORY),
@@ -48,7 +54,7 @@ def stated(rule: Rule, contract: dict) -> bool:
         section = (contract.get("history") or {}).get(HISTORY_SECTION[rule.defect_type])
         if not section:
             return False
-        return section.get("table", "orders") == rule.table if rule.defect_type == "volume_anomaly" else True
+        return rule.table in section.get("tables", ()) if rule.defect_type == "volume_anomaly" else True
     return rule.column in (contract.get(rule.table) or {})
 
 

@@ -1,37 +1,60 @@
-"""`run_sql` in a v2 episode: the classic sandbox, budgets that grow with the database, and a record
-of which batches a read really looked at.
+"""`run_sql` in a v2 episode: the classic sandbox, budgets that grow with the database, a clock fixed
+at the night's load, and a record of which batches a read really looked at.
 
-Everything the classic sandbox refuses is refused here, with the same texts (`sandbox.py`); v2
-also refuses `random()` (a read must give the same result twice, see below) and gate's own
-SQL functions. The step and time budgets grow with the rows in the database (2,000,000 steps
-plus 100 per row; 2.0 s plus 10 microseconds per row), so the same checks run on a 200,000-row
-night as on a 20-row one.
+Everything the classic sandbox refuses is refused here, with the same texts (`sandbox.py`). v2
+also refuses what would let a query's result change without its rows changing: `random()`,
+`changes()`, `total_changes()`, `last_insert_rowid()` and gate's own SQL functions, and reads of
+SQLite's internal tables (`dbstat`, `sqlite_dbpage`, `sqlite_stmt`, the temporary schema);
+table-valued `pragma_*` functions are refused as any pragma is. 'now' (in `date('now')`,
+`julianday()`, `CURRENT_TIMESTAMP`...) is the night's load time (`world.clock_functions`), the same
+on every run. The step and time budgets grow with the rows in the database (2,000,000 steps plus
+100 per row; 2.0 s plus 10 microseconds per row), so the same checks run on a 200,000-row night as
+on a 20-row one.
 
-**Looked at.** A read counts as looking at a batch when the batch's rows made a difference to
-it: run again with the batch's staging table empty (renamed away inside a savepoint and
-replaced by an empty table of the same columns, then rolled back), it returns other rows, or
-executes fewer SQLite virtual-machine steps (so a check that scans every row and finds nothing
-counts, and `WHERE 0`, `LIMIT 0` or `COUNT(*) ... WHERE 0` do not). Steps are counted by the
-progress handler at a granularity of at most a quarter of the batch's rows. Only staging
-tables the query read (the authorizer says which) and that no earlier read looked at are
-tested, so an honest agent pays for the test once per batch. A query whose result changes by
-itself between two runs (the clock: `'now'`) can pass the test without reading rows.
+**Looked at.** A read counts as looking at a batch when SQLite read the batch's rows to answer it:
+run again with the batch's staging table emptied (its rows deleted inside a savepoint and put back
+by rolling it back: the schema, `sqlite_master` and every other table stay exactly as they were),
+it returns other rows, fails, or executes a different number of SQLite virtual-machine steps, by
+at least a quarter of the batch's rows (so a check that scans every row and finds nothing counts,
+and `WHERE 0`, `LIMIT 0`, `rowid < 0`, a read of the schema, of another table or of the clock do
+not). Nothing else can change between the two runs:
+the clock is fixed, randomness and change counters are refused, and the emptied table is the only
+thing that differs. Steps are counted by the progress handler every `interval` steps (at most a
+quarter of the smallest batch's rows, at most 1,000), on the agent's run and on the re-run alike.
+
+The re-run costs at most what is left of the query's own budget (a re-run that would exceed it
+decides nothing: the batch is not looked at by that read), so `run_sql` returns within its budget
+whatever the query names. Only staging tables the query read (the authorizer says which) and that
+no earlier read looked at are tested, and a batch once looked at is never tested again.
 """
 from __future__ import annotations
 
 import sqlite3
+import time
 
 from ...kernel.sandbox import CAUGHT, DENIED_FUNCTIONS, INTERVAL, STEP_BUDGET, TIME_BUDGET_S, Sandbox
 
 STEPS_PER_ROW = 100
 SECONDS_PER_ROW = 10e-6
 GATE_FUNCTIONS = frozenset({"gate_amount"})
-DENIED_FUNCTIONS_V2 = DENIED_FUNCTIONS | {"random"} | GATE_FUNCTIONS
+STATE_FUNCTIONS = frozenset({"random", "changes", "total_changes", "last_insert_rowid"})
+DENIED_FUNCTIONS_V2 = DENIED_FUNCTIONS | STATE_FUNCTIONS | GATE_FUNCTIONS
+# tables a read may not name: SQLite's views of its own pages, statements and temporary schema, and gate's
+# temporary table of held keys (a DELETE inside a savepoint changes what dbstat shows, not what they hold)
+INTERNAL_TABLES = frozenset({"dbstat", "sqlite_dbpage", "sqlite_stmt", "sqlite_temp_master", "sqlite_temp_schema",
+                             "gate_held"})
+
+
+SCHEMA_NOW = "SELECT 1 FROM main.sqlite_master, temp.sqlite_master WHERE 0"
 
 
 def budgets(total_rows: int) -> tuple[int, float]:
     """(step budget, time budget in seconds) of a database holding `total_rows` rows."""
     return STEP_BUDGET + STEPS_PER_ROW * total_rows, TIME_BUDGET_S + SECONDS_PER_ROW * total_rows
+
+
+class _OverBudget(Exception):
+    """The re-run ran out of what was left of the query's budget."""
 
 
 class SandboxV2(Sandbox):
@@ -44,41 +67,67 @@ class SandboxV2(Sandbox):
         super().__init__(conn, *budgets(total_rows))
         self.staging = staging
         self.pending = set(staging)  # staging tables no read has looked at yet
+        self.fine = max(1, min(INTERVAL, min((rows for _, rows in staging.values()), default=INTERVAL) // 4))
 
-    def _looked(self, query: str, table: str, fetched: list[tuple]) -> bool:
-        """Whether `query`'s result or work depends on the rows of staging table `table`."""
-        columns, rows = self.staging[table]
-        interval = max(1, min(INTERVAL, rows // 4))
+    def _authorize(self, action, arg1, arg2, db, trigger):
+        if self.guard and action == sqlite3.SQLITE_READ and (db == "temp" or str(arg1).lower() in INTERNAL_TABLES):
+            return sqlite3.SQLITE_DENY
+        return super()._authorize(action, arg1, arg2, db, trigger)
+
+    def execute(self, query: str, interval: int | None = None) -> tuple[list[tuple], list[str], int]:
+        """The kernel's guarded execution, its steps counted every `fine` steps (the look check compares them).
+        The schema is read first, unguarded: a statement that has to read it again (after gate's own writes
+        changed it) would count the steps of that reading too, and two runs of one query would differ."""
+        self.conn.execute(SCHEMA_NOW).close()
+        return super().execute(query, self.fine if interval is None else interval)
+
+    def _rerun_empty(self, query: str, table: str, steps_left: int, deadline: float) -> tuple[list[tuple], int] | None:
+        """(rows, steps) of `query` with `table` emptied, within what is left of the budget; None when the
+        query fails without the rows; raises _OverBudget."""
         conn = self.conn
-        tables_read = self.tables_read
+        saved = self.step_budget, self.time_budget, self.tables_read
         conn.execute("SAVEPOINT gate_looked_at")
         try:
-            conn.execute(f'ALTER TABLE main."{table}" RENAME TO "{table}__gate_held"')
-            conn.execute(f'CREATE TABLE main."{table}" ({", ".join(chr(34) + c + chr(34) + " TEXT" for c in columns)})')
+            conn.execute(f'DELETE FROM main."{table}"')
+            self.step_budget, self.time_budget = steps_left, deadline - time.monotonic()
+            if self.time_budget <= 0 or steps_left <= 0:
+                raise _OverBudget
             try:
-                empty, _, empty_steps = self.execute(query, interval)
+                rows, _, steps = self.execute(query)
             except CAUGHT:
-                return True  # it ran on the rows and fails without them: they made the difference
+                if self.steps > self.step_budget or time.monotonic() > self.deadline:
+                    raise _OverBudget from None
+                return None
+            return rows, steps
         finally:
+            self.step_budget, self.time_budget, self.tables_read = saved
             conn.execute("ROLLBACK TO gate_looked_at")
             conn.execute("RELEASE gate_looked_at")
-            conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()  # reload the schema now, not mid-query
-            self.tables_read = tables_read
-        if empty != fetched:
-            return True
-        try:
-            _, _, steps = self.execute(query, interval)
-        except CAUGHT:
-            return False
-        finally:
-            self.tables_read = tables_read
-        return steps > empty_steps
 
     def after_read(self, query: str, tables: list[str], fetched: list[tuple]) -> dict:
         """The staging tables this read looked at for the first time (`looked_at` in its ledger entry)."""
-        looked = [t for t in tables if t in self.pending and self._looked(query, t, fetched)]
+        candidates = [t for t in tables if t in self.pending]
+        looked: list[str] = []
+        if not candidates:
+            return {"looked_at": looked}
+        steps, deadline = self.steps, self.deadline  # the agent's run: its steps, the end of its budget
+        spent = steps
+        for table in candidates:
+            try:
+                again = self._rerun_empty(query, table, self.step_budget - spent, deadline)
+            except _OverBudget:
+                break  # what is left of the budget cannot decide: no look, and nothing more is tried
+            if again is None or again[0] != fetched or abs(again[1] - steps) >= self.work(table):
+                looked.append(table)
+            if again is not None:
+                spent += again[1]
         self.pending.difference_update(looked)
         return {"looked_at": looked}
+
+    def work(self, table: str) -> int:
+        """The least difference in steps that counts as having read the table's rows: a quarter of them (a
+        seek that touches one row and finds nothing to return, `rowid < 0`, is not a read of the batch)."""
+        return max(2 * self.fine, self.staging[table][1] // 4)
 
     def mark_looked(self, table: str) -> None:
         """A batch looked at another way (profiled): no read needs testing for it any more."""

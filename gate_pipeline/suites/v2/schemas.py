@@ -31,6 +31,7 @@ from .rules import FILE, HISTORY, ROW, Rule, rules_for  # noqa: E402
 
 BLANK = " \t\r\n"
 DECIMAL = r"-?[0-9]+(\.[0-9]+)?"
+EMAIL = r"[^@\s]+@[^@\s]+\.[^@\s]+"
 
 
 def contract_columns(contract: dict, table: str) -> list[str]:
@@ -81,6 +82,8 @@ def _row_check(rule: Rule, contract: dict, keys: dict, accepted: dict):
         return lambda s: ~_blank(s)
     if kind == "wrong_type":
         return lambda s: _blank(s) | _decimal(s)
+    if kind == "invalid_value" and rule.column == "email":
+        return lambda s: _blank(s) | _str(s).str.fullmatch(EMAIL)
     if kind == "invalid_value":
         listed = limits["allowed_status"] if rule.column == "status" else limits["allowed_countries"]
         allowed = set(listed) | set(accepted.get(rule.column, ()))

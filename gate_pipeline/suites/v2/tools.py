@@ -6,18 +6,21 @@ batches a read looked at (`looked_at`, see `suite_v2.sandbox`). The three new to
 
 - `quarantine_rows(batch_id, keys, column, defect_type)`: hold rows of a batch back from its
   load, named by the key column (order_id, customer_id) and cited like a batch. Before the
-  batch is loaded, and only keys that name rows: `load_batch` then loads the rest.
+  batch is loaded, and only keys that name rows: `load_batch` then loads the rest, and the batch
+  is a loaded batch (the report lists it under `loaded`; its answer, the tool's description and
+  the contract's `row_quarantine.rule` all say so).
 - `cite_defect(batch_id, column, defect_type)`: cite one more defect of a batch that is
   quarantined or holds quarantined rows (a batch can have several; each must be cited).
 - `ask_owner(batch_id, column, question)`: ask the contract owner about a batch's column; the
   answer is the owner's rulings on the values the contract leaves open there (from the case),
-  free when there are any, at the contract's cost per question otherwise.
+  free for the columns the contract's `ask_owner.columns` names, at its cost per question for any
+  other column (exactly as the contract words it; the grader charges the same).
 """
 from __future__ import annotations
 
 from ...kernel.episode import Episode
 from ...kernel.suite import Arg, Tool
-from .contract import COLUMNS_V2, KEY_COLUMNS
+from .contract import COLUMNS_V2, KEY_COLUMNS, question_cost
 from .world import PreparedCaseV2, WorldV2, _quoted
 
 BATCH_ID = Arg("batch_id", "str", "a batch id exactly as list_batches gives it")
@@ -26,35 +29,41 @@ DEFECT_TYPE = Arg("defect_type", "str", "one of the contract's defect types", en
 
 TOOLS = (
     Tool("read_contract", "Return the data contract: the rules every customers and orders row must satisfy, the "
-         "machine-readable limits, the reporting window and the allowed defect types."),
+         "machine-readable limits, the reporting window, the allowed defect types, the file, history, row "
+         "quarantine and contract-owner sections."),
     Tool("list_batches", "List the batches waiting in staging tonight: batch_id, table (customers or orders), row "
          "count, staging_table name and source."),
     Tool("profile_batch", "Column statistics of one staged batch (nulls, blanks, distinct counts, min/max, numeric "
          "range, most frequent values).", (BATCH_ID,), shaped="SAMPLE"),
-    Tool("run_sql", "Run one read-only SQLite SELECT over wh_customers, wh_orders and the stg_* staging tables. At "
-         "most 50 rows come back (use LIMIT/OFFSET or aggregates); writes are refused.",
+    Tool("run_sql", "Run one read-only SQLite SELECT over wh_customers, wh_orders, wh_load_log and the stg_* staging "
+         "tables. At most 50 rows come back (use LIMIT/OFFSET or aggregates); writes are refused. 'now' is tonight's "
+         "load time.",
          (Arg("query", "str", "one SELECT statement (SQLite dialect)", limit=None),), shaped="QUERY"),
-    Tool("load_batch", "Load a staged batch into the warehouse. This cannot be undone, and the loader accepts "
-         "anything: it always answers errors: 0. Load customers batches before the orders that use them.",
-         (BATCH_ID,), shaped=None),
-    Tool("quarantine_batch", "Keep a batch out of the warehouse, citing the column and the defect type found in it. "
-         "The first citation for a batch is final; quarantine does not remove rows already loaded.",
-         (BATCH_ID, COLUMN, DEFECT_TYPE), shaped=None),
+    Tool("load_batch", "Load a staged batch into the warehouse (without the rows quarantine_rows held back). This "
+         "cannot be undone, and the loader accepts anything: it always answers errors: 0. Load customers batches "
+         "before the orders that use them.", (BATCH_ID,), shaped=None),
+    Tool("quarantine_batch", "Keep a whole batch out of the warehouse, citing the column and the defect type found "
+         "in it (cite_defect cites the others). The first citation for a batch is final; quarantine does not remove "
+         "rows already loaded.", (BATCH_ID, COLUMN, DEFECT_TYPE), shaped=None),
     Tool("quarantine_rows", "Hold rows of a batch back from its load, naming them by the batch's key column "
          "(order_id or customer_id) and citing the column and defect type they break; then load_batch loads the "
-         "rest. Only before the batch is loaded; use one call per column and defect type.",
+         "rest, and the batch counts as loaded (report it under loaded, not under quarantined). Only before the "
+         "batch is loaded; use one call per column and defect type.",
          (BATCH_ID, Arg("keys", "strlist", "the key values (order_id or customer_id) of the rows to hold back, "
                                            "at most 1000 a call"), COLUMN, DEFECT_TYPE), shaped=None),
     Tool("cite_defect", "Cite one more defect (column and defect type) of a batch you quarantined, or whose rows you "
-         "quarantined: every defect a batch has must be cited.", (BATCH_ID, COLUMN, DEFECT_TYPE), shaped=None),
+         "held back: every defect a batch has must be cited, each citation counts for one defect.",
+         (BATCH_ID, COLUMN, DEFECT_TYPE), shaped=None),
     Tool("ask_owner", "Ask the contract owner about a column of a batch: the answer gives the owner's rulings on the "
-         "values the contract leaves open there. Free when the contract leaves that column open, otherwise it "
-         "costs part of the night's reward (see the contract).",
-         (BATCH_ID, Arg("column", "str", "the column of the batch's table where the defect is"),
+         "values the contract leaves open there. Free for the columns the contract's ask_owner.columns names; a "
+         "question about any other column costs ask_owner.cost_per_question of the night's reward.",
+         (BATCH_ID, Arg("column", "str", "the column of the batch's table you ask about"),
           Arg("question", "str", "your question to the contract owner", limit=1_000))),
-    Tool("submit_report", "Finish the night: report exactly which batch ids you loaded and which you quarantined, "
-         "as listed. Only the first report counts; without a report the night earns no credit.",
-         (Arg("loaded", "strlist", "batch ids you loaded"), Arg("quarantined", "strlist", "batch ids you quarantined")),
+    Tool("submit_report", "Finish the night: report exactly which batch ids you loaded (whole, or with rows held "
+         "back) and which you quarantined whole, as listed. Only the first report counts; without a report the "
+         "night earns no credit.",
+         (Arg("loaded", "strlist", "batch ids you loaded, rows held back or not"),
+          Arg("quarantined", "strlist", "batch ids you quarantined whole")),
          shaped=None),
 )
 TOOL_NAMES_V2 = tuple(t.name for t in TOOLS)
@@ -124,8 +133,8 @@ class EpisodeV2(Episode):
         held.update(found)
         world.held_rows[batch_id] = world.held_rows.get(batch_id, 0) + matched
         self.cite(batch_id, column, defect_type)
-        return {"status": "quarantined", "batch_id": batch_id, "rows_quarantined": matched,
-                "keys_not_found": len(new) - len(found)}
+        return {"status": "held", "batch_id": batch_id, "rows_held": matched, "keys_not_found": len(new) - len(found),
+                "next": "load_batch loads the other rows; the report lists this batch under loaded"}
 
     def cite_defect(self, batch_id, column, defect_type):
         world = self.world
@@ -156,7 +165,7 @@ class EpisodeV2(Episode):
             return {"error": f"column must be one of {columns}"}
         self.ledger.append("ask_owner", args, True)
         rulings = prepared.rulings.get((batch_id, column), [])
-        cost = 0.0 if rulings else float(prepared.contract["ask_owner"]["cost_per_question"])
+        cost = question_cost(prepared.contract, column)
         if not rulings:
             return {"batch_id": batch_id, "column": column, "rulings": [], "cost": cost,
                     "answer": NO_RULING.format(column=column, batch=batch_id)}

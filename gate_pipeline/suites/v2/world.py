@@ -26,6 +26,7 @@ from ...kernel.cases import Case
 from ...kernel.world import PreparedCase, World, connect
 from .contract import COLUMNS_V2, KEY_COLUMNS
 from .files import header_of, rows_of
+from .generator import LOAD_HOUR
 from .layout import INDEXES, LOAD_LOG_COLUMNS, WAREHOUSE_COLUMNS, WAREHOUSE_DDL
 from .sandbox import SandboxV2
 
@@ -47,9 +48,42 @@ def loader_amount(value) -> float:
         return 0.0
 
 
-def _connection() -> sqlite3.Connection:
+TIME_FUNCTIONS = ("date", "time", "datetime", "julianday", "unixepoch", "strftime")
+NOW_KEYWORDS = {"current_date": "date", "current_time": "time", "current_timestamp": "datetime"}
+
+
+def clock_functions(conn: sqlite3.Connection, now: str) -> None:
+    """SQLite's date and time functions on `conn`, with 'now' (and no time value at all, which means now)
+    the night's load time `now`: a query gives the same answer on every run. Each call is answered by
+    SQLite's own function on a connection of its own, so every other argument means what SQLite says."""
+    helper = sqlite3.connect(":memory:", check_same_thread=False)
+
+    def make(name: str):
+        at = 1 if name == "strftime" else 0  # strftime's first argument is its format
+        queries = [f"SELECT {name}({', '.join('?' * n)})" for n in range(0, 12)]
+
+        def fn(*args):
+            values = list(args)
+            if len(values) <= at:
+                values.append(now)
+            elif isinstance(values[at], str) and values[at].strip().lower() == "now":
+                values[at] = now
+            if len(values) >= len(queries):
+                raise ValueError(f"{name}: too many arguments")
+            return helper.execute(queries[len(values)], values).fetchone()[0]
+        return fn
+
+    for name in TIME_FUNCTIONS:
+        conn.create_function(name, -1, make(name), deterministic=True)
+    for keyword, name in NOW_KEYWORDS.items():
+        value = helper.execute(f"SELECT {name}(?)", (now,)).fetchone()[0]
+        conn.create_function(keyword, 0, lambda value=value: value, deterministic=True)
+
+
+def _connection(night: str) -> sqlite3.Connection:
     conn = connect()
     conn.create_function("gate_amount", 1, loader_amount, deterministic=True)
+    clock_functions(conn, f"{night} {LOAD_HOUR}")
     return conn
 
 
@@ -76,7 +110,7 @@ class PreparedCaseV2(PreparedCase):
     # -- the database ---------------------------------------------------------------------
     def build(self) -> sqlite3.Connection:
         """A new database holding the case: the warehouse's past and the staged files."""
-        conn = _connection()
+        conn = _connection(self.night)
         total = 0
         try:
             conn.execute("BEGIN")
