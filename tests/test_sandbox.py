@@ -2,6 +2,8 @@
 unchanged; tables read recorded on every execution, from what SQLite resolves."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 CASE = "eval-blank-amount-0"
@@ -72,6 +74,24 @@ def test_time_budget(ep, monkeypatch):
     monkeypatch.setattr(ep.world.sandbox, "time_budget", 0.05)
     q = "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT COUNT(*) FROM r"
     assert ep.call("run_sql", {"query": q}) == {"error": "interrupted"}
+
+
+def self_joined_ctes(depth: int, tail: str = "") -> str:
+    """CTEs that each refer to the one before twice: SQLite expands them while it compiles the statement,
+    2 ** depth copies, before one virtual-machine step runs (an outside reviewer's query: 6-7 s at 14)."""
+    parts = ["c0 AS (SELECT 1 AS v)"] + [f"c{i} AS NOT MATERIALIZED (SELECT a.v FROM c{i - 1} a, c{i - 1} b "
+                                         f"WHERE a.v = b.v)" for i in range(1, depth + 1)]
+    return "WITH " + ", ".join(parts) + f" SELECT count(*) FROM c{depth}{tail}"
+
+
+@pytest.mark.parametrize("depth", [13, 14])
+def test_compiling_is_bounded_by_the_time_budget(ep, depth):
+    # bounded where SQLite asks the authorizer often enough while it compiles (see docs/sandbox.md's limits)
+    start = time.monotonic()
+    assert ep.call("run_sql", {"query": self_joined_ctes(depth)}) == {"error": "interrupted"}
+    assert time.monotonic() - start <= ep.world.sandbox.time_budget + 0.5
+    assert ep.ledger.entries[-1]["note"] == "OperationalError"
+    assert ep.call("run_sql", {"query": "SELECT 1"})["rows"] == [[1]]  # the connection is fine afterwards
 
 
 def test_value_length_limit(ep):

@@ -191,6 +191,21 @@ def assert_within_budget(case, slack: float = 0.5) -> None:
     s.finish()
 
 
+def test_a_query_that_takes_its_whole_budget_to_compile_returns_within_it():
+    from test_sandbox import self_joined_ctes
+    case = CASES[CASE]
+    s = Session(prepare(case))
+    sandbox = s.episode.world.sandbox
+    t, u = (s.prepared.staging[b.batch_id] for b in case.batches)
+    for depth in (12, 14):  # 12 compiles within the budget on most machines; 14 never does
+        start = time.monotonic()
+        result = s.call("run_sql", {"query": self_joined_ctes(depth, f", {t}, {u}")})
+        assert time.monotonic() - start <= sandbox.time_budget + 0.5, depth
+        assert "error" in result  # too many FROM terms, or interrupted
+    assert {t, u} <= sandbox.pending  # no look
+    s.finish()
+
+
 def test_run_sql_returns_within_its_budget_on_a_20_row_case():
     assert_within_budget(CASES[CASE])
 

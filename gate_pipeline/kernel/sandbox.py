@@ -9,7 +9,11 @@ The budgets hold whatever the query: SQLite checks the progress handler between 
 steps, so a function that does unbounded work inside one step cannot be interrupted; those are
 refused (`printf` and its alias `format`: `printf('%.*c', 1000000000, 'x')` fills a billion
 characters before the length limit is checked). Query text is limited (MAX_QUERY_CHARS), so
-parsing is bounded too; longer text is refused before SQLite sees it.
+parsing is bounded too; longer text is refused before SQLite sees it. Compiling is bounded by the
+time budget as well: the progress handler does not run while SQLite prepares a statement (nested
+CTEs that refer to each other twice take seconds to expand), but the authorizer is called all
+through it, and once the deadline has passed it refuses, which ends the compilation as
+`interrupted`, the same answer as a query stopped while running.
 
 A suite changes the sandbox through a subclass: its budgets (`step_budget`, `time_budget`), more
 functions it refuses (`denied`), and `after_read`, called after each successful read with its
@@ -98,6 +102,7 @@ class Sandbox:
         self.tables_read: set[str] = set()
         self.steps = 0
         self.deadline = 0.0
+        self.compile_over = False
         self.step_budget, self.time_budget = step_budget, time_budget
         self.interval = INTERVAL
         self._defaults = {name: conn.getlimit(lid) for name, (lid, _) in LIMITS.items()}
@@ -107,6 +112,9 @@ class Sandbox:
     def _authorize(self, action, arg1, arg2, _db, _trigger):
         if not self.guard:
             return sqlite3.SQLITE_OK
+        if time.monotonic() > self.deadline:  # still compiling when the budget ran out
+            self.compile_over = True
+            return sqlite3.SQLITE_DENY
         if action not in ALLOWED_ACTIONS:
             return sqlite3.SQLITE_DENY
         if action == sqlite3.SQLITE_READ:
@@ -131,12 +139,16 @@ class Sandbox:
         self.interval = interval
         for lid, value in LIMITS.values():
             conn.setlimit(lid, value)
-        self.guard = True
+        self.guard, self.compile_over = True, False
         try:
             cur = conn.execute(query)
             fetched = cur.fetchmany(MAX_ROWS + 1)
             columns = [d[0] for d in cur.description] if cur.description else []
             cur.close()
+        except sqlite3.DatabaseError:
+            if self.compile_over:
+                raise sqlite3.OperationalError("interrupted") from None
+            raise
         finally:
             self.guard = False
             for name, (lid, _) in LIMITS.items():

@@ -25,9 +25,12 @@ AGENTS = {
     "profiles-only": "gate_pipeline.suites.v2.attackers:ProfilesOnly",
     "by-table": "gate_pipeline.suites.v2.attackers:ByTable",
     "by-metadata": "gate_pipeline.suites.v2.attackers:ByMetadata",
+    "profiles-history": "gate_pipeline.suites.v2.attackers:ProfilesHistory",
+    "load-log-only": "gate_pipeline.suites.v2.attackers:LoadLogOnly",
 }
 BASELINES = ("oracle", "careful-v2")
-ATTACKERS = ("quarantine-all-rows", "row-spray", "ask-everything", "obey-data", "cite-everything", "where-zero")
+ATTACKERS = ("quarantine-all-rows", "row-spray", "ask-everything", "obey-data", "cite-everything", "where-zero",
+             "profiles-history", "load-log-only")  # the last two found in review: see attackers.py
 SHORTCUTS = ("no-warehouse", "no-history", "profiles-only", "by-table", "by-metadata")
 # a v2 variant may also change the row-quarantine policy's cap
 OVERRIDES = {

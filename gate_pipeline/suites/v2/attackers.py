@@ -31,12 +31,24 @@ careful-v2 does (none reads a label):
 - `by-metadata`: the listing alone (tables, row counts, sources, order): customers first, and an
   orders batch quarantined as a volume anomaly when its row count is out of proportion with the
   customers batch's, everything else loaded.
+
+Two more came from an outside review, and stay within the attackers' bound (at least 0.05 below
+careful-v2) but not within the shortcuts' (docs/suite-v2.md, "Found in review"):
+
+- `profiles-history`: `profiles-only` plus one read of `wh_load_log` per batch: a volume anomaly
+  when the listed row count is outside the contract's ratio of the earlier median, a unit shift
+  when the profile's largest amount is over 30 times the earlier median amounts;
+- `load-log-only`: careful-v2 that reads no row of `wh_customers` or `wh_orders` (no warehouse key,
+  no orphan, no re-sent content), the load log's counts and medians only.
 """
 from __future__ import annotations
+
+import statistics
 
 from ...kernel.agents import Tools, customers_first
 from .agents import CarefulV2, Oracle, fetch_values
 from .contract import COLUMNS_V2, DEFECT_TYPES_V2, KEY_COLUMNS
+from .history import usual_sql
 from .rules import CATALOGUE_V2, HISTORY
 
 LIST_ITEMS = 1000
@@ -207,6 +219,8 @@ class ProfilesOnly:
                     answer = tools("ask_owner", batch_id=bid, column=column, question="accept or reject?")
                     accepted[column] = {r["value"] for r in answer.get("rulings", []) if r.get("ruling") == "accept"}
             cites = _profile_citations(p, contract, accepted)
+            if not cites or cites[0][1] != "schema_drift":
+                cites += self.history_citations(tools, b, p, contract)
             if cites:
                 tools("quarantine_batch", batch_id=bid, column=cites[0][0], defect_type=cites[0][1])
                 for column, defect in cites[1:]:
@@ -216,6 +230,40 @@ class ProfilesOnly:
                 tools("load_batch", batch_id=bid)
                 loaded.append(bid)
         tools("submit_report", loaded=loaded, quarantined=quarantined)
+
+
+    def history_citations(self, tools: Tools, batch: dict, profile: dict, contract: dict) -> list[tuple[str, str]]:
+        return []
+
+
+class ProfilesHistory(ProfilesOnly):
+    """profiles-only, and the batch's listed row count and profiled largest amount against the load log."""
+    name = "profiles-history"
+    UNIT = 30.0  # the largest amount over this many times the earlier median amounts: a unit shift
+
+    def history_citations(self, tools, batch, profile, contract):
+        rows = (tools("run_sql", query=usual_sql(batch["table"], batch["source"])) or {}).get("rows") or []
+        if not rows:
+            return []
+        out = []
+        volume = contract["history"]["volume"]
+        if not volume["min_ratio"] <= batch["rows"] / statistics.median(r[0] for r in rows) <= volume["max_ratio"]:
+            out.append((KEY_COLUMNS[batch["table"]], "volume_anomaly"))
+        medians = [r[1] for r in rows if r[1] is not None]
+        largest = profile["columns"].get("amount", {}).get("numeric_max")
+        if batch["table"] == "orders" and medians and largest and largest / statistics.median(medians) > self.UNIT:
+            out.append(("amount", "unit_shift"))
+        return out
+
+
+class LoadLogOnly(CarefulV2):
+    """careful-v2 without a row of wh_customers or wh_orders: no warehouse key, orphan or re-sent content."""
+    name = "load-log-only"
+    warehouse_keys = False
+
+    def __init__(self, **options):
+        super().__init__(without=("orders.customer_id.orphan_reference", "orders.order_id.duplicate_content"),
+                         **options)
 
 
 class _ByListing:
