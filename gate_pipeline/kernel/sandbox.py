@@ -13,7 +13,9 @@ parsing is bounded too; longer text is refused before SQLite sees it. Compiling 
 time budget as well: the progress handler does not run while SQLite prepares a statement (nested
 CTEs that refer to each other twice take seconds to expand), but the authorizer is called all
 through it, and once the deadline has passed it refuses, which ends the compilation as
-`interrupted`, the same answer as a query stopped while running.
+`interrupted`, the same answer as a query stopped while running. Where SQLite works long between
+two authorizer calls (statements that grow exponentially as they are expanded), a statement with
+a subquery is compiled first in a child process that can be killed (`compile_check.py`).
 
 A suite changes the sandbox through a subclass: its budgets (`step_budget`, `time_budget`), more
 functions it refuses (`denied`), and `after_read`, called after each successful read with its
@@ -25,12 +27,15 @@ import math
 import sqlite3
 import time
 
+from .compile_check import may_grow, shared
+
 MAX_ROWS = 50
 MAX_CELL = 200
 MAX_QUERY_CHARS = 10_000
 STEP_BUDGET = 2_000_000
 TIME_BUDGET_S = 2.0
 INTERVAL = 1000  # virtual-machine steps between two calls of the progress handler
+COMPILE_SHARE = 0.25  # of the time budget: what compiling in the child may take
 LIMITS = {  # (limit id, value while agent SQL runs)
     "length": (sqlite3.SQLITE_LIMIT_LENGTH, 20_000),
     "like_pattern": (sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, 200),
@@ -103,6 +108,7 @@ class Sandbox:
         self.steps = 0
         self.deadline = 0.0
         self.compile_over = False
+        self._compiled: str | None = None  # the last query text the compile check passed
         self.step_budget, self.time_budget = step_budget, time_budget
         self.interval = INTERVAL
         self._defaults = {name: conn.getlimit(lid) for name, (lid, _) in LIMITS.items()}
@@ -134,12 +140,18 @@ class Sandbox:
         conn = self.conn
         self.steps = 0
         self.deadline = time.monotonic() + self.time_budget
+        self.compile_over = False
+        if may_grow(query) and query != self._compiled:
+            if not shared().compiles_within(conn, query, self.time_budget * COMPILE_SHARE):
+                self.compile_over = True
+                raise sqlite3.OperationalError("interrupted")
+            self._compiled = query  # the same text again (a suite's second run of it) needs no second check
         if interval != INTERVAL:
             conn.set_progress_handler(self._progress, interval)
         self.interval = interval
         for lid, value in LIMITS.values():
             conn.setlimit(lid, value)
-        self.guard, self.compile_over = True, False
+        self.guard = True
         try:
             cur = conn.execute(query)
             fetched = cur.fetchmany(MAX_ROWS + 1)

@@ -95,7 +95,7 @@ class SandboxV2(Sandbox):
             try:
                 rows, _, steps = self.execute(query)
             except CAUGHT:
-                if self.steps > self.step_budget or time.monotonic() > self.deadline:
+                if self.steps > self.step_budget or time.monotonic() > self.deadline or self.compile_over:
                     raise _OverBudget from None
                 return None
             return rows, steps
