@@ -195,7 +195,7 @@ def _write_page(path: Path, grades: dict, tables: str, night) -> Path:
 
 
 @dg.op(out=dg.Out(io_manager_key=STEP_OUTPUTS),
-       description="Grade the stored episodes and render the report tables, with history.")
+       description="Collect the grades of the stored episodes and render the report tables, with history.")
 def build_scoreboard(context: dg.OpExecutionContext, parts: list, plan: dict, gate_store: GateStore,
                      case_library: CaseLibrary):
     played = [p for part in parts for p in part["played"]]
@@ -244,8 +244,8 @@ def build_scoreboard(context: dg.OpExecutionContext, parts: list, plan: dict, ga
 @dg.graph_asset(group_name=NIGHTLY_GROUP, kinds={"python"}, owners=OWNERS, code_version=CODE_VERSION,
                 tags={"layer": "benchmark"},
                 ins={"agent_report": dg.AssetIn(partition_mapping=dg.AllPartitionMapping(), dagster_type=dg.Nothing)},
-                description="The nightly benchmark: every case of a case file x the configured agents, graded from "
-                            "the stored episodes; the tables `gate report` prints, as markdown and JSON, with the "
+                description="The nightly benchmark: every case of a case file x the configured agents, every "
+                            "episode stored and graded once as it ended; the tables `gate report` prints, as markdown and JSON, with the "
                             "history of past nights. Stale after a day (the schedule runs it at 02:00 UTC).")
 def scoreboard(agent_report):
     chunks, plan = plan_nightly(agent_report)
