@@ -73,7 +73,8 @@ def run_night(job_fn, instance, config: dict) -> tuple[float, dict]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--chunk-size", type=int, default=8, help="cases per step (the job's default: 8)")
+    ap.add_argument("--chunk-size", type=int, default=8,
+                    help="cases per step (default 8; the job's own default picks it from the case count)")
     ap.add_argument("--cases", type=int, default=0, help="only the first N train cases (default: all 320)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="gate-bench-executors-", ignore_cleanup_errors=True) as tmp:

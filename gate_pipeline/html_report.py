@@ -58,12 +58,13 @@ def _svg(fig: Figure, tag: str) -> str:
     return text.replace("<svg ", f'<svg class="chart" data-chart="{tag}" ', 1)
 
 
-def _grouped_bars(ax, labels: list[str], series: dict[str, list[float]]) -> None:
+def _grouped_bars(ax, labels: list[str], series: dict[str, list[float]], skip_zero: bool = False) -> None:
+    """One bar per label and series; with `skip_zero`, bars of height 0 (which draw nothing) are left out."""
     n = max(len(series), 1)
     width = 0.8 / n
     for i, ((name, values), colour) in enumerate(zip(series.items(), _colours(n))):
-        xs = [j - 0.4 + width * (i + 0.5) for j in range(len(labels))]
-        ax.bar(xs, values, width, label=name, color=colour)
+        bars = [(j - 0.4 + width * (i + 0.5), v) for j, v in enumerate(values) if v or not skip_zero]
+        ax.bar([x for x, _ in bars], [v for _, v in bars], width, label=name, color=colour)
     ax.set_xticks(range(len(labels)), labels)
     ax.legend(fontsize=8, ncols=min(n, 4), loc="upper center", bbox_to_anchor=(0.5, -0.18 if len(labels) <= 10
                                                                                    else -0.45), frameon=False)
@@ -116,7 +117,9 @@ def revenue_error_chart(grades: dict[str, list]) -> str:
     series = {a: [float(money([g.revenue_error_usd])) for g in gs] for a, gs in grades.items()}
     fig = Figure(figsize=(max(9.0, 0.3 * len(ids) + 2), 4.6))
     ax = fig.add_subplot()
-    _grouped_bars(ax, ids, series)
+    _grouped_bars(ax, ids, series, skip_zero=True)
+    lo, hi = -0.4, len(ids) - 0.6  # the axis bars on every case would give (matplotlib's 5 % margins)
+    ax.set_xlim(lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo))
     ax.tick_params(axis="x", labelsize=7, rotation=90)
     top = max((v for vs in series.values() for v in vs), default=0.0)
     n = max(len(series), 1)

@@ -133,7 +133,7 @@ def register(subparsers) -> None:
     n.add_argument("--agents", default=None, help="comma-separated agent names (default: naive,careful,refuse-all)")
     n.add_argument("--agent-options", default=None, metavar="JSON",
                    help='options for agents\' constructors, {"agent": {"option": value}} (default: none)')
-    n.add_argument("--chunk-size", type=int_arg("--chunk-size"), default=None, help="cases per Dagster step (default: 8)")
+    n.add_argument("--chunk-size", type=int_arg("--chunk-size"), default=None, help="cases per Dagster step (default: from the case count, at least 8)")
     n.add_argument("--json", action="store_true", help="print the scoreboard's figures as JSON")
     n.add_argument("--html", default=None, metavar="FILE", help="also write the scoreboard as a self-contained HTML page")
     n.set_defaults(fn=cmd_nightly)

@@ -4,9 +4,10 @@
 the cases into chunks (one step each, so Dagster's executors can spread them over processes or
 machines), `play_chunk` plays each chunk's episodes in plain Python through the engine, storing
 every warehouse and ledger (the tool bridge records loads, quarantines and reports as
-observations: the nightly materializes only the scoreboard), and `build_scoreboard` grades the
-stored episodes (stored warehouse + ledger + truth) and renders exactly the tables `gate report`
-prints, as markdown and JSON, with the history of past nights so a regression shows.
+observations: the nightly materializes only the scoreboard) and handing on each episode's grade,
+computed once as the episode ended, and `build_scoreboard` renders from those grades exactly the
+tables `gate report` prints, as markdown and JSON, with the history of past nights so a
+regression shows. `chunk_size` 0 (the default) picks the chunk size from the case count.
 
 Step outputs go to the run store's database (resources.StepOutputs), so the chunks may run on
 other machines (`nightly_benchmark_celery`) that share only that database.
@@ -28,9 +29,10 @@ import dagster as dg
 from pydantic import Field
 
 from ..kernel.agents import AgentOptionError, UnknownAgent, resolve_agent
-from ..kernel.cases import Case, CaseError, read_cases, split_of, suite_of_cases
+from ..kernel.cases import Case, CaseError, cases_of_text, read_case_text, split_of, suite_of_cases
 from ..kernel.engine import play_cases
 from ..kernel.grading import grade_stored
+from ..kernel.records import Grade
 from ..store import StoreSink, manifest_body, process_name
 from ..tables import baseline_tables, summary
 from .bridge import ToolBridge
@@ -51,13 +53,34 @@ class NightlyConfig(dg.Config):
                                                                       "baselines, naive, careful, refuse-all for "
                                                                       "the classic suite)")
     agent_options: dict = Field(default_factory=dict, description="{agent name: {option: value}}")
-    chunk_size: int = Field(default=8, description="cases per step")
+    chunk_size: int = Field(default=0, description="cases per step (0: from the case count, "
+                                                    "chunk_size_for)")
     log_reads: bool = Field(default=False, description="log every SQL read as a debug event")
+
+
+MIN_CHUNK, AUTO_STEPS = 8, 8  # chunk_size 0: at least MIN_CHUNK cases a step, at most AUTO_STEPS steps or so
+
+# the case file this process read last, with its text: every step of a night reads the same file, and
+# checking its cases is most of the cost of reading it; a file whose text changed is checked again
+_READ: dict[str, tuple[str, list[Case]]] = {}
+
+
+def chunk_size_for(cases: int) -> int:
+    """The chunk size of `chunk_size` 0: few steps (each costs Dagster's bookkeeping), still several for
+    the executors that spread them over processes or machines, and never fewer than MIN_CHUNK cases."""
+    return max(MIN_CHUNK, -(-cases // AUTO_STEPS))
 
 
 def _cases(path: str) -> list[Case]:
     try:
-        return read_cases(path)
+        text = read_case_text(path)
+        known = _READ.get(path)
+        if known is not None and known[0] == text:
+            return known[1]
+        cases = cases_of_text(text, str(Path(path)))
+        _READ.clear()  # one file is enough: a night reads one
+        _READ[path] = (text, cases)
+        return cases
     except (CaseError, OSError) as exc:
         raise dg.Failure(description=f"nightly cases file: {exc}") from None
 
@@ -75,8 +98,9 @@ def _specs(chunk: dict, case_library: CaseLibrary) -> list:
        description="Check the agents, add missing case partitions, split into chunks.")
 def plan_nightly(context: dg.OpExecutionContext, config: NightlyConfig, case_library: CaseLibrary,
                  gate_store: GateStore):
-    if config.chunk_size < 1:
-        raise dg.Failure(description=f"nightly: chunk_size must be at least 1, not {config.chunk_size}")
+    if config.chunk_size < 0:
+        raise dg.Failure(description=f"nightly: chunk_size must be at least 1 (or 0: from the case count), "
+                                     f"not {config.chunk_size}")
     for name, options in config.agent_options.items():
         if not isinstance(options, dict):
             raise dg.Failure(description=f"nightly: agent_options[{name!r}] must be a mapping")
@@ -102,8 +126,9 @@ def plan_nightly(context: dg.OpExecutionContext, config: NightlyConfig, case_lib
         context.instance.add_dynamic_partitions(cases_partitions.name, missing)
     context.instance.add_run_tags(context.run.run_id, {"gate/cases": Path(cases_file).name[:255],
                                                        "gate/agents": ",".join(agents)[:255]})
-    for start in range(0, len(cases), config.chunk_size):
-        indices = list(range(start, min(start + config.chunk_size, len(cases))))
+    size = config.chunk_size or chunk_size_for(len(cases))
+    for start in range(0, len(cases), size):
+        indices = list(range(start, min(start + size, len(cases))))
         yield dg.DynamicOutput({**plan, "indices": indices}, output_name="chunks", mapping_key=f"cases_{start:04d}")
     yield dg.Output({**plan, "cases": len(cases)}, output_name="plan")
 
@@ -123,7 +148,7 @@ def _play(context, chunk: dict, gate_store: GateStore, case_library: CaseLibrary
                              sinks=(StoreSink(store), ToolBridge(context, log_reads=chunk["log_reads"])))
     finally:
         store.dispose()
-    return [{"index": index, "agent": agent, "episode_id": rs[k].episode_id}
+    return [{"index": index, "agent": agent, "episode_id": rs[k].episode_id, "grade": rs[k].grade.as_dict()}
             for agent, rs in results.items() for k, index in enumerate(chunk["indices"])]
 
 
@@ -170,7 +195,7 @@ def _write_page(path: Path, grades: dict, tables: str, night) -> Path:
 
 
 @dg.op(out=dg.Out(io_manager_key=STEP_OUTPUTS),
-       description="Grade the stored episodes and render the report tables, with history.")
+       description="Collect the grades of the stored episodes and render the report tables, with history.")
 def build_scoreboard(context: dg.OpExecutionContext, parts: list, plan: dict, gate_store: GateStore,
                      case_library: CaseLibrary):
     played = [p for part in parts for p in part["played"]]
@@ -186,8 +211,9 @@ def build_scoreboard(context: dg.OpExecutionContext, parts: list, plan: dict, ga
         cases_file = plan["cases_file"]
         cases = _cases(cases_file)
         grades: dict[str, list] = {a: [None] * len(cases) for a in agents}
-        for p in played:  # from the stored warehouse and ledger, as the grading sensor grades them
-            grades[p["agent"]][p["index"]] = grade_stored(store.load(p["episode_id"]))
+        for p in played:  # graded once, as each episode ended (a step output of an older gate: from the store)
+            grades[p["agent"]][p["index"]] = (Grade.from_dict(p["grade"]) if "grade" in p
+                                              else grade_stored(store.load(p["episode_id"])))
         figures = summary(cases, grades)
         figures["cases_file"] = cases_file
         text = baseline_tables(cases, grades, split=split_of(Path(cases_file)))
@@ -218,8 +244,8 @@ def build_scoreboard(context: dg.OpExecutionContext, parts: list, plan: dict, ga
 @dg.graph_asset(group_name=NIGHTLY_GROUP, kinds={"python"}, owners=OWNERS, code_version=CODE_VERSION,
                 tags={"layer": "benchmark"},
                 ins={"agent_report": dg.AssetIn(partition_mapping=dg.AllPartitionMapping(), dagster_type=dg.Nothing)},
-                description="The nightly benchmark: every case of a case file x the configured agents, graded from "
-                            "the stored episodes; the tables `gate report` prints, as markdown and JSON, with the "
+                description="The nightly benchmark: every case of a case file x the configured agents, every "
+                            "episode stored and graded once as it ended; the tables `gate report` prints, as markdown and JSON, with the "
                             "history of past nights. Stale after a day (the schedule runs it at 02:00 UTC).")
 def scoreboard(agent_report):
     chunks, plan = plan_nightly(agent_report)

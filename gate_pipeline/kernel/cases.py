@@ -200,14 +200,23 @@ def parse_cases(text: str, where: str) -> list[Case]:
     return cases
 
 
-def read_cases(path: str | Path) -> list[Case]:
-    """Every case of a JSONL file, in file order, each checked. Only a regular file of at most
-    MAX_CASE_FILE_BYTES is read (`files.read_text`: never a device or a FIFO)."""
-    path = Path(path)
-    cases = parse_cases(read_text(path, "case file", MAX_CASE_FILE_BYTES, CaseError), str(path))
+def read_case_text(path: str | Path) -> str:
+    """A case file's text. Only a regular file of at most MAX_CASE_FILE_BYTES is read (`files.read_text`:
+    never a device or a FIFO)."""
+    return read_text(Path(path), "case file", MAX_CASE_FILE_BYTES, CaseError)
+
+
+def cases_of_text(text: str, where: str) -> list[Case]:
+    """Every case of a case file's text, in order, each checked; a text without cases is a CaseError."""
+    cases = parse_cases(text, where)
     if not cases:
-        raise CaseError(f"{path}: no cases in file")
+        raise CaseError(f"{where}: no cases in file")
     return cases
+
+
+def read_cases(path: str | Path) -> list[Case]:
+    """Every case of a JSONL file, in file order, each checked (`read_case_text`, `cases_of_text`)."""
+    return cases_of_text(read_case_text(path), str(Path(path)))
 
 
 def procedural_draws(seed: int, count: int, families) -> list[tuple[int, str, int, int]]:

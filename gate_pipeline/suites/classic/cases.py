@@ -9,6 +9,8 @@ and a known defect type.
 """
 from __future__ import annotations
 
+import math
+from itertools import chain
 from operator import itemgetter
 
 from ...kernel.cases import bad_text, bounded_name, fail
@@ -34,9 +36,41 @@ def _bad_amount(v: str) -> str | None:
     return None
 
 
+def _amounts_fine(amounts: list) -> bool:
+    """Every amount the loader would read as a number is finite and below MAX_AMOUNT (decided in C)."""
+    try:
+        xs = list(map(float, amounts))  # float() strips the whitespace str.strip() does
+    except ValueError:  # some amount is not a number (a defect the agent must find): value by value
+        return all(_bad_amount(v) is None for v in amounts)
+    return all(map(math.isfinite, xs)) and max(map(abs, xs), default=0.0) < MAX_AMOUNT
+
+
+def _rows_fine(rows: list, table: str) -> bool:
+    """Whether every row is well formed, decided for the whole list at once: objects of exactly the table's
+    columns, string or null values of at most 100 ASCII characters, amounts in range. False says only
+    that the row-by-row check must look (it names the first problem, or finds none)."""
+    width = _WIDTH[table]
+    if not set(map(type, rows)) <= {dict} or not set(map(len, rows)) <= {width}:
+        return False
+    try:
+        values = list(map(_VALUES[table], rows))
+    except KeyError:
+        return False
+    flat = list(chain.from_iterable(values))
+    if not set(map(type, flat)) <= _VALUE_TYPES:
+        return False
+    texts = [v for v in flat if v is not None]
+    if texts and (max(map(len, texts)) > 100 or not "".join(texts).isascii()):
+        return False
+    amount = _AMOUNT[table]
+    return amount is None or _amounts_fine([r[amount] for r in values if r[amount] is not None])
+
+
 def check_rows(rows, table: str, where: str) -> None:
     if not isinstance(rows, list):
         raise fail(where, f"'rows' must be a list, not {type(rows).__name__}")
+    if _rows_fine(rows, table):
+        return
     values_of, amount, width = _VALUES[table], _AMOUNT[table], _WIDTH[table]
     for i, row in enumerate(rows):
         if type(row) is not dict:
