@@ -25,6 +25,11 @@ import threading
 
 CHILD = r'''
 import json, sqlite3, sys
+try:
+    import resource
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))  # a statement that grows past 2 GiB is refused
+except (ImportError, ValueError, OSError):
+    pass
 ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
 conn, schema = None, None
 def authorize(action, *_):
@@ -40,16 +45,22 @@ for line in sys.stdin:
             except sqlite3.Error:
                 pass
         conn.set_authorizer(authorize)
+    answer = "1"
     for _ in range(20):  # a function only the database defines: a stub here, then compile again
         try:
             conn.execute("EXPLAIN " + msg["sql"]).fetchone()
             break
+        except MemoryError:
+            answer = "0"
+            break
         except sqlite3.Error as exc:
             text = str(exc)
+            if "out of memory" in text:
+                answer = "0"
             if not text.startswith("no such function: "):
                 break
             conn.create_function(text[len("no such function: "):], -1, lambda *a: None)
-    sys.stdout.write("1\n")
+    sys.stdout.write(answer + "\n")
     sys.stdout.flush()
 '''
 
