@@ -98,8 +98,17 @@ def doubling_ctes(depth: int) -> str:
     return "WITH " + ", ".join(parts) + f" SELECT a FROM c{depth}"
 
 
+def one_select(n: int, m: int, k: int) -> str:
+    """One SELECT whose alias (n terms) SQLite copies m times into its WHERE clause, planned once per branch
+    of a k-way OR (a reviewer's: 18 s and 873 MB at 1400, 1400, 340, asking the authorizer never)."""
+    ors = "rowid IN (0, 0) OR " + " OR ".join(f"rowid = {i}" for i in range(k))
+    return (f"SELECT 0 IN ({','.join(['0'] * n)}) AS x FROM wh_orders WHERE ({ors}) "
+            f"AND amount > (1 IN ({','.join(['x'] * m)}))")
+
+
 HEAVY_TO_COMPILE = {"self-joined CTEs": self_joined_ctes(20), "repeated columns": repeated_columns(6, 20),
-                    "doubling CTEs": doubling_ctes(30)}
+                    "doubling CTEs": doubling_ctes(30), "explained": "EXPLAIN " + repeated_columns(13, 4),
+                    "one select": one_select(1200, 1200, 300)}
 
 
 @pytest.mark.parametrize("name", sorted(HEAVY_TO_COMPILE))

@@ -192,19 +192,25 @@ def assert_within_budget(case, slack: float = 0.5) -> None:
 
 
 def test_a_query_that_takes_long_to_compile_returns_within_the_budget_and_is_no_look():
-    from test_sandbox import repeated_columns, self_joined_ctes
+    from test_sandbox import one_select, repeated_columns, self_joined_ctes
     case = CASES[CASE]
     s = Session(prepare(case))
     sandbox = s.episode.world.sandbox
     t, u = (s.prepared.staging[b.batch_id] for b in case.batches)
     for query in (self_joined_ctes(12, f", {t}, {u}"), self_joined_ctes(20, f", {t}, {u}"),
-                  repeated_columns(6, 20, f", {t}, {u}"), repeated_columns(4, 9, f", (SELECT 1 FROM {t}, {u} WHERE 0)")):
+                  repeated_columns(6, 20, f", {t}, {u}"), repeated_columns(4, 9, f", (SELECT 1 FROM {t}, {u} WHERE 0)"),
+                  one_select(1200, 1200, 300).replace("wh_orders", t).replace("amount", '"amount"')):
         start = time.monotonic()
         result = s.call("run_sql", {"query": query})
         assert time.monotonic() - start <= sandbox.time_budget + 0.5, query[:80]
         entry = s.episode.ledger.seal()[-1]
         assert "error" in result or entry["args"]["looked_at"] == [], (query[:80], entry["args"])
     assert {t, u} <= sandbox.pending  # no look
+    # one that compiles within the check's share and reads rows: the run and the look's second run, in the budget
+    start = time.monotonic()
+    assert s.call("run_sql", {"query": one_select(250, 250, 200).replace("wh_orders", t).replace(
+        "amount", '"amount"')})["rows"]
+    assert time.monotonic() - start <= sandbox.time_budget + 0.5
     assert s.call("run_sql", {"query": f"SELECT COUNT(*) FROM (SELECT * FROM {t})"})["rows"]  # a look, as ever
     assert t not in sandbox.pending
     s.finish()

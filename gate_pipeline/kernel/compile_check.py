@@ -6,13 +6,14 @@ compile in microseconds, but some grow exponentially while SQLite expands them: 
 whose columns are repeated inside each other (`SELECT a+a+a+a AS a FROM (SELECT a+a+a+a AS a FROM
 ...)`), CTEs that each refer to the one before twice. A few hundred characters compile for minutes.
 
-So a statement that holds a subquery (its text names SELECT or VALUES more than once: one SELECT
-alone cannot grow) is compiled first in a child process (`EXPLAIN <query>`, which compiles the
-whole statement and runs nothing) on an empty copy of the database's schema. If it has not compiled
+So a statement that holds a subquery (its text names SELECT or VALUES more than once) or is longer
+than a short query is compiled first in a child process, on an empty copy of the database's schema
+under the same limits, and stopped at its first step (so nothing runs). If it has not compiled
 within its share of the query's budget, the child is killed (and started again for the next
 statement) and the query is refused as `interrupted`, as any query stopped at its budget is. A
 function the schema copy lacks (a suite's own) is defined there as a stub, so the copy compiles
-what the database would.
+what the database would; a statement the copy cannot compile fails in the database at the same
+point or sooner (the same schema and limits, an authorizer that allows no more).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import select
 import subprocess
 import sys
 import threading
+import time
 
 CHILD = r'''
 import json, sqlite3, sys
@@ -44,11 +46,14 @@ for line in sys.stdin:
                 conn.execute(ddl)
             except sqlite3.Error:
                 pass
+        for limit, value in msg["limits"]:
+            conn.setlimit(limit, value)
         conn.set_authorizer(authorize)
+        conn.set_progress_handler(lambda: 1, 1)  # compiled: stopped at its first step, before it runs
     answer = "1"
     for _ in range(20):  # a function only the database defines: a stub here, then compile again
         try:
-            conn.execute("EXPLAIN " + msg["sql"]).fetchone()
+            conn.execute(msg["sql"]).fetchone()
             break
         except MemoryError:
             answer = "0"
@@ -65,10 +70,15 @@ for line in sys.stdin:
 '''
 
 
+SHORT = 300  # characters: a statement this short with one SELECT compiles in well under a millisecond
+
+
 def may_grow(query: str) -> bool:
-    """Whether the statement could take long to compile: it holds more than one SELECT or VALUES."""
+    """Whether the statement could take long to compile: it holds more than one SELECT or VALUES (a
+    subquery, a CTE), or it is long (one SELECT's column aliases are copied into its WHERE clause, and
+    the planner copies terms for each branch of an OR: a product of the text's parts)."""
     low = query.lower()
-    return low.count("select") + low.count("values") > 1
+    return len(query) > SHORT or low.count("select") + low.count("values") > 1
 
 
 def schema_of(conn) -> list[str]:
@@ -84,6 +94,7 @@ class CompileCheck:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
+        self.seconds = 0.0  # what the last check took
         self._child: subprocess.Popen | None = None
         self._schema: list[str] | None = None
 
@@ -93,13 +104,21 @@ class CompileCheck:
         self._schema = None
         return self._child
 
-    def compiles_within(self, conn, query: str, seconds: float) -> bool:
+    def compiles_within(self, conn, query: str, seconds: float, limits=()) -> bool:
+        """`limits`: (SQLite limit id, value) pairs the database compiles the statement under."""
+        start = time.monotonic()
+        try:
+            return self._compiles_within(conn, query, seconds, limits)
+        finally:
+            self.seconds = time.monotonic() - start
+
+    def _compiles_within(self, conn, query: str, seconds: float, limits) -> bool:
         try:
             child = self._child if self._child is not None and self._child.poll() is None else self._start()
         except OSError:  # no child can start here: the authorizer's bound on compiling is all there is
             return True
         schema = schema_of(conn)
-        msg = {"sql": query, "schema": schema if schema != self._schema else None}
+        msg = {"sql": query, "schema": schema if schema != self._schema else None, "limits": list(limits)}
         self._schema = schema
         assert child.stdin is not None and child.stdout is not None
         try:

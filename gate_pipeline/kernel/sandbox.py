@@ -109,6 +109,7 @@ class Sandbox:
         self.deadline = 0.0
         self.compile_over = False
         self._compiled: str | None = None  # the last query text the compile check passed
+        self.compile_seconds = 0.0  # what compiling that text took in the check
         self.step_budget, self.time_budget = step_budget, time_budget
         self.interval = INTERVAL
         self._defaults = {name: conn.getlimit(lid) for name, (lid, _) in LIMITS.items()}
@@ -142,10 +143,16 @@ class Sandbox:
         self.deadline = time.monotonic() + self.time_budget
         self.compile_over = False
         if may_grow(query) and query != self._compiled:
-            if not shared().compiles_within(conn, query, self.time_budget * COMPILE_SHARE):
+            check = shared()
+            passed = check.compiles_within(conn, query, self.time_budget * COMPILE_SHARE,
+                                           [(lid, value) for lid, value in LIMITS.values()])
+            self.compile_seconds = check.seconds
+            if not passed:
                 self.compile_over = True
                 raise sqlite3.OperationalError("interrupted")
             self._compiled = query  # the same text again (a suite's second run of it) needs no second check
+        elif query != self._compiled:
+            self.compile_seconds = 0.0
         if interval != INTERVAL:
             conn.set_progress_handler(self._progress, interval)
         self.interval = interval

@@ -90,8 +90,8 @@ class SandboxV2(Sandbox):
         try:
             conn.execute(f'DELETE FROM main."{table}"')
             self.step_budget, self.time_budget = steps_left, deadline - time.monotonic()
-            if self.time_budget <= 0 or steps_left <= 0:
-                raise _OverBudget
+            if self.time_budget <= 1.5 * self.compile_seconds or steps_left <= 0:  # compiling it again alone
+                raise _OverBudget  # would take what is left (SQLite cannot stop a compilation)
             try:
                 rows, _, steps = self.execute(query)
             except CAUGHT:
