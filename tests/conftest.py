@@ -40,8 +40,18 @@ def prepared(eval_cases) -> dict[str, PreparedCase]:
 
 @pytest.fixture(autouse=True)
 def _own_gate_home(tmp_path_factory, monkeypatch):
-    """Every test keeps its runs in a home of its own (a test that needs another sets GATE_HOME itself)."""
-    monkeypatch.setenv("GATE_HOME", str(tmp_path_factory.mktemp("gate-home")))
+    """Every test keeps its runs in a home of its own, its run store the SQLite one under it (a test that
+    needs another home or PostgreSQL sets GATE_HOME or GATE_DB_URL itself)."""
+    path = tmp_path_factory.mktemp("gate-home")
+    monkeypatch.setenv("GATE_HOME", str(path))
+    monkeypatch.delenv("GATE_DB_URL", raising=False)
+    return path
+
+
+@pytest.fixture
+def home(_own_gate_home):
+    """This test's GATE_HOME (a module may define a `home` of its own)."""
+    return _own_gate_home
 
 
 # The fast tier (`pytest -m "not slow"`) leaves out what starts servers, clusters, browsers or other

@@ -18,13 +18,6 @@ datasets = pytest.importorskip("datasets", reason="the 'hf' extra is not install
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(autouse=True)
-def home(tmp_path_factory, monkeypatch):
-    path = tmp_path_factory.mktemp("gate_home")
-    monkeypatch.setenv("GATE_HOME", str(path))
-    monkeypatch.delenv("GATE_DB_URL", raising=False)
-    return path
-
 
 def test_hf_export_round_trips_every_suite_and_split(tmp_path, capsys):
     out = tmp_path / "hf"

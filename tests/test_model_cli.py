@@ -29,15 +29,6 @@ def server():
         yield s
 
 
-@pytest.fixture(autouse=True)
-def home(tmp_path_factory, monkeypatch):
-    """gate run keeps its episodes in the run store under GATE_HOME: a fresh one per test, apart from
-    the runs directory (tmp_path), never the working directory's .gate/."""
-    path = tmp_path_factory.mktemp("gate_home")
-    monkeypatch.setenv("GATE_HOME", str(path))
-    monkeypatch.delenv("GATE_DB_URL", raising=False)
-    return path
-
 
 def gate_run(server, tmp_path, *extra, model="careful"):
     return main(["run", "--model", model, "--base-url", server.url, "--runs-dir", str(tmp_path), *extra])

@@ -23,13 +23,6 @@ def server():
         yield s
 
 
-@pytest.fixture(autouse=True)
-def home(tmp_path_factory, monkeypatch):
-    path = tmp_path_factory.mktemp("gate_home")
-    monkeypatch.setenv("GATE_HOME", str(path))
-    monkeypatch.delenv("GATE_DB_URL", raising=False)
-    return path
-
 
 def run(server, tmp_path, model, *extra):
     return main(["run", "--model", model, "--base-url", server.url, "--runs-dir", str(tmp_path), *extra])

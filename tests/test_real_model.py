@@ -24,13 +24,6 @@ def server():
         yield url
 
 
-@pytest.fixture(autouse=True)
-def home(tmp_path_factory, monkeypatch):
-    path = tmp_path_factory.mktemp("gate_home")
-    monkeypatch.setenv("GATE_HOME", str(path))
-    monkeypatch.delenv("GATE_DB_URL", raising=False)
-    return path
-
 
 def test_gate_run_plays_two_cases_to_the_end_and_verify_holds(server, tmp_path, capsys):
     code = main(["run", "--model", MODEL_NAME, "--base-url", server, "-n", "2", "--max-turns", "3", "--max-tokens",
