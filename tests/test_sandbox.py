@@ -191,3 +191,10 @@ def test_sql_errors_come_back_as_tool_errors(ep):
     assert r == {"error": "no such column: nope"}
     r = ep.call("run_sql", {"query": "SELECT 1\x00"})
     assert "error" in r
+
+
+@pytest.mark.parametrize("query,error", [("SELECT (SELECT 1)\x00", "the query contains a null character"),
+                                         ("SELECT (SELECT '\ud800')", "surrogates not allowed")])
+def test_text_sqlite_is_never_given_is_refused_as_ever_through_the_compile_check(ep, query, error):
+    assert error in ep.call("run_sql", {"query": query})["error"]
+    assert ep.call("run_sql", {"query": "SELECT (SELECT 2) + (SELECT 3)"})["rows"] == [[5]]

@@ -58,6 +58,8 @@ for line in sys.stdin:
         except MemoryError:
             answer = "0"
             break
+        except (ValueError, OverflowError):  # text SQLite is never given (a NUL, a lone surrogate): the
+            break  # database refuses it the same way, at once
         except sqlite3.Error as exc:
             text = str(exc)
             if "out of memory" in text:
