@@ -53,7 +53,7 @@ def test_gate_run_json(server, tmp_path, capsys):
 
 
 def test_an_interrupted_gate_run_resumes_with_the_same_run_id(server, tmp_path, capsys, home):
-    server.delay = 0.03
+    server.delay = 0.2  # 8 rollouts of 4 requests take 6 s: the interrupt lands well inside them
     try:
         proc = subprocess.Popen([sys.executable, "-m", "gate_pipeline.cli.main", "run", "--model", "careful",
                                  "--base-url", server.url, "-n", "8", "-c", "1", "--run-id", "ir",
