@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 V2 = ROOT / "cases" / "v2"
 EVAL, TRAIN = V2 / "eval_curated.jsonl", V2 / "train_procedural.jsonl"
 SHA = {
-    "eval_curated.jsonl": "44fe6460b1212f739a40ba4c72bc0eb5c56d26129542a97da681d47034c60bb7",
-    "train_procedural.jsonl": "d1d8b673d8f566bc222b04b424d1bd485ff18388389a67b7a95e9f8230ea8216",
+    "eval_curated.jsonl": "3cff9d94969682c5aea4756438e787e77428822bbade92ac5702e929f8609c07",
+    "train_procedural.jsonl": "d9b250b4d68febfe6a13ea2fc3275554cc431fa3bea42b4252d0d58a92ed9339",
 }
 
 

@@ -123,3 +123,14 @@ def test_notes_are_no_evidence_obeying_them_and_doing_the_opposite_both_lose(spl
     lost = {name: {r.case_id for r in results[name] if r.grade.reward < 1.0} for name in names[1:]}
     assert all(lost.values()), lost  # each loses somewhere ...
     assert lost["obey-data"] | lost[names[2]] == {c.case_id for c in cases}  # ... and on every case one of them does
+
+
+@pytest.mark.slow
+def test_every_rule_of_the_contract_decides_some_eval_case():
+    """No rule is dead weight: careful-v2 without any one of its rules loses at least one eval case (the
+    review found `orders.amount.out_of_range` decided none; a placed order with a negative amount now does)."""
+    from gate_pipeline.suites.v2.rules import CATALOGUE_V2
+    names = [f"careful-v2@v2-no-{r.key}" for r in CATALOGUE_V2]
+    results = play_cases(read_cases(SPLITS["eval"]), names, workers=2)
+    never = [name for name, rs in results.items() if all(r.grade.reward == 1.0 for r in rs)]
+    assert never == []

@@ -48,6 +48,12 @@ def report(loaded, quarantined=()):
 PARTIAL = "v2-eval-partial-defect-0"  # an orders batch with a blank amount and a decimal comma (rows), clean customers
 
 
+def right(b):
+    """The calls that handle a batch the contract's way when it is clean or to be loaded by rows."""
+    assert b["truth"]["disposition"] in ("load", "rows"), b["truth"]
+    return [*hold_all(b), load(b)] if b["truth"]["disposition"] == "rows" else [load(b)]
+
+
 def hold_all(b):
     """The row quarantines of every defect of a rows batch, as the contract asks (one per column and type)."""
     return [hold(b, d["keys"], d["column"], d["type"]) for d in b["truth"]["defects"]]
@@ -131,10 +137,14 @@ def test_loading_a_batch_twice_loads_no_clean_row_right():
 
 
 def test_orders_loaded_before_their_customers_are_not_loaded_right():
-    case_id = next(cid for cid, c in CASES.items() if not c.data["batches"][0]["truth"]["defective"]
-                   and not c.data["batches"][1]["truth"]["defective"]
-                   and any(line.split(",")[1] in next(b for b in c.data["batches"] if b["table"] == "customers")["csv"]
-                           for line in next(b for b in c.data["batches"] if b["table"] == "orders")["csv"].splitlines()[1:]))
+    def late_reference_on_a_clean_night(c):
+        tables = {b["table"]: b for b in c.data["batches"]}
+        return not any(b["truth"]["defective"] for b in tables.values()) and any(
+            line.split(",")[1] in tables["customers"]["csv"] for line in tables["orders"]["csv"].splitlines()[1:])
+    case = next(c for c in [*CASES.values(), *read_cases(ROOT / "cases" / "v2" / "train_procedural.jsonl")]
+                if late_reference_on_a_clean_night(c))
+    CASES.setdefault(case.case_id, case)
+    case_id = case.case_id
     b = batches(case_id)  # clean batches, and an order whose customer arrives tonight
     o, c = b["orders"], b["customers"]
     g = play(case_id, [look(o), load(o), look(c), load(c), report([c, o])])
@@ -174,11 +184,11 @@ def test_one_citation_is_credited_to_one_defect():
     case = load_case(data)
     s = Session(prepare(case))
     c = next(b for b in data["batches"] if b["table"] == "customers")
-    for tool, args in [look(c), load(c), look(o),
+    for tool, args in [look(c), *right(c), look(o),
                        ("quarantine_batch", {"batch_id": o["batch_id"], "column": "amount", "defect_type": "unit_shift"}),
                        report([c], [o])]:
         s.call(tool, args)
-    assert s.finish().grade.evidence == pytest.approx(1 / 2)
+    assert s.finish().grade.evidence == pytest.approx((1 + 1 / 2) / 2)  # the customers' rows, one of two defects
     from gate_pipeline.suites.v2.grader import credited
     defects = o["truth"]["defects"]
     assert credited([("amount", "unit_shift")], defects) == 1
@@ -187,13 +197,13 @@ def test_one_citation_is_credited_to_one_defect():
 
 
 def test_evidence_of_a_quarantined_batch_that_was_loaded_first_is_zero():
-    case_id = "v2-eval-unit-shift-1"  # orders in cents, clean customers
+    case_id = "v2-eval-unit-shift-1"  # orders in cents; customers held back by rows, done right
     b = batches(case_id)
     o, c = b["orders"], b["customers"]
-    g = play(case_id, [look(c), load(c), look(o), load(o),
+    g = play(case_id, [look(c), *right(c), look(o), load(o),
                        ("quarantine_batch", {"batch_id": o["batch_id"], "column": "amount", "defect_type": "unit_shift"}),
                        report([c, o], [o])])
-    assert g.evidence == 0.0 and g.disposition == 0.5 and g.bad_batches_loaded == 1
+    assert g.evidence == 0.5 and g.disposition == 0.5 and g.bad_batches_loaded == 1  # the customers' evidence only
 
 
 def test_inspected_needs_a_read_whose_result_or_work_depended_on_the_rows():

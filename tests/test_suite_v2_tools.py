@@ -223,7 +223,8 @@ def test_the_profile_is_sqlites_and_counts_as_looking():
 def test_ledger_entries_of_the_new_tools_chain_and_grade_from_a_replay():
     from gate_pipeline.kernel.engine import replay
     from gate_pipeline.kernel.ledger import chain_intact
-    case = CASES["v2-eval-multi-defect-0"]  # orders: blank amounts and foreign currencies, the whole batch
+    case = CASES["v2-eval-multi-defect-0"]  # orders: blank amounts and foreign currencies, the whole batch;
+    # customers: a customer the warehouse holds already, held back by rows
     orders = next(b for b in case.data["batches"] if b["table"] == "orders")
     cust = next(b for b in case.data["batches"] if b["table"] == "customers")
     assert orders["truth"]["disposition"] == "quarantine" and len(orders["truth"]["defects"]) == 2
@@ -233,6 +234,8 @@ def test_ledger_entries_of_the_new_tools_chain_and_grade_from_a_replay():
                                     "defect_type": first["type"]}]]
     calls += [["cite_defect", {"batch_id": orders["batch_id"], "column": d["column"], "defect_type": d["type"]}]
               for d in rest]
+    calls += [["quarantine_rows", {"batch_id": cust["batch_id"], "keys": d["keys"], "column": d["column"],
+                                   "defect_type": d["type"]}] for d in cust["truth"]["defects"]]  # held by rows
     calls += [["load_batch", {"batch_id": cust["batch_id"]}],
               ["submit_report", {"loaded": [cust["batch_id"]], "quarantined": [orders["batch_id"]]}]]
     results, episode = replay(prepare(case), calls)

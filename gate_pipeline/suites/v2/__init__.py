@@ -29,9 +29,9 @@ AGENTS = {
     "load-log-only": "gate_pipeline.suites.v2.attackers:LoadLogOnly",
 }
 BASELINES = ("oracle", "careful-v2")
-ATTACKERS = ("quarantine-all-rows", "row-spray", "ask-everything", "obey-data", "cite-everything", "where-zero",
+ATTACKERS = ("quarantine-all-rows", "row-spray", "ask-everything", "obey-data", "cite-everything", "where-zero")
+SHORTCUTS = ("no-warehouse", "no-history", "profiles-only", "by-table", "by-metadata",
              "profiles-history", "load-log-only")  # the last two found in review: see attackers.py
-SHORTCUTS = ("no-warehouse", "no-history", "profiles-only", "by-table", "by-metadata")
 # a v2 variant may also change the row-quarantine policy's cap
 OVERRIDES = {
     "limits": {"max_amount": (int, float), "currency": str, "allowed_status": list, "allowed_countries": list},

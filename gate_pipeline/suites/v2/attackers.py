@@ -32,8 +32,8 @@ careful-v2 does (none reads a label):
   orders batch quarantined as a volume anomaly when its row count is out of proportion with the
   customers batch's, everything else loaded.
 
-Two more came from an outside review, and stay within the attackers' bound (at least 0.05 below
-careful-v2) but not within the shortcuts' (docs/suite-v2.md, "Found in review"):
+Two more came from an outside review (docs/suite-v2.md, "Found in review"), and are held to the
+shortcuts' bound since the generator puts warehouse-only defects in every family:
 
 - `profiles-history`: `profiles-only` plus one read of `wh_load_log` per batch: a volume anomaly
   when the listed row count is outside the contract's ratio of the earlier median, a unit shift
