@@ -198,3 +198,40 @@ def test_sql_errors_come_back_as_tool_errors(ep):
 def test_text_sqlite_is_never_given_is_refused_as_ever_through_the_compile_check(ep, query, error):
     assert error in ep.call("run_sql", {"query": query})["error"]
     assert ep.call("run_sql", {"query": "SELECT (SELECT 2) + (SELECT 3)"})["rows"] == [[5]]
+
+
+def _db(tables: dict[str, str]):
+    import sqlite3
+    conn = sqlite3.connect(":memory:")
+    for name, columns in tables.items():
+        conn.execute(f"CREATE TABLE {name} ({columns})")
+    return conn
+
+
+def test_a_statement_that_compiled_in_time_is_not_compiled_again_for_the_same_schema_under_other_names():
+    """The compile check remembers what passed by the statement and schema with every name replaced by its
+    place: the next episode's database (other batch ids, the same tables) needs no child; another schema,
+    another statement or a statement that failed does."""
+    from gate_pipeline.kernel.compile_check import CompileCheck
+    check = CompileCheck()
+    try:
+        one = _db({"wh_orders": "order_id TEXT, amount REAL", "stg_b_1": "order_id TEXT, amount TEXT"})
+        two = _db({"wh_orders": "order_id TEXT, amount REAL", "stg_b_7": "order_id TEXT, amount TEXT"})
+        query = "SELECT COUNT(*) FROM {t} WHERE order_id IN (SELECT order_id FROM wh_orders) AND '{t}' <> ''"
+        assert check.compiles_within(one, query.format(t="stg_b_1"), 1.0)
+        check.close()  # no child any more: a statement that needs one starts it again
+        assert check.compiles_within(two, query.format(t="STG_B_7"), 1.0) and check._child is None
+        assert check.compiles_within(two, query.format(t="stg_b_7") + " AND 1", 1.0) and check._child is not None
+        check.close()
+        other = _db({"wh_orders": "order_id TEXT, amount REAL", "stg_b_7": "order_id TEXT, amount TEXT, note TEXT"})
+        assert check.compiles_within(other, query.format(t="stg_b_7"), 1.0) and check._child is not None
+        check.close()
+        assert not check.compiles_within(two, HEAVY_TO_COMPILE["doubling CTEs"], 0.2)
+        assert not check.compiles_within(two, HEAVY_TO_COMPILE["doubling CTEs"], 0.2) and check._child is None
+        quoted = _db({'"stg b 1"': "order_id TEXT"})  # any name: "stg b 1" and "stg b 2" are each one place
+        assert check.compiles_within(quoted, 'SELECT (SELECT 1) FROM "stg b 1"', 1.0)
+        check.close()
+        assert check.compiles_within(_db({'"stg b 2"': "order_id TEXT"}), 'SELECT (SELECT 1) FROM "stg b 2"', 1.0)
+        assert check._child is None
+    finally:
+        check.close()

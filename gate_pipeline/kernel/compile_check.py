@@ -83,22 +83,48 @@ def may_grow(query: str) -> bool:
     return len(query) > SHORT or low.count("select") + low.count("values") > 1
 
 
-def schema_of(conn) -> list[str]:
-    """The statements that rebuild the connection's schema (main and temporary tables, views, indexes)."""
-    main = [sql for (sql,) in conn.execute("SELECT sql FROM main.sqlite_master WHERE sql IS NOT NULL")]
-    temp = [sql.replace("CREATE TABLE", "CREATE TEMP TABLE", 1)
-            for (sql,) in conn.execute("SELECT sql FROM temp.sqlite_master WHERE sql IS NOT NULL")]
+def catalogue(conn) -> list[tuple[str, str]]:
+    """(name, the statement that rebuilds it) of every table, view and index, main then temporary, in
+    creation order."""
+    main = list(conn.execute("SELECT name, sql FROM main.sqlite_master WHERE sql IS NOT NULL"))
+    temp = [(name, sql.replace("CREATE TABLE", "CREATE TEMP TABLE", 1))
+            for name, sql in conn.execute("SELECT name, sql FROM temp.sqlite_master WHERE sql IS NOT NULL")]
     return main + temp
+
+
+class _Renaming:
+    """A schema's names, each replaced by its place in the schema (a character SQL text cannot hold, then
+    the number), in text lowered to one case (SQLite's names and keywords ignore ASCII case; a literal's
+    case does not change what compiling it takes): a statement and the schema it is compiled on, renamed
+    so, are the same for every database built the same way whatever its tables are called, and compile
+    the same. Longest names first, so each place stands for one name and the renamed text for one text."""
+
+    def __init__(self, entries: list[tuple[str, str]]):
+        places: dict[str, str] = {}
+        for k, (name, _) in enumerate(entries):
+            places.setdefault(name.lower(), f"\x00{k}\x00")
+        self.places = sorted(places.items(), key=lambda item: len(item[0]), reverse=True)
+        self.schema = tuple(self.rename(sql) for _, sql in entries)
+
+    def rename(self, text: str) -> str:
+        text = text.lower()
+        for name, place in self.places:
+            text = text.replace(name, place)
+        return text
 
 
 class CompileCheck:
     """`compiles_within(conn, query, seconds)`: False when the query did not compile in time in the child."""
 
+    CACHE = 4096  # statements remembered as compiling in time (then forgotten all at once)
+
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self.seconds = 0.0  # what the last check took
+        self.seconds = 0.0  # what the last check took (for a remembered statement: what its check took)
         self._child: subprocess.Popen | None = None
         self._schema: list[str] | None = None
+        self._renaming: tuple[list[tuple[str, str]], _Renaming] | None = None
+        self._passed: dict[tuple, float] = {}  # renamed statement, schema, limits -> its check's seconds
 
     def _start(self) -> subprocess.Popen:
         self._child = subprocess.Popen([sys.executable, "-I", "-S", "-c", CHILD], stdin=subprocess.PIPE,
@@ -107,19 +133,38 @@ class CompileCheck:
         return self._child
 
     def compiles_within(self, conn, query: str, seconds: float, limits=()) -> bool:
-        """`limits`: (SQLite limit id, value) pairs the database compiles the statement under."""
+        """`limits`: (SQLite limit id, value) pairs the database compiles the statement under. A statement
+        that compiled in time once is not sent again for a database of the same schema but for its names
+        (the next episode's): what it is renamed to (`_Renaming`) is the cache's key."""
         start = time.monotonic()
+        entries = catalogue(conn)
+        key = self._key(entries, query, limits)
+        if key is not None and key in self._passed:
+            self.seconds = self._passed[key]
+            return True
         try:
-            return self._compiles_within(conn, query, seconds, limits)
+            passed = self._compiles_within([sql for _, sql in entries], query, seconds, limits)
         finally:
             self.seconds = time.monotonic() - start
+        if passed and key is not None:
+            if len(self._passed) >= self.CACHE:
+                self._passed.clear()
+            self._passed[key] = self.seconds
+        return passed
 
-    def _compiles_within(self, conn, query: str, seconds: float, limits) -> bool:
+    def _key(self, entries: list[tuple[str, str]], query: str, limits) -> tuple | None:
+        if "\x00" in query or "\x00" in "".join(sql for _, sql in entries):
+            return None
+        if self._renaming is None or self._renaming[0] != entries:
+            self._renaming = (entries, _Renaming(entries))
+        renaming = self._renaming[1]
+        return renaming.rename(query), renaming.schema, tuple(map(tuple, limits))
+
+    def _compiles_within(self, schema: list[str], query: str, seconds: float, limits) -> bool:
         try:
             child = self._child if self._child is not None and self._child.poll() is None else self._start()
         except OSError:  # no child can start here: the authorizer's bound on compiling is all there is
             return True
-        schema = schema_of(conn)
         msg = {"sql": query, "schema": schema if schema != self._schema else None, "limits": list(limits)}
         self._schema = schema
         assert child.stdin is not None and child.stdout is not None
