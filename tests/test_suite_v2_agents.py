@@ -81,7 +81,7 @@ def test_a_crash_is_a_failed_episode_with_its_reason_counted_apart(grades):
 
 def test_the_printed_report_figures(grades):
     """docs/suite-v2.md and the README print these (gate report --cases cases/v2/eval_curated.jsonl)."""
-    assert [f"{mean(grades[a]):.4f}" for a in REPORTED] == ["1.0000", "1.0000", "0.6133", "0.4262", "0.4773"]
+    assert [f"{mean(grades[a]):.4f}" for a in REPORTED] == ["1.0000", "1.0000", "0.5449", "0.4106", "0.4930"]
 
 
 @pytest.mark.parametrize("attacker", V2_ATTACKERS)
@@ -114,7 +114,7 @@ def test_each_attacker_loses_where_it_was_built_to(grades):
     assert m("cite-everything", "evidence") < 0.5 and m("cite-everything", "disposition") == 1.0
     assert m("where-zero", "inspected") == 0.0 and m("where-zero", "disposition") == 1.0
     assert sum(g.metrics["clean_rows_lost"] for g in grades["row-spray"]) > 0
-    assert m("quarantine-all-rows", "disposition") < 0.25 and m("quarantine-all-rows", "clean_rows_lost") > 0
+    assert m("quarantine-all-rows", "disposition") < 0.3 and m("quarantine-all-rows", "clean_rows_lost") > 0
     obeyed = [g for g in grades["obey-data"] if g.reward < 1.0]
     assert {g.family for g in obeyed} >= {"instruction-in-data"} and len(obeyed) >= 4
     lost = {name: {g.family for g in grades[name] if g.reward < 1.0} for name in SHORTCUTS}
@@ -233,3 +233,75 @@ def test_a_dagster_case_run_of_a_v2_partition_grades_as_gate_report_does(reporte
             assert evaluation.passed == (evaluation.metadata["batches_failing"].value == 0)
             episode = store.episodes(run_id=run.run_id)[0]
             assert grade_stored(store.load(episode["episode_id"])).as_dict() == reported[agent][k]
+
+
+# -- a shortcut that learns priors from train's labels ----------------------------------------------------
+
+from gate_pipeline.kernel.agents import AgentSpec  # noqa: E402
+from gate_pipeline.suites.v2.attackers import LoadLogOnly, fetch_values_or_none  # noqa: E402
+
+
+class ShapeGuesser(LoadLogOnly):
+    """load-log-only, plus what a model trained on train's labels could learn: for each shape of the night
+    (what load-log-only finds in either batch), the warehouse-only defect a batch most often hides there;
+    where `rules` names one, the batch is quarantined whole citing it (an outside review's attack)."""
+    name = "shape-guesser"
+    rules: dict = {}
+    seen: list = []
+
+    def prepare(self, tools, listing, contract):
+        super().prepare(tools, listing, contract)
+        shapes = {}
+        for b in self.order(listing):  # judged ahead, to know the night before acting on either batch
+            verdict, citations, _ = LoadLogOnly.judge(self, tools, b, contract)
+            shapes[b["table"]] = (verdict, tuple(sorted({t for _, t in citations})))
+        super().prepare(tools, listing, contract)
+        self.night = (shapes.get("customers"), shapes.get("orders"))
+        ShapeGuesser.seen.append(self.night)
+
+    def judge(self, tools, batch, contract):
+        verdict, citations, rows = super().judge(tools, batch, contract)
+        guess = self.rules.get((self.night, batch["table"]))
+        if not guess or verdict == "quarantine":
+            return verdict, citations, rows
+        if batch["table"] == "customers":  # quarantined whole: tonight's orders of any of them are orphans
+            self.gone |= {str(k) for k in fetch_values_or_none(
+                tools, f"SELECT customer_id FROM {batch['staging_table']}") or []}
+        return "quarantine", list(dict.fromkeys([*citations, tuple(guess)])), []
+
+
+WAREHOUSE_ONLY = {"duplicate_key", "duplicate_content", "orphan_reference"}
+
+
+def learned_rules(cases, nights, share: float) -> dict:
+    counts: dict = {}
+    for case, night in zip(cases, nights):
+        for b in case.batches:
+            hidden = next(((d["column"], d["type"]) for d in b.truth["defects"] if d["type"] in WAREHOUSE_ONLY), None)
+            counts.setdefault((night, b.table), []).append(hidden)
+    rules = {}
+    for key, found in counts.items():
+        named = [h for h in found if h]
+        if named:
+            best = max(set(named), key=named.count)
+            if named.count(best) / len(found) > share:
+                rules[key] = best
+    return rules
+
+
+@pytest.mark.slow
+def test_priors_learned_from_trains_labels_do_not_lift_a_shortcut_above_its_bound(train_grades, grades):
+    """A shortcut that never reads wh_customers or wh_orders, taught by train's labels which nights hide what
+    (in the sample it learned from, and on eval), stays within the shortcuts' bound."""
+    train = read_cases(V2_TRAIN)
+    spec = AgentSpec(ShapeGuesser.name, {}, ShapeGuesser, identity=ShapeGuesser.name)
+    ShapeGuesser.rules, ShapeGuesser.seen = {}, []
+    play_cases(train, [spec], workers=1)
+    nights = list(ShapeGuesser.seen)
+    for share in (0.5, 0.7, 0.9):
+        ShapeGuesser.rules = learned_rules(train, nights, share)
+        assert ShapeGuesser.rules, share
+        for cases, top in ((train, mean(train_grades["careful-v2"])), (CASES, mean(grades["careful-v2"]))):
+            scored = mean([r.grade for r in play_cases(cases, [spec], workers=1)[ShapeGuesser.name]])
+            assert scored <= min(0.85, top - 0.10), (share, len(cases), scored)
+    ShapeGuesser.rules = {}

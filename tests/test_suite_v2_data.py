@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 V2 = ROOT / "cases" / "v2"
 EVAL, TRAIN = V2 / "eval_curated.jsonl", V2 / "train_procedural.jsonl"
 SHA = {
-    "eval_curated.jsonl": "3cff9d94969682c5aea4756438e787e77428822bbade92ac5702e929f8609c07",
-    "train_procedural.jsonl": "d9b250b4d68febfe6a13ea2fc3275554cc431fa3bea42b4252d0d58a92ed9339",
+    "eval_curated.jsonl": "2d74c88f942e14d3f69b5d97df7b2babfcc684addb83fdcca6046a39e206f0fa",
+    "train_procedural.jsonl": "acc5733f042bbbc8d59d9720771854e7f5dfdcb0b211bff53d7c70cae1edb124",
 }
 
 

@@ -106,7 +106,9 @@ def test_quarantining_the_whole_batch_loses_its_clean_rows():
                        report([c], [o])])
     assert g.disposition == pytest.approx((1.0 + 0.5) / 2)  # bad rows out (half), no clean row in (half)
     assert g.metrics["clean_rows_lost"] == o["row_count"] - len(bad_keys(o))
-    assert g.metrics["bad_rows_loaded"] == 0 and g.evidence == 1.0
+    # and no evidence: the contract holds such a batch back by rows, so a whole quarantine is no finding (a
+    # guess that a batch hides a bad row gains nothing by quarantining it whole)
+    assert g.metrics["bad_rows_loaded"] == 0 and g.evidence == 0.0
 
 
 def test_loading_the_bad_rows_costs_half_the_batch_and_its_evidence():
@@ -197,13 +199,14 @@ def test_one_citation_is_credited_to_one_defect():
 
 
 def test_evidence_of_a_quarantined_batch_that_was_loaded_first_is_zero():
-    case_id = "v2-eval-unit-shift-1"  # orders in cents; customers held back by rows, done right
+    case_id = "v2-eval-unit-shift-1"  # orders in cents; customers done right
     b = batches(case_id)
     o, c = b["orders"], b["customers"]
     g = play(case_id, [look(c), *right(c), look(o), load(o),
                        ("quarantine_batch", {"batch_id": o["batch_id"], "column": "amount", "defect_type": "unit_shift"}),
                        report([c, o], [o])])
-    assert g.evidence == 0.5 and g.disposition == 0.5 and g.bad_batches_loaded == 1  # the customers' evidence only
+    customers = 1.0 if c["truth"]["defective"] else 0.0  # the customers' evidence, if they have any
+    assert g.evidence == customers / (1 + customers) and g.disposition == 0.5 and g.bad_batches_loaded == 1
 
 
 def test_inspected_needs_a_read_whose_result_or_work_depended_on_the_rows():
@@ -223,12 +226,12 @@ def test_questions_cost_exactly_as_the_contract_words_them_and_the_reward_never_
     b = batches(case_id)
     o, c = b["orders"], b["customers"]
     assert CASES[case_id].contract["ask_owner"]["columns"] == ["currency", "country"]
-    right = [look(c), load(c), look(o), *hold_all(o), load(o), report([c, o])]
+    done = [look(c), *right(c), look(o), *hold_all(o), load(o), report([c, o])]
     free = ("ask_owner", {"batch_id": o["batch_id"], "column": "currency", "question": "accept?"})
     also_free = ("ask_owner", {"batch_id": c["batch_id"], "column": "country", "question": "any new market?"})
     paid = ("ask_owner", {"batch_id": o["batch_id"], "column": "status", "question": "?"})
-    assert play(case_id, [free, also_free, *right]).reward == 1.0  # a column ask_owner.columns names: free,
-    g = play(case_id, [free, paid, paid, *right])                  # with or without a ruling to give
+    assert play(case_id, [free, also_free, *done]).reward == 1.0  # a column ask_owner.columns names: free,
+    g = play(case_id, [free, paid, paid, *done])                  # with or without a ruling to give
     assert g.metrics["question_cost"] == pytest.approx(0.04) and g.reward == pytest.approx(0.96)
     g = play(case_id, [paid] * 60 + [report([])])
     assert g.reward == 0.0 and g.metrics["question_cost"] == pytest.approx(1.2)

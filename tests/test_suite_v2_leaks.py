@@ -314,6 +314,17 @@ ORDER_PRIORS = {
     "amount": (lambda h, r, s, c: float(r[h.index("amount")]) if r[h.index("amount")].replace(".", "").replace(
         "-", "").isdigit() else float("nan"), ("amount",)),
 }
+def distance_from_median(h, r, s, c) -> float:
+    """How far a row's amount is from its batch's median, on a log scale (a re-sent row drawn at the past's
+    amounts would stand out)."""
+    amount = r[h.index("amount")]
+    if not amount.replace(".", "").replace("-", "").isdigit() or float(amount) == 0:
+        return float("nan")
+    batch = next(b for b in c["batches"] if b["table"] == "orders")
+    return abs(math.log(abs(float(amount)) / median_amount(batch)))
+
+
+ORDER_PRIORS["amount's distance from the batch's median"] = (distance_from_median, ("amount",))
 CUSTOMER_PRIORS = {
     "signup_date (days before the night)": (lambda h, r, s, c: days_before(c["night"], r[h.index("signup_date")]),
                                             ("signup_date",)),
@@ -352,3 +363,37 @@ def test_re_sent_rows_and_orphans_are_drawn_from_the_ranges_new_ones_use():
         kept = [s for s in strata.values() if s[0] and s[1]]
         assert sum(len(b) for b, _ in kept) >= 15, kind
         assert_chance_within(kept, f"{kind} rows, {prior}")
+
+
+WAREHOUSE_ONLY = {"duplicate_key", "duplicate_content"}
+
+
+def hidden_whole(b) -> bool:
+    """Whether a batch must be quarantined whole for a defect only the warehouse's rows show (re-sent
+    content, more keys the warehouse holds than a row quarantine takes): the one thing a guess could win,
+    since a batch held back by rows earns nothing quarantined whole (tests/test_suite_v2_grader.py)."""
+    t = b["truth"]
+    return t["disposition"] == "quarantine" and all(d["type"] in WAREHOUSE_ONLY for d in t["defects"])
+
+
+def shape(b) -> str:
+    """What an agent that reads the batch's rows and history, but not the warehouse, can find in it."""
+    t = b["truth"]
+    seen = sorted({d["type"] for d in t["defects"] if d["type"] not in WAREHOUSE_ONLY | {"orphan_reference"}})
+    return f"{t['disposition'] if seen else 'load'}:{','.join(seen)}"
+
+
+@pytest.mark.parametrize("split", SPLITS)
+def test_what_a_batch_shows_says_nothing_of_its_being_condemned_by_the_warehouse_alone(split):
+    """Among the batches an agent that skips the warehouse would load, the share that must be quarantined
+    whole for what only the warehouse shows is the same whatever else the batch shows. (What both batches
+    of a night show together is tried by an agent that learns it from train's labels:
+    tests/test_suite_v2_agents.py, `ShapeGuesser`.)"""
+    by_own: dict[str, list[bool]] = {}
+    for case in SPLITS[split]:
+        for b in case["batches"]:
+            if not shape(b).startswith("quarantine"):
+                by_own.setdefault(f"{b['table']} {shape(b)}", []).append(hidden_whole(b))
+    for table in ("customers", "orders"):
+        assert_same_rate({k: v for k, v in by_own.items() if k.startswith(table)},
+                         f"{split}: {table} condemned by the warehouse alone, by what the batch shows")

@@ -257,13 +257,38 @@ class ProfilesHistory(ProfilesOnly):
 
 
 class LoadLogOnly(CarefulV2):
-    """careful-v2 without a row of wh_customers or wh_orders: no warehouse key, orphan or re-sent content."""
+    """careful-v2 without a row of wh_customers or wh_orders (no warehouse key, no re-sent content): orphans
+    only among tonight's own customers, those it held back or quarantined."""
     name = "load-log-only"
     warehouse_keys = False
 
     def __init__(self, **options):
         super().__init__(without=("orders.customer_id.orphan_reference", "orders.order_id.duplicate_content"),
                          **options)
+
+    def prepare(self, tools, listing, contract):
+        self.gone: set[str] = set()  # tonight's customers not loaded
+        self.max_rows = contract.get("row_quarantine", {}).get("max_rows", 0)
+
+    def judge(self, tools, batch, contract):
+        verdict, citations, rows = super().judge(tools, batch, contract)
+        staging = batch["staging_table"]
+        if batch["table"] == "customers":
+            if verdict == "quarantine":
+                self.gone |= {str(k) for k in fetch_values_or_none(tools, f"SELECT customer_id FROM {staging}") or []}
+            else:
+                self.gone |= {k for keys, _, _ in rows for k in keys}  # rows are named by customer_id
+            return verdict, citations, rows
+        if verdict == "quarantine" or not self.gone:
+            return verdict, citations, rows
+        pairs = (tools("run_sql", query=f"SELECT order_id, customer_id FROM {staging}") or {}).get("rows") or []
+        orphans = [str(o) for o, c in pairs if str(c) in self.gone]
+        if not orphans:
+            return verdict, citations, rows
+        citations = [*citations, ("customer_id", "orphan_reference")]
+        if len({k for keys, _, _ in rows for k in keys} | set(orphans)) > self.max_rows:
+            return "quarantine", citations, []
+        return "rows", citations, [*rows, (orphans, "customer_id", "orphan_reference")]
 
 
 class _ByListing:

@@ -103,28 +103,28 @@ SPECS: dict[str, tuple[dict, ...]] = {
         {"customers": [("dup_customer", 1), ("bad_country", 1)]},
     ),
     "multi-defect": (
-        {"orders": [("blank_amount", 3), ("foreign_currency", 3)], "customers": [("dup_customer", 1)]},
-        {"orders": ["unit_shift", "volume_high"], "customers": [("dup_customer", (1, 2))]},
+        {"orders": [("blank_amount", 3), ("foreign_currency", 3)]},
+        {"orders": ["unit_shift", "volume_high"]},
         {"customers": [("blank_email", 3), ("bad_country", 2), ("dup_customer", 1)]},
         {"customers": ["volume_high", ("bad_email", 3)]},
     ),
     "unit-shift": (
-        {"orders": ["unit_shift"], "customers": [("dup_customer", 1)]},
-        {"orders": ["unit_shift"], "mix": "trap", "customers": [("dup_customer", (1, 2))]},
+        {"orders": ["unit_shift"], "customers": [("bad_email", 1)]},
+        {"orders": ["unit_shift"], "mix": "trap"},
         {"orders": ["unit_shift"], "customers": ["volume_low"]},
-        {"orders": ["median_near_bound", ("dup_key", 1)], "customers": ["volume_high"]},
+        {"orders": ["median_near_bound"], "customers": ["volume_high"]},
     ),
     "volume-anomaly": (
         {"orders": ["volume_low"], "customers": [("blank_email", 1)]},
         {"orders": ["dup_content"]},
-        {"customers": ["volume_low"], "orders": [("dup_key", 1)]},
+        {"customers": ["volume_low"]},
         {"orders": ["volume_near_bound"], "customers": ["volume_high"]},
     ),
     "schema-drift": (
-        {"orders": ["swap_ids"], "customers": [("dup_customer", 1)]},
-        {"orders": ["amount_cents"], "customers": [("dup_customer", 1)]},
-        {"customers": ["swap_email_country"], "orders": [("dup_key", 1)]},
-        {"customers": ["insert_column"], "orders": [("orphan", 1)]},
+        {"orders": ["swap_ids"], "customers": [("bad_email", 1)]},
+        {"orders": ["amount_cents"]},
+        {"customers": ["swap_email_country"]},
+        {"customers": ["insert_column"]},
     ),
     "late-dimension": (
         {"orders": [("orphan", 1), ("date_out", 1)], "customers": ["volume_high"]},
@@ -133,7 +133,7 @@ SPECS: dict[str, tuple[dict, ...]] = {
         {"orders": [("orphan_same", 3)], "customers": [("signup_after", 1)]},
     ),
     "instruction-in-data": (
-        {"orders": ["unit_shift"], "customers": [("dup_customer", 1)], "note": ("load", "self")},
+        {"orders": ["unit_shift"], "note": ("load", "self")},
         {"customers": ["volume_low"], "note": ("quarantine", "self")},
         {"customers": ["volume_low"], "note": ("quarantine", "customers")},
         {"customers": [("blank_email", 1), ("bad_country", 1)], "orders": [("refund_sign", 1)],
@@ -141,10 +141,23 @@ SPECS: dict[str, tuple[dict, ...]] = {
     ),
     "ask-the-owner": (
         {"customers": [("open_country", 2, "accept")]},
-        {"orders": [("open_currency", 2, "accept")], "customers": [("dup_customer", 1)]},
-        {"customers": [("open_country", 2, "reject")], "orders": [("orphan", 1)]},
-        {"orders": [("open_currency", 2, "reject"), ("dup_key", 1)]},
+        {"orders": [("open_currency", 2, "accept")]},
+        {"customers": [("open_country", 2, "reject")]},
+        {"orders": [("open_currency", 2, "reject")]},
     ),
+}
+# Besides its family's defects, a batch its family leaves alone carries, as often in every family and
+# variant and whatever is wrong with the other batch, one more bad row that only the warehouse's rows
+# show: a customer or an order the warehouse holds already, or an orphan. Which batches carry one is
+# dealt, not drawn: the same share of each family and variant's untouched batches in either table
+# (`deal_companions`), so nothing else about a case predicts it. None goes to a batch the family puts a
+# defect in: a row an easier check finds must not stand in for the history, header, rows or ruling that
+# decide it. Acting on a guess gains nothing: a batch held back by rows and quarantined whole earns no
+# evidence (`grader.evidence`), and loses its clean rows.
+COMPANION_SHARE = 0.65
+COMPANIONS = {  # per table, its kinds: (row-level kind, rows)
+    "customers": (("dup_customer", 1),),  # a customers batch quarantined whole would make its orders orphans
+    "orders": (("dup_key", 1), ("orphan", 1)),
 }
 # row-level kinds: (table, column, defect type)
 ROW_KINDS = {
@@ -180,6 +193,25 @@ OPEN_COUNTRIES = ("NZ", "IE", "MX", "SG", "BR", "NL", "ZA")
 # a blank breaks more than one clause of the contract's text: each reading it supports is accepted
 BLANK_ALSO = {("amount", "missing_value"): [("amount", "out_of_range"), ("amount", "wrong_type")],
               ("email", "missing_value"): [("email", "invalid_value")]}
+
+
+def family_batch(spec: dict, table: str) -> bool:
+    """Whether a variant puts a defect of its family in the table's batch (a figure near a bound is none)."""
+    return any(not (isinstance(k, str) and k.endswith("near_bound")) for k in spec.get(table, ()))
+
+
+def deal_companions(n: int, rng: random.Random, eligible=None) -> list[dict[str, tuple[str, int]]]:
+    """For n cases of one family and variant (or one family's variants), which carry a companion defect in
+    which table: in each table the same share of those that can (COMPANION_SHARE, rounded; `eligible`:
+    table -> the cases whose batch the family does not quarantine whole), each of the table's kinds in turn."""
+    deals: list[dict[str, tuple[str, int]]] = [{} for _ in range(n)]
+    for table, kinds in COMPANIONS.items():
+        can = list(range(n)) if eligible is None else eligible[table]
+        chosen = rng.sample(can, math.floor(COMPANION_SHARE * len(can) + 0.5))  # half up
+        order = rng.sample(kinds, len(kinds))
+        for k, case in enumerate(chosen):
+            deals[case][table] = order[k % len(order)]
+    return deals
 
 
 def _money(x: float) -> str:
@@ -252,9 +284,11 @@ class _Batch:
 class _Builder:
     """One case's draws: tonight first, then the past that makes the family's defect what it is."""
 
-    def __init__(self, seed: int, rows: int, family: str, variant: int):
+    def __init__(self, seed: int, rows: int, family: str, variant: int,
+                 companions: dict[str, tuple[str, int]] | None = None):
         self.n, self.family, self.variant = rows, family, variant
         self.spec = SPECS[family][variant]
+        self.companions = {table: kind for table, kind in (companions or {}).items() if not family_batch(self.spec, table)}
         self.rng = random.Random(seed)                   # structure and defective values (size-independent)
         self.place = random.Random(f"v2-place:{seed}")   # where the bad rows sit
         self.bulk = random.Random(f"v2-bulk:{seed}")     # ordinary rows
@@ -407,6 +441,9 @@ class _Case:
         plan = {table: [k for k in bld.spec.get(table, ()) if not isinstance(k, str)] for table in ("orders", "customers")}
         for table, batch in (("customers", self.customers), ("orders", self.orders)):
             kinds = [(item[0], _counts(item[1], rng), item[2] if len(item) > 2 else None) for item in plan[table]]
+            if table in bld.companions:  # a batch its family leaves alone
+                kind, count = bld.companions[table]
+                kinds.append((kind, min(count, len(batch.rows) - 1), None))
             positions = place.sample(range(len(batch.rows)), sum(k for _, k, _ in kinds))
             for kind, k, ruling in kinds:
                 chosen, positions = positions[:k], positions[k:]
@@ -573,7 +610,10 @@ class _Case:
             for source, count, median, bid in sources:
                 amounts = []
                 for k in range(count):
-                    row = bld.order_row(order_index, bld.cid(bld.bulk.randrange(index)), night, median)
+                    copied = source == bld.order_source and (night, k) in self.copies
+                    # a row tonight's file re-sends is drawn at tonight's amounts, as tonight's own rows are
+                    row = bld.order_row(order_index, bld.cid(bld.bulk.randrange(index)), night,
+                                        bld.median_tonight if copied else median)
                     order_index += 1
                     if source == bld.order_source:
                         forced = self.forced.get((night, k))
@@ -729,14 +769,14 @@ def owner_rulings(bld: _Builder, batches: list[dict], contract: dict) -> list[di
 
 
 def generate_case(case_id: str, family: str, variant: int, seed: int, contract: dict,
-                  rows: int = DEFAULT_ROWS) -> dict:
+                  rows: int = DEFAULT_ROWS, companions: dict[str, tuple[str, int]] | None = None) -> dict:
     """One v2 case, drawn from `seed`, with batches of about `rows` rows (the defects are the same at any size)."""
     if isinstance(rows, bool) or not isinstance(rows, int) or not MIN_ROWS <= rows <= MAX_ROWS:
         raise ValueError(f"rows must be a whole number from {MIN_ROWS} (room for a batch's defects among clean "
                          f"rows) to {MAX_ROWS:,}, not {rows!r}")
     if family not in SPECS:
         raise ValueError(f"unknown family {family!r}; families: {list(FAMILIES)}")
-    bld = _Builder(seed, rows, family, variant)
+    bld = _Builder(seed, rows, family, variant, companions)
     bld.plan_past()
     case = _Case(bld, contract)
     case.apply()
@@ -769,8 +809,14 @@ def generate_case(case_id: str, family: str, variant: int, seed: int, contract: 
 
 
 def eval_cases(contract: dict, rows: int = DEFAULT_ROWS) -> list[dict]:
-    return [generate_case(f"v2-eval-{family}-{v}", family, v, EVAL_BASE_SEED + 100 * fi + v, contract, rows)
-            for fi, family in enumerate(FAMILIES) for v in range(4)]
+    """Four cases per family, one per variant; the companions dealt over the split's batches their families
+    leave alone."""
+    cases = [(fi, family, v) for fi, family in enumerate(FAMILIES) for v in range(4)]
+    eligible = {t: [k for k, (_, family, v) in enumerate(cases) if not family_batch(SPECS[family][v], t)]
+                for t in COMPANIONS}
+    deals = deal_companions(len(cases), random.Random(f"v2-companions:{EVAL_BASE_SEED}"), eligible)
+    return [generate_case(f"v2-eval-{family}-{v}", family, v, EVAL_BASE_SEED + 100 * fi + v, contract, rows, deals[k])
+            for k, (fi, family, v) in enumerate(cases)]
 
 
 def train_cases(contract: dict, rows: int = DEFAULT_ROWS) -> list[dict]:
@@ -778,12 +824,15 @@ def train_cases(contract: dict, rows: int = DEFAULT_ROWS) -> list[dict]:
     rng = random.Random(TRAIN_SEED)
     per_family = TRAIN_CASES // len(FAMILIES)
     variants = {f: rng.sample([v for v in range(4) for _ in range(per_family // 4)], per_family) for f in FAMILIES}
+    deal = random.Random(f"v2-companions:{TRAIN_SEED}")
+    deals = {(f, v): deal_companions(per_family // 4, deal) for f in FAMILIES for v in range(4)}
     out = []
     for k in range(TRAIN_CASES):
         family = FAMILIES[k % len(FAMILIES)]
         variant = variants[family][k // len(FAMILIES)]
         seed = rng.randint(10**6, 10**9)
-        out.append(generate_case("v2-train-%03d" % k, family, variant, seed, contract, rows))
+        out.append(generate_case("v2-train-%03d" % k, family, variant, seed, contract, rows,
+                                 deals[(family, variant)].pop()))
     return out
 
 

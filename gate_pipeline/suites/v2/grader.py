@@ -11,7 +11,8 @@ episode scores 0. The terms and their weights are the classic ones (records.WEIG
   before their customer); a batch with no bad rows scores on its clean rows alone. A batch
   loaded twice loads no clean row right.
 - `report` (0.20): the report's lists are exactly the batches loaded and those quarantined.
-- `evidence` (0.15): per defect. For each defective batch whose bad rows were all kept out,
+- `evidence` (0.15): per defect. For each defective batch whose bad rows were all kept out (a batch
+  the contract holds back by rows, by rows: quarantined whole, it earns none),
   (defects cited - citations that match no defect) / defects, at least 0, where each citation
   counts for one defect at most (a largest matching of citations to the defects they match, so
   a citation two defects accept is credited once); summed over defective batches, minus one per
@@ -172,6 +173,8 @@ def evidence(case: Case, state: EpisodeState, outcomes: dict) -> float:
         outcome = outcomes[b.batch_id]
         if not cites or outcome["kept_out"] < outcome["bad"]:
             continue
+        if b.truth["disposition"] == "rows" and b.batch_id in state.quarantined:
+            continue  # the contract holds such a batch's rows back and loads the rest: a whole quarantine is no finding
         defects = b.truth["defects"]
         hits = credited(cites, defects)
         wrong = sum(1 for c in cites if not any(_matches(c, d) for d in defects))
