@@ -305,3 +305,11 @@ def test_priors_learned_from_trains_labels_do_not_lift_a_shortcut_above_its_boun
             scored = mean([r.grade for r in play_cases(cases, [spec], workers=1)[ShapeGuesser.name]])
             assert scored <= min(0.85, top - 0.10), (share, len(cases), scored)
     ShapeGuesser.rules = {}
+
+
+@pytest.mark.xfail(strict=True, reason="open: a second outside review's `clean-night` guesses the re-sent file of a "
+                                       "night that shows nothing, and the sixth bad row of a batch showing five "
+                                       "(docs/suite-v2.md, 'Found in review')")
+def test_clean_night_stays_within_the_shortcuts_bound(grades):
+    scored = mean([r.grade for r in play_cases(CASES, ["clean-night"])["clean-night"]])
+    assert scored <= min(0.85, mean(grades["careful-v2"]) - 0.10), scored

@@ -27,6 +27,7 @@ AGENTS = {
     "by-metadata": "gate_pipeline.suites.v2.attackers:ByMetadata",
     "profiles-history": "gate_pipeline.suites.v2.attackers:ProfilesHistory",
     "load-log-only": "gate_pipeline.suites.v2.attackers:LoadLogOnly",
+    "clean-night": "gate_pipeline.suites.v2.attackers:CleanNight",  # open: above the shortcuts' bound
 }
 BASELINES = ("oracle", "careful-v2")
 ATTACKERS = ("quarantine-all-rows", "row-spray", "ask-everything", "obey-data", "cite-everything", "where-zero")

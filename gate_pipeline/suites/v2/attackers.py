@@ -291,6 +291,36 @@ class LoadLogOnly(CarefulV2):
         return "rows", citations, [*rows, (orphans, "customer_id", "orphan_reference")]
 
 
+class CleanNight(LoadLogOnly):
+    """load-log-only and two guesses a second outside review found pay (open: docs/suite-v2.md, "Found in
+    review"): a batch showing exactly `max_rows` bad rows hides one more (quarantined whole, a customers batch
+    also cited for a key the warehouse holds); and in a night where neither batch shows anything and the
+    owner accepted nothing, the orders batch is a re-sent file (quarantined whole as duplicate content)."""
+    name = "clean-night"
+
+    def prepare(self, tools, listing, contract):
+        super().prepare(tools, listing, contract)
+        self.shown, self.batches, self.judged = False, len(listing), 0
+
+    def ask(self, tools, batch, contract, df):
+        accepted = super().ask(tools, batch, contract, df)
+        self.shown = self.shown or any(accepted.values())
+        return accepted
+
+    def judge(self, tools, batch, contract):
+        verdict, citations, rows = super().judge(tools, batch, contract)
+        self.judged += 1
+        if verdict == "rows" and len({k for keys, _, _ in rows for k in keys}) >= self.max_rows:
+            if batch["table"] == "customers":
+                citations = list(dict.fromkeys([*citations, ("customer_id", "duplicate_key")]))
+            verdict, rows = "quarantine", []
+        if verdict != "load":
+            self.shown = True
+        elif batch["table"] == "orders" and not self.shown and self.judged == self.batches:
+            return "quarantine", [("order_id", "duplicate_content")], []
+        return verdict, citations, rows
+
+
 class _ByListing:
     """Decides each batch from the listing alone (customers first): `citation` says what to quarantine a
     batch for, or None to load it."""
