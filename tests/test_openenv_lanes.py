@@ -81,3 +81,72 @@ def test_an_error_in_a_call_reaches_its_caller_and_the_lanes_go_on():
         assert asyncio.run(main()) == "fine"
     finally:
         lanes.shutdown()
+
+
+def test_the_baton_lets_one_query_on_at_a_time_in_turns_and_a_waiter_never_past_its_deadline():
+    from gate_pipeline.integrations.openenv_lanes import Baton, _Turn
+    baton = Baton(turn_s=0.05)
+    first, second, third = _Turn(), _Turn(), _Turn()
+    far = time.monotonic() + 10
+    baton.take(first, far)  # free: taken at once
+    seen = {}
+
+    def query(turn, name, deadline, then=None):
+        t = time.monotonic()
+        baton.take(turn, deadline)
+        seen[name] = (time.monotonic() - t, baton._holder is turn)
+        if then is not None:
+            then()
+
+    t2 = threading.Thread(target=query, args=(second, "second", far, lambda: time.sleep(0.1)))
+    t2.start()
+    time.sleep(0.1)
+    t3 = threading.Thread(target=query, args=(third, "third", time.monotonic() + 0.1))
+    t3.start()
+    t3.join()  # its deadline passed while `first` held the baton: it goes on without it
+    assert seen["third"][0] < 0.1 + 0.05 and not seen["third"][1] and third not in baton._waiting
+    t1 = threading.Thread(target=query, args=(first, "first again", far))
+    t1.start()  # `first`'s turn is over and `second` waits: handed over; `first` waits for its next turn
+    t2.join()
+    assert seen["second"][1] and "first again" not in seen
+    baton.give_up(second)  # the query ended: `first`, waiting since, has it
+    t1.join()
+    assert seen["first again"][1] and baton._holder is first
+    baton.give_up(first)
+    assert baton._holder is None and not baton._waiting
+
+
+def test_long_queries_moved_off_the_fast_threads_take_turns_and_keep_their_budget():
+    """Four budget-long queries at once: once moved, one runs at a time (their progress checks come in runs
+    of one thread's, a turn each), and each still returns by its budget + 0.5 s."""
+    from gate_pipeline.kernel.sandbox import Sandbox
+    checks: list[tuple[float, int]] = []
+
+    class Watched(Sandbox):
+        def _progress(self):
+            checks.append((time.monotonic(), threading.get_native_id()))
+            return super()._progress()
+
+    def budget_long():
+        box = Watched(sqlite3.connect(":memory:", check_same_thread=False), step_budget=10**12, time_budget=0.8)
+        t = time.monotonic()
+        with pytest.raises(sqlite3.OperationalError, match="interrupted"):
+            box.execute(LONG.format(n=10**12))
+        return time.monotonic() - t
+
+    lanes = Lanes(threads=4, slice_s=0.02)
+
+    async def main():
+        return await asyncio.gather(*(lanes.run(budget_long, key=f"noisy-{i}") for i in range(4)))
+
+    try:
+        start = time.monotonic()
+        took = asyncio.run(main())
+    finally:
+        lanes.shutdown()
+    assert lanes.moved == 4 and max(took) <= 0.8 + 0.5, (lanes.moved, took)
+    # once all four are moved (a slice of CPU each, on 4 threads: well within 0.3 s), they run in turns: the
+    # checks change hands about once a turn (0.5 s / 0.02 s), where four threads on their own interleave all the time
+    late = [tid for t, tid in checks if t > start + 0.3]
+    switches = sum(a != b for a, b in zip(late, late[1:]))
+    assert switches <= 2 * 0.5 / 0.02 + 4, (switches, len(late))

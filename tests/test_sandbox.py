@@ -76,6 +76,41 @@ def test_time_budget(ep, monkeypatch):
     assert ep.call("run_sql", {"query": q}) == {"error": "interrupted"}
 
 
+class HoldingPacer:
+    """A pacer that holds a query at its first progress check until its deadline (as `gate serve`'s baton may
+    hold a query waiting for its turn), and records what it was told."""
+
+    def __init__(self):
+        self.deadlines: list[float] = []
+        self.ended = 0
+
+    def wait(self, deadline):
+        self.deadlines.append(deadline)
+        time.sleep(max(0.0, deadline - time.monotonic()))
+
+    def done(self):
+        self.ended += 1
+
+
+def test_a_pacer_that_holds_a_query_cannot_stretch_its_budget(ep, monkeypatch):
+    from gate_pipeline.kernel import sandbox
+    monkeypatch.setattr(ep.world.sandbox, "step_budget", 10**12)
+    monkeypatch.setattr(ep.world.sandbox, "time_budget", 0.3)
+    q = "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT COUNT(*) FROM r"
+    pacer = HoldingPacer()
+    sandbox.pace(pacer)
+    try:
+        start = time.monotonic()
+        assert ep.call("run_sql", {"query": q}) == {"error": "interrupted"}
+        took = time.monotonic() - start
+        assert ep.call("run_sql", {"query": "SELECT 1"})["rows"] == [[1]]  # too short for a progress check
+    finally:
+        sandbox.pace(None)
+    assert 0.3 <= took <= 0.3 + 0.5, took  # held to its deadline, then stopped by its budget as ever
+    assert len(pacer.deadlines) == 1 and pacer.ended == 2  # told once; told of both queries' ends
+    assert ep.call("run_sql", {"query": q}) == {"error": "interrupted"} and pacer.ended == 2  # no pacer now
+
+
 def self_joined_ctes(depth: int, tail: str = "") -> str:
     """CTEs that each refer to the one before twice: SQLite expands them while it compiles the statement,
     2 ** depth copies, before one virtual-machine step runs (an outside reviewer's query: 6-7 s at 14)."""

@@ -13,8 +13,17 @@ sandbox stops it at its budget, as in process); its thread then exits (a raised 
 be lowered again without privileges). Its session (the call's `key`) is marked: its next calls
 queue on the *slow lane*, one thread at the lowest priority that rests as long as each long call
 took (so the long queries of all marked sessions together get at most half a CPU there), until
-`SHORT_TO_CLEAR` of them in a row are short. A session's SQL thus delays another session's step by
-about one slice, not by its budget; the long-querying sessions wait for each other
+`SHORT_TO_CLEAR` of them in a row are short.
+
+*One long query at a time.* A moved call's queries and the slow lane's take turns on one *baton*
+(`Baton`): the sandbox's progress handler (`kernel.sandbox.pace`) holds a query that does not have
+it, waiting without the GIL and without CPU, until its turn comes or its deadline passes (then the
+sandbox stops it as ever, `interrupted`); the holder passes it on after a turn of `slice_s` seconds
+when others wait, first come first served. Each running query takes the GIL back at every progress
+check, and a thread at the lowest priority that has asked for the GIL makes the thread holding it
+wait until the OS runs it: eight such queries at once stalled the event loop and the step threads
+for tens of milliseconds at a time, one does not. A session's SQL thus delays another session's
+step by about one slice, not by its budget; the long-querying sessions wait for each other
 (benchmarks/bench_serve.py's noisy-neighbours rows measure it).
 
 Where threads have no CPU clock or no per-thread priority (not Linux), a call is moved on wall time
@@ -23,12 +32,15 @@ and its thread keeps its priority: the others still find a free thread, but shar
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 import queue
 import sys
 import threading
 import time
 from typing import Any, Callable
+
+from ..kernel import sandbox
 
 LOW_PRIORITY = 19  # the largest nice value: runs on what CPU the others leave
 REST = 1.0  # the slow lane rests as long as each long call took: long queries get at most half a CPU there
@@ -44,6 +56,73 @@ class _Worker:
         self.tid = 0
         self.clock: int | None = None
         self.moved = False
+
+
+class _Turn:
+    """A query's place on the baton."""
+
+    __slots__ = ("granted", "since")
+
+    def __init__(self) -> None:
+        self.granted = threading.Event()
+        self.since = 0.0
+
+
+class Baton:
+    """One long query runs at a time; the others wait for their turn at their progress checks (in a wait
+    that holds neither the GIL nor a CPU), first come first served, a turn being `turn_s` seconds while
+    others wait. A query still waiting at its deadline goes on (and is stopped by its budget)."""
+
+    def __init__(self, turn_s: float):
+        self.turn_s = turn_s
+        self._lock = threading.Lock()
+        self._holder: _Turn | None = None
+        self._waiting: collections.deque[_Turn] = collections.deque()
+
+    def take(self, turn: _Turn, deadline: float) -> None:
+        with self._lock:
+            if self._holder is turn:
+                if not self._waiting or time.monotonic() - turn.since < self.turn_s:
+                    return  # its turn goes on
+                self._pass_on()
+            elif self._holder is None and not self._waiting:
+                self._holder, turn.since = turn, time.monotonic()
+                return
+            turn.granted.clear()
+            self._waiting.append(turn)
+        turn.granted.wait(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            if self._holder is not turn:  # the deadline came first: out of the queue
+                self._waiting.remove(turn)
+
+    def give_up(self, turn: _Turn) -> None:
+        with self._lock:
+            if self._holder is turn:
+                self._pass_on()
+
+    def _pass_on(self) -> None:
+        self._holder = None
+        if self._waiting:
+            turn = self._waiting.popleft()
+            self._holder, turn.since = turn, time.monotonic()
+            turn.granted.set()
+
+
+class _Pacer:
+    """A lane thread's pacer (`kernel.sandbox.pace`): a fast thread's queries run freely until its call is
+    moved, then on the baton; the slow lane's always on the baton."""
+
+    __slots__ = ("baton", "worker", "turn")
+
+    def __init__(self, baton: Baton, worker: _Worker | None):
+        self.baton, self.worker, self.turn = baton, worker, _Turn()
+
+    def wait(self, deadline: float) -> None:
+        if self.worker is None or self.worker.moved:
+            self.baton.take(self.turn, deadline)
+
+    def done(self) -> None:
+        self.baton.give_up(self.turn)
 
 
 class _Call:
@@ -81,6 +160,7 @@ class Lanes:
         self._heavy: dict = {}  # key (a session) whose call was moved -> its short calls on the slow lane since
         self._closed = False
         self.moved = 0  # calls moved to the slow lane so far
+        self.baton = Baton(slice_s)
         for _ in range(threads):
             self._spawn()
         self._slow_workers = [threading.Thread(target=self._work_slow, name=f"{name}-slow", daemon=True)
@@ -97,6 +177,7 @@ class Lanes:
 
     def _work(self, worker: _Worker) -> None:
         worker.tid = threading.get_native_id()
+        sandbox.pace(_Pacer(self.baton, worker))
         try:
             worker.clock = time.pthread_getcpuclockid(threading.get_ident())
         except (AttributeError, OSError):  # no per-thread CPU clock here: calls are timed on the wall clock
@@ -129,6 +210,7 @@ class Lanes:
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOW_PRIORITY)
             except OSError:
                 pass
+        sandbox.pace(_Pacer(self.baton, None))
         while True:
             item = self._slow_calls.get()
             if item is None:

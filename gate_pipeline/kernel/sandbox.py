@@ -17,6 +17,12 @@ through it, and once the deadline has passed it refuses, which ends the compilat
 two authorizer calls (statements that grow exponentially as they are expanded), a statement with
 a subquery is compiled first in a child process that can be killed (`compile_check.py`).
 
+A server that runs many episodes' queries on its threads can give a thread a *pacer* (`pace`): at
+every progress check of agent SQL on that thread it is told the query's deadline and may hold the
+query there (a wait that lets go of the GIL and uses no CPU), never past the deadline, so the budgets
+hold as they do in process; `gate serve` uses it to run one long query at a time
+(`integrations/openenv_lanes.py`). In process no thread has one.
+
 A suite changes the sandbox through a subclass: its budgets (`step_budget`, `time_budget`), more
 functions it refuses (`denied`), and `after_read`, called after each successful read with its
 rows, whose answer (extra fields for the ledger entry) the tool records.
@@ -25,7 +31,9 @@ from __future__ import annotations
 
 import math
 import sqlite3
+import threading
 import time
+from typing import Protocol
 
 from .compile_check import may_grow, shared
 
@@ -47,6 +55,23 @@ ALLOWED_ACTIONS = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3
 DENIED_FUNCTIONS = frozenset({"zeroblob", "randomblob", "load_extension", "printf", "format"})
 LEDGER_QUERY_CHARS = 1_000  # what the ledger keeps of a query refused for its length
 CAUGHT = (sqlite3.Error, sqlite3.Warning, ValueError, OverflowError, MemoryError)
+
+
+class Pacer(Protocol):
+    def wait(self, deadline: float) -> None:
+        """At a progress check of agent SQL on this thread: return when the query may go on (by `deadline`,
+        a time.monotonic() value, at the latest)."""
+
+    def done(self) -> None:
+        """The query has ended (its result read, or its error raised)."""
+
+
+_PACING = threading.local()
+
+
+def pace(pacer: Pacer | None) -> None:
+    """Give the agent SQL this thread runs a pacer from now on (None: none, as in process)."""
+    _PACING.pacer = pacer
 
 
 def normalise_query(query: str) -> str:
@@ -133,6 +158,9 @@ class Sandbox:
     def _progress(self):
         if not self.guard:
             return 0
+        pacer = getattr(_PACING, "pacer", None)
+        if pacer is not None:
+            pacer.wait(self.deadline)
         self.steps += self.interval
         return 1 if self.steps > self.step_budget or time.monotonic() > self.deadline else 0
 
@@ -170,6 +198,9 @@ class Sandbox:
             raise
         finally:
             self.guard = False
+            pacer = getattr(_PACING, "pacer", None)
+            if pacer is not None:
+                pacer.done()
             for name, (lid, _) in LIMITS.items():
                 conn.setlimit(lid, self._defaults[name])
             if interval != INTERVAL:
