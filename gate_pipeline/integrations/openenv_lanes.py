@@ -11,20 +11,22 @@ per-thread value there) and a new thread takes its place among the `threads`, so
 `threads` threads at normal priority for everyone else. The moved call still runs to its end (the
 sandbox stops it at its budget, as in process); its thread then exits (a raised nice value cannot
 be lowered again without privileges). Its session (the call's `key`) is marked: its next calls
-queue on the *slow lane*, one thread at the lowest priority that rests as long as each long call
-took (so the long queries of all marked sessions together get at most half a CPU there), until
-`SHORT_TO_CLEAR` of them in a row are short.
+queue on the *slow lane*, `slow_threads` threads at the lowest priority, each resting as long as
+its last long call took, until `SHORT_TO_CLEAR` of them in a row are short.
 
-*One long query at a time.* A moved call's queries and the slow lane's take turns on one *baton*
-(`Baton`): the sandbox's progress handler (`kernel.sandbox.pace`) holds a query that does not have
-it, waiting without the GIL and without CPU, until its turn comes or its deadline passes (then the
-sandbox stops it as ever, `interrupted`); the holder passes it on after a turn of `slice_s` seconds
-when others wait, first come first served. Each running query takes the GIL back at every progress
-check, and a thread at the lowest priority that has asked for the GIL makes the thread holding it
-wait until the OS runs it: eight such queries at once stalled the event loop and the step threads
-for tens of milliseconds at a time, one does not. A session's SQL thus delays another session's
-step by about one slice, not by its budget; the long-querying sessions wait for each other
-(benchmarks/bench_serve.py's noisy-neighbours rows measure it).
+*One long query at a time.* The queries of moved calls and of the slow lane take turns on one
+*baton* (`Baton`): the sandbox's progress handler (`kernel.sandbox.pace`) holds a query that does
+not have it, waiting without the GIL and without CPU, until its turn comes or its deadline passes
+(then the sandbox stops it as ever, `interrupted`); the holder passes it on after a turn of
+`slice_s` seconds when others wait, first come first served. So the long queries of all sessions
+together use at most one CPU, at the lowest priority. Why one at a time, when each runs in SQLite
+without the GIL: a running query takes the GIL back at every progress check (every 1,000 SQLite
+steps, about every 2 ms for string work), and a thread at the lowest priority that has asked for
+the GIL makes the thread holding it wait until the OS gets round to running it; eight such queries
+at once stalled the event loop and the step threads for tens of milliseconds at a time, one does
+not. A session's SQL thus delays another session's step by about one slice, not by its budget;
+the long-querying sessions share the baton (benchmarks/bench_serve.py's noisy-neighbours rows
+measure both).
 
 Where threads have no CPU clock or no per-thread priority (not Linux), a call is moved on wall time
 and its thread keeps its priority: the others still find a free thread, but share the CPU with it.
@@ -43,7 +45,7 @@ from typing import Any, Callable
 from ..kernel import sandbox
 
 LOW_PRIORITY = 19  # the largest nice value: runs on what CPU the others leave
-REST = 1.0  # the slow lane rests as long as each long call took: long queries get at most half a CPU there
+REST = 1.0  # a slow lane thread rests as long as its last long call took
 SHORT_TO_CLEAR = 10  # short calls in a row on the slow lane before a session's calls go to the fast lane again
 PER_THREAD_NICE = sys.platform.startswith("linux")
 

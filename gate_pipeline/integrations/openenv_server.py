@@ -76,6 +76,7 @@ MAX_TURNS_LIMIT = 1024
 DEFAULT_MAX_SESSIONS = 64
 DEFAULT_IDLE_TIMEOUT = 300.0  # seconds without a message before a session is closed
 STEP_THREADS = 8  # threads at normal priority for steps, resets and closes (openenv_lanes.py)
+SLOW_THREADS = 8  # the slow lane's threads, at the lowest priority; their queries take turns on one baton
 SLICE_S = 0.02  # CPU seconds a call may use before it moves to the slow lane
 WS_MAX_BYTES = 1 << 20  # one message; far more than a tool call needs (the sandbox refuses queries over 10,000 characters)
 HTTP_MAX_BYTES = 1 << 20  # one HTTP request body
@@ -310,6 +311,7 @@ class ServeConfig:
     remote_without_token: bool = False  # serve clients beyond this machine with no token (an explicit choice)
     trainer_state: bool = False  # serve state()'s trainer-only fields without a token
     step_threads: int = STEP_THREADS
+    slow_threads: int = SLOW_THREADS
     slice_s: float = SLICE_S
 
     @property
@@ -402,7 +404,7 @@ class Gate:
 
     def __init__(self, pool: CasePool, config: ServeConfig):
         self.pool, self.config = pool, config
-        self.lanes = Lanes(config.step_threads, config.slice_s)
+        self.lanes = Lanes(config.step_threads, config.slice_s, slow_threads=config.slow_threads)
         self.sessions = Sessions(pool, config, self.lanes)
         self.mcp_tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
                            "inputSchema": t["function"]["parameters"]} for t in tool_schemas(pool.suite)]
