@@ -2,7 +2,11 @@
 
 - `openenv.yaml` names what the package has (its version, app, client and wire classes, suites);
 - `openenv validate` (openenv-core's CLI) passes against a running `gate serve`, with a token too;
-- `uvicorn gate_pipeline.integrations.openenv_app:app` serves the module-level app;
+- `openenv validate .` on the checkout finds OpenEnv's layout (uv.lock, current; the `server` command;
+  server/app.py with `app` and `main`) and reports only what gate decides otherwise: openenv-core is in
+  the `serve` extra, not among the required dependencies (docs/serve.md says why);
+- `uvicorn gate_pipeline.integrations.openenv_app:app` (and `server.app:app` in the checkout) serves the
+  module-level app;
 - `AutoEnv` (openenv-core's, which hands back its `GenericEnvClient` for a running server) plays
   whole episodes of every baseline and attacker of both suites, sending bare tool calls, and every
   grade equals the engine's (`gate serve --cases cases/v2/eval_curated.jsonl` for suite v2);
@@ -96,14 +100,49 @@ def test_openenv_validate_passes_against_the_running_server():
         stop(proc, err)
 
 
+# what `openenv validate .` says of the checkout: the one item gate decides otherwise (docs/serve.md)
+LOCAL_ISSUES = ["Missing required dependency: openenv-core>=0.2.0 (or openenv>=0.2.0)"]
+UV = shutil.which("uv", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+
+
+@pytest.mark.skipif(not OPENENV.exists(), reason="openenv-core's `openenv` command is not installed")
+def test_openenv_validate_on_the_checkout_finds_openenvs_layout():
+    """openenv-core's local check: uv.lock, a `server` script naming a main(), openenv-core among the
+    required dependencies, server/app.py with a main() called under `if __name__ == "__main__"`."""
+    out = subprocess.run([str(OPENENV), "validate", ".", "--json"], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT)
+    report = json.loads(out.stdout)
+    assert report["issues"] == LOCAL_ISSUES and out.returncode == 1, (report, out.stderr)
+    # and the layout it found is gate's own: the script is `gate serve`, server/app.py re-exports the app
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["server"] == "gate_pipeline.cli.serve:main"
+    bad_port = subprocess.run([sys.executable, "server/app.py", "--port", "x"], capture_output=True, text=True,
+                              timeout=120, cwd=ROOT)
+    assert bad_port.returncode == 2 and bad_port.stderr.startswith("gate: error: --port"), bad_port.stderr
+    installed = Path(sys.executable).parent / "server"
+    if installed.exists():  # a virtualenv installed from this pyproject.toml
+        again = subprocess.run([str(installed), "--port", "x"], capture_output=True, text=True, timeout=120)
+        assert (again.returncode, again.stderr) == (bad_port.returncode, bad_port.stderr)
+
+
 @pytest.mark.slow
-def test_uvicorn_serves_the_module_level_app():
+@pytest.mark.skipif(UV is None, reason="uv is not installed (pip install uv): uv.lock cannot be checked")
+def test_uv_lock_is_current_with_pyproject():
+    """uv.lock (OpenEnv's layout has one) resolves pyproject.toml's dependencies as they are now; after a
+    change to them, `uv lock` writes it again."""
+    out = subprocess.run([UV, "lock", "--check"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["gate_pipeline.integrations.openenv_app:app", "server.app:app"])
+def test_uvicorn_serves_the_module_level_app(target):
     from openenv.core import GenericEnvClient
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "gate_pipeline.integrations.openenv_app:app",
+    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", target,
                              "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env={**os.environ, "GATE_SERVE_TOKEN": ""})
+                            env={**os.environ, "GATE_SERVE_TOKEN": ""}, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
