@@ -270,3 +270,29 @@ def test_a_statement_that_compiled_in_time_is_not_compiled_again_for_the_same_sc
         assert check._child is None
     finally:
         check.close()
+
+
+def test_compile_check_children_outlive_the_threads_that_used_them():
+    """A server's threads come and go (gate serve replaces a thread whose call ran long): a child that compiled
+    for one thread compiles for the next, and `warm` has children running before any statement needs one."""
+    import sqlite3
+    import threading
+
+    from gate_pipeline.kernel import compile_check
+    conn = sqlite3.connect(":memory:", check_same_thread=False)
+    conn.execute("CREATE TABLE t (a)")
+    children = []
+
+    def compile_one(k):  # another statement each time: none remembered as compiled already
+        with compile_check.borrowed() as check:
+            assert check.compiles_within(conn, f"SELECT (SELECT a FROM t) + {k}", 5.0)
+            children.append(check._child.pid)
+
+    for k in range(3):
+        thread = threading.Thread(target=compile_one, args=(k,))
+        thread.start()
+        thread.join()
+    assert len(children) == 3 and len(set(children)) == 1, children
+    compile_check.warm(3)
+    with compile_check._IDLE_LOCK:
+        assert sum(c.running() for c in compile_check._IDLE) >= 3

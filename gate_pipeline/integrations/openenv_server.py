@@ -63,6 +63,7 @@ from openenv.core.env_server import Environment
 from openenv.core.env_server.types import EnvironmentMetadata
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
+from ..kernel import compile_check
 from ..kernel.engine import Session
 from ..kernel.errors import GateError
 from ..kernel.pool import CasePool
@@ -405,6 +406,8 @@ class Gate:
     def __init__(self, pool: CasePool, config: ServeConfig):
         self.pool, self.config = pool, config
         self.lanes = Lanes(config.step_threads, config.slice_s, slow_threads=config.slow_threads)
+        # a compile-check child ready for each fast thread: no session's first statement waits for one to start
+        compile_check.warm(config.step_threads)
         self.sessions = Sessions(pool, config, self.lanes)
         self.mcp_tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
                            "inputSchema": t["function"]["parameters"]} for t in tool_schemas(pool.suite)]

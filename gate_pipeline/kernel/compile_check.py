@@ -24,6 +24,8 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 CHILD = r'''
 import json, sqlite3, sys
@@ -132,6 +134,18 @@ class CompileCheck:
         self._schema = None
         return self._child
 
+    def running(self) -> bool:
+        return self._child is not None and self._child.poll() is None
+
+    def start(self) -> bool:
+        """Start the child now if none runs (it gets ready while the caller goes on); False if none can."""
+        try:
+            if not self.running():
+                self._start()
+            return True
+        except OSError:
+            return False
+
     def compiles_within(self, conn, query: str, seconds: float, limits=()) -> bool:
         """`limits`: (SQLite limit id, value) pairs the database compiles the statement under. A statement
         that compiled in time once is not sent again for a database of the same schema but for its names
@@ -194,13 +208,47 @@ class CompileCheck:
             pass
 
 
-_LOCAL = threading.local()
+_IDLE: list[CompileCheck] = []  # this process's checks that no thread is using, each with its child (or none yet)
+_IDLE_LOCK = threading.Lock()
 
 
-def shared() -> CompileCheck:
-    """This thread's compile check (one child for every episode the thread plays, started when first needed;
-    a forked process starts its own)."""
-    check = getattr(_LOCAL, "check", None)
-    if check is None or check.pid != os.getpid():
-        check = _LOCAL.check = CompileCheck()
-    return check
+@contextmanager
+def borrowed() -> Iterator[CompileCheck]:
+    """A compile check no other thread is using, for one statement: an idle one of this process (its child
+    already started), or a new one; given back afterwards. So a process has as many children as it ever
+    compiled statements at once, whichever threads do it (a thread that ends leaves its child to the next);
+    a forked process starts its own."""
+    check = None
+    with _IDLE_LOCK:
+        while _IDLE and check is None:
+            candidate = _IDLE.pop()
+            if candidate.pid == os.getpid():
+                check = candidate
+    if check is None:
+        check = CompileCheck()
+    try:
+        yield check
+    finally:
+        with _IDLE_LOCK:
+            _IDLE.append(check)
+
+
+def warm(count: int) -> None:
+    """Start children until this process has `count` idle checks with one running, without waiting for them
+    (a server about to compile statements on `count` threads at once: nobody's first statement waits
+    for a child to start)."""
+    with _IDLE_LOCK:
+        idle = [c for c in _IDLE if c.pid == os.getpid()]
+        _IDLE[:] = idle
+        ready = sum(c.running() for c in idle)
+        for check in idle:
+            if ready >= count:
+                break
+            if not check.running() and check.start():
+                ready += 1
+        while ready < count:
+            check = CompileCheck()
+            if not check.start():
+                break
+            _IDLE.append(check)
+            ready += 1

@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Protocol
 
-from .compile_check import may_grow, shared
+from .compile_check import borrowed, may_grow
 
 MAX_ROWS = 50
 MAX_CELL = 200
@@ -171,10 +171,10 @@ class Sandbox:
         self.deadline = time.monotonic() + self.time_budget
         self.compile_over = False
         if may_grow(query) and query != self._compiled:
-            check = shared()
-            passed = check.compiles_within(conn, query, self.time_budget * COMPILE_SHARE,
-                                           [(lid, value) for lid, value in LIMITS.values()])
-            self.compile_seconds = check.seconds
+            with borrowed() as check:
+                passed = check.compiles_within(conn, query, self.time_budget * COMPILE_SHARE,
+                                               [(lid, value) for lid, value in LIMITS.values()])
+                self.compile_seconds = check.seconds
             if not passed:
                 self.compile_over = True
                 raise sqlite3.OperationalError("interrupted")
