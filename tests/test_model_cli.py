@@ -53,7 +53,7 @@ def test_gate_run_json(server, tmp_path, capsys):
 
 
 def test_an_interrupted_gate_run_resumes_with_the_same_run_id(server, tmp_path, capsys, home):
-    server.delay = 0.2  # 8 rollouts of 4 requests take 6 s: the interrupt lands well inside them
+    server.delay = 0.5  # 8 rollouts of 4 requests take 16 s: the interrupt, after two, lands well inside them
     try:
         proc = subprocess.Popen([sys.executable, "-m", "gate_pipeline.cli.main", "run", "--model", "careful",
                                  "--base-url", server.url, "-n", "8", "-c", "1", "--run-id", "ir",
@@ -73,7 +73,8 @@ def test_an_interrupted_gate_run_resumes_with_the_same_run_id(server, tmp_path, 
         _, err = proc.communicate(timeout=30)
     finally:
         server.delay = 0.0
-    assert proc.returncode == 130 and err.strip().endswith("gate: interrupted")
+    assert proc.returncode == 130 and err.strip().endswith("gate: interrupted"), (proc.returncode, reported(),
+                                                                                  err[-500:])
     first = [json.loads(line) for line in path.read_text().splitlines()]
     done = sum(1 for t in first if t["end_reason"] == "reported")
     assert 2 <= done < 8
