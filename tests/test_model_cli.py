@@ -58,7 +58,10 @@ def test_an_interrupted_gate_run_resumes_with_the_same_run_id(server, tmp_path, 
         proc = subprocess.Popen([sys.executable, "-m", "gate_pipeline.cli.main", "run", "--model", "careful",
                                  "--base-url", server.url, "-n", "8", "-c", "1", "--run-id", "ir",
                                  "--runs-dir", str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env={**os.environ, "GATE_HOME": str(home)})
+                                stderr=subprocess.PIPE, text=True, env={**os.environ, "GATE_HOME": str(home)},
+                                # Ctrl-C's default in the run, whatever this process inherited (an ignored
+                                # SIGINT is inherited: in the full suite the run otherwise never saw it)
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         path = tmp_path / "ir" / "transcripts.jsonl"
 
         def reported() -> int:  # the run's own record of the rollouts it finished
