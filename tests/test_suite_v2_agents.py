@@ -10,13 +10,14 @@ import dagster as dg
 import pytest
 
 from gate_pipeline.cli.main import main
-from gate_pipeline.kernel.agents import make_agent
+from gate_pipeline.kernel.agents import AgentSpec, make_agent
 from gate_pipeline.kernel.cases import load_case, read_cases
 from gate_pipeline.kernel.engine import play, play_cases, prepare
 from gate_pipeline.kernel.grading import exact_mean
 from gate_pipeline.kernel.suite import suites
 from gate_pipeline.suites.v2 import ATTACKERS as V2_ATTACKERS
 from gate_pipeline.suites.v2 import SHORTCUTS
+from gate_pipeline.suites.v2.attackers import LoadLogOnly, fetch_values_or_none
 from gate_pipeline.suites.v2.generator import FAMILIES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -237,8 +238,6 @@ def test_a_dagster_case_run_of_a_v2_partition_grades_as_gate_report_does(reporte
 
 # -- a shortcut that learns priors from train's labels ----------------------------------------------------
 
-from gate_pipeline.kernel.agents import AgentSpec  # noqa: E402
-from gate_pipeline.suites.v2.attackers import LoadLogOnly, fetch_values_or_none  # noqa: E402
 
 
 class ShapeGuesser(LoadLogOnly):
