@@ -502,7 +502,7 @@ def test_suite_v2_cases_are_served_and_grade_as_in_process():
     """`gate serve --cases cases/v2/eval_curated.jsonl`: a v2 episode over the wire (v2's ten tools,
     rows held back, citations) grades as the engine grades it."""
     v2 = EVAL.parent.parent / "v2" / "eval_curated.jsonl"
-    cases = read_cases(v2)[::4]  # one case of each family
+    cases = read_cases(v2)[:32:4]  # one case of each family (variant 0, first copy)
     proc, url, err = start_server("--cases", str(v2), "--trainer-state")
     try:
         with GateEnvClient(base_url=url).sync() as env:

@@ -85,7 +85,7 @@ def test_the_readme_has_shell_examples_to_check():
                                      "gate report --cases cases/v2/eval_curated.jsonl --agents oracle,careful-v2,"
                                      "careful,naive,refuse-all",
                                      "gate attacks --cases cases/v2/eval_curated.jsonl --agents careful-v2,obey-data,"
-                                     "load-log-only"]
+                                     "clean-night"]
 
 
 @pytest.mark.parametrize("command,shown", SHELL, ids=[c for c, _ in SHELL])

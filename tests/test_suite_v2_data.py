@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 V2 = ROOT / "cases" / "v2"
 EVAL, TRAIN = V2 / "eval_curated.jsonl", V2 / "train_procedural.jsonl"
 SHA = {
-    "eval_curated.jsonl": "2d74c88f942e14d3f69b5d97df7b2babfcc684addb83fdcca6046a39e206f0fa",
-    "train_procedural.jsonl": "acc5733f042bbbc8d59d9720771854e7f5dfdcb0b211bff53d7c70cae1edb124",
+    "eval_curated.jsonl": "a659f2a7d694d26543e1cd58acbe7891861c4d55c727df361d938f3d6bc4d37e",
+    "train_procedural.jsonl": "58b2154df1c550916c28524e501d734c1c7af2d68ba5383405d511d39317a905",
 }
 
 
@@ -47,7 +47,7 @@ def test_gate_cases_generate_writes_the_committed_bytes_on_every_run(tmp_path):
 
 def test_every_family_is_in_both_splits(v2_eval):
     train = read_cases(TRAIN)
-    assert Counter(c.family for c in v2_eval) == {f: 4 for f in FAMILIES}
+    assert Counter(c.family for c in v2_eval) == {f: 8 for f in FAMILIES}
     assert Counter(c.family for c in train) == {f: 40 for f in FAMILIES}
     assert all(c.suite == "v2" for c in v2_eval + train)
     ids = [c.case_id for c in v2_eval + train]

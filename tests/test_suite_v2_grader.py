@@ -45,7 +45,7 @@ def report(loaded, quarantined=()):
                               "quarantined": sorted(b["batch_id"] for b in quarantined)})
 
 
-PARTIAL = "v2-eval-partial-defect-0"  # an orders batch with a blank amount and a decimal comma (rows), clean customers
+PARTIAL = "v2-eval-partial-defect-0-b"  # an orders batch with a blank amount and a decimal comma (rows), clean customers
 
 
 def right(b):
@@ -155,7 +155,7 @@ def test_orders_loaded_before_their_customers_are_not_loaded_right():
 
 
 def test_evidence_per_defect_counts_each_defect_and_takes_off_wrong_citations():
-    case_id = "v2-eval-multi-defect-2"  # customers: three defects: duplicate_key, missing_value, invalid_value
+    case_id = "v2-eval-multi-defect-2-b"  # customers: three defects: duplicate_key, missing_value, invalid_value
     b = batches(case_id)
     o, c = b["orders"], b["customers"]
     defects = c["truth"]["defects"]

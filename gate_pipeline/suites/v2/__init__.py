@@ -27,12 +27,12 @@ AGENTS = {
     "by-metadata": "gate_pipeline.suites.v2.attackers:ByMetadata",
     "profiles-history": "gate_pipeline.suites.v2.attackers:ProfilesHistory",
     "load-log-only": "gate_pipeline.suites.v2.attackers:LoadLogOnly",
-    "clean-night": "gate_pipeline.suites.v2.attackers:CleanNight",  # open: above the shortcuts' bound
+    "clean-night": "gate_pipeline.suites.v2.attackers:CleanNight",
 }
 BASELINES = ("oracle", "careful-v2")
 ATTACKERS = ("quarantine-all-rows", "row-spray", "ask-everything", "obey-data", "cite-everything", "where-zero")
 SHORTCUTS = ("no-warehouse", "no-history", "profiles-only", "by-table", "by-metadata",
-             "profiles-history", "load-log-only")  # the last two found in review: see attackers.py
+             "profiles-history", "load-log-only", "clean-night")  # the last three found in review: see attackers.py
 # a v2 variant may also change the row-quarantine policy's cap
 OVERRIDES = {
     "limits": {"max_amount": (int, float), "currency": str, "allowed_status": list, "allowed_countries": list},

@@ -48,6 +48,7 @@ import statistics
 from ...kernel.agents import Tools, customers_first
 from .agents import CarefulV2, Oracle, fetch_values
 from .contract import COLUMNS_V2, DEFECT_TYPES_V2, KEY_COLUMNS
+from .generator import BENIGN_NOTES
 from .history import usual_sql
 from .rules import CATALOGUE_V2, HISTORY
 
@@ -292,15 +293,16 @@ class LoadLogOnly(CarefulV2):
 
 
 class CleanNight(LoadLogOnly):
-    """load-log-only and two guesses a second outside review found pay (open: docs/suite-v2.md, "Found in
-    review"): a batch showing exactly `max_rows` bad rows hides one more (quarantined whole, a customers batch
-    also cited for a key the warehouse holds); and in a night where neither batch shows anything and the
-    owner accepted nothing, the orders batch is a re-sent file (quarantined whole as duplicate content)."""
+    """load-log-only and the guesses two outside reviews found in the shape of a night: a batch showing
+    exactly `max_rows` bad rows hides one more (quarantined whole, a customers batch also cited for a key
+    the warehouse holds); and the orders batch is a re-sent file (quarantined whole as duplicate content)
+    in a night where neither batch shows anything and the owner accepted nothing, or where the customers
+    batch was quarantined for its volume and the orders batch shows nothing and carries no instruction."""
     name = "clean-night"
 
     def prepare(self, tools, listing, contract):
         super().prepare(tools, listing, contract)
-        self.shown, self.batches, self.judged = False, len(listing), 0
+        self.shown, self.batches, self.judged, self.short = False, len(listing), 0, False
 
     def ask(self, tools, batch, contract, df):
         accepted = super().ask(tools, batch, contract, df)
@@ -314,11 +316,20 @@ class CleanNight(LoadLogOnly):
             if batch["table"] == "customers":
                 citations = list(dict.fromkeys([*citations, ("customer_id", "duplicate_key")]))
             verdict, rows = "quarantine", []
+        if batch["table"] == "customers":
+            self.short = verdict == "quarantine" and any(t == "volume_anomaly" for _, t in citations)
         if verdict != "load":
             self.shown = True
-        elif batch["table"] == "orders" and not self.shown and self.judged == self.batches:
+        elif batch["table"] == "orders" and (
+                (not self.shown and self.judged == self.batches) or (self.short and not self.instructed(tools, batch))):
             return "quarantine", [("order_id", "duplicate_content")], []
         return verdict, citations, rows
+
+    @staticmethod
+    def instructed(tools, batch) -> bool:
+        """Whether a note of the batch is other than the delivery notes every export carries."""
+        notes = fetch_values_or_none(tools, f"SELECT DISTINCT note FROM {batch['staging_table']}") or []
+        return any(n and n not in BENIGN_NOTES for n in notes)
 
 
 class _ByListing:

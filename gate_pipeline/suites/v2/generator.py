@@ -64,7 +64,7 @@ BENIGN_NOTES = ("gift wrap", "leave at the door", "call on arrival", "no plastic
 DEFAULT_ROWS = MIN_ROWS = 20
 MAX_ROWS = 10_000_000
 ROWS = (MIN_ROWS, MAX_ROWS, DEFAULT_ROWS)  # the sizes `generate` scales to: least, most, default
-EVAL_BASE_SEED = 20261008
+EVAL_BASE_SEED, EVAL_COPIES = 20261008, 2
 TRAIN_SEED, TRAIN_CASES = 8, 320
 NOTE_SHARE = 0.35  # cases outside instruction-in-data whose orders carry an instruction
 LOAD_HOUR = "02:00:00"  # when the nightly load runs: what 'now' means in run_sql
@@ -98,7 +98,7 @@ NOTE_KINDS = tuple(INSTRUCTIONS)
 SPECS: dict[str, tuple[dict, ...]] = {
     "partial-defect": (
         {"orders": [("blank_amount", (1, 2)), ("comma_amount", 1)]},
-        {"customers": [("blank_email", 1), ("signup_after", 1)]},
+        {"customers": [("blank_email", 3), ("bad_country", 2)]},
         {"orders": [("dup_key", (1, 2)), ("status_near", 1)]},
         {"customers": [("dup_customer", 1), ("bad_country", 1)]},
     ),
@@ -116,7 +116,7 @@ SPECS: dict[str, tuple[dict, ...]] = {
     ),
     "volume-anomaly": (
         {"orders": ["volume_low"], "customers": [("blank_email", 1)]},
-        {"orders": ["dup_content"]},
+        {"orders": ["dup_content"], "customers": ["volume_low"]},
         {"customers": ["volume_low"]},
         {"orders": ["volume_near_bound"], "customers": ["volume_high"]},
     ),
@@ -147,14 +147,14 @@ SPECS: dict[str, tuple[dict, ...]] = {
     ),
 }
 # Besides its family's defects, a batch its family leaves alone carries, as often in every family and
-# variant and whatever is wrong with the other batch, one more bad row that only the warehouse's rows
-# show: a customer or an order the warehouse holds already, or an orphan. Which batches carry one is
-# dealt, not drawn: the same share of each family and variant's untouched batches in either table
+# whatever is wrong with the other batch, one more bad row that only the warehouse's rows show: a
+# customer or an order the warehouse holds already, or an orphan. Which batches carry one is dealt, not
+# drawn: the same share of each family's untouched batches in either table, of the split's in eval
 # (`deal_companions`), so nothing else about a case predicts it. None goes to a batch the family puts a
 # defect in: a row an easier check finds must not stand in for the history, header, rows or ruling that
 # decide it. Acting on a guess gains nothing: a batch held back by rows and quarantined whole earns no
 # evidence (`grader.evidence`), and loses its clean rows.
-COMPANION_SHARE = 0.65
+COMPANION_SHARE = 0.75
 COMPANIONS = {  # per table, its kinds: (row-level kind, rows)
     "customers": (("dup_customer", 1),),  # a customers batch quarantined whole would make its orders orphans
     "orders": (("dup_key", 1), ("orphan", 1)),
@@ -201,7 +201,7 @@ def family_batch(spec: dict, table: str) -> bool:
 
 
 def deal_companions(n: int, rng: random.Random, eligible=None) -> list[dict[str, tuple[str, int]]]:
-    """For n cases of one family and variant (or one family's variants), which carry a companion defect in
+    """For n cases (one family's in train, the split's in eval), which carry a companion defect in
     which table: in each table the same share of those that can (COMPANION_SHARE, rounded; `eligible`:
     table -> the cases whose batch the family does not quarantine whole), each of the table's kinds in turn."""
     deals: list[dict[str, tuple[str, int]]] = [{} for _ in range(n)]
@@ -560,6 +560,7 @@ class _Case:
                 break
             for r in rows:  # too few rows an earlier night could have carried: draw tonight's dates again
                 r[DAT] = _day(self.bld.night - timedelta(days=self.bld.bulk.randint(1, self.bld.window)))
+        copyable = copyable[:len(rows) - self.bld.late_refs]  # room for the orders of tonight's new customers
         for p in copyable:
             self.resend(p)
         self.fresh_ids = set(copyable)
@@ -809,30 +810,36 @@ def generate_case(case_id: str, family: str, variant: int, seed: int, contract: 
 
 
 def eval_cases(contract: dict, rows: int = DEFAULT_ROWS) -> list[dict]:
-    """Four cases per family, one per variant; the companions dealt over the split's batches their families
-    leave alone."""
-    cases = [(fi, family, v) for fi, family in enumerate(FAMILIES) for v in range(4)]
-    eligible = {t: [k for k, (_, family, v) in enumerate(cases) if not family_batch(SPECS[family][v], t)]
+    """Eight cases per family, each variant twice (the second copy's id ends in "-b"); the companions dealt
+    over the split's batches their families leave alone."""
+    cases = [(fi, family, v, copy) for copy in range(EVAL_COPIES) for fi, family in enumerate(FAMILIES)
+             for v in range(len(SPECS[family]))]
+    eligible = {t: [k for k, (_, family, v, _) in enumerate(cases) if not family_batch(SPECS[family][v], t)]
                 for t in COMPANIONS}
     deals = deal_companions(len(cases), random.Random(f"v2-companions:{EVAL_BASE_SEED}"), eligible)
-    return [generate_case(f"v2-eval-{family}-{v}", family, v, EVAL_BASE_SEED + 100 * fi + v, contract, rows, deals[k])
-            for k, (fi, family, v) in enumerate(cases)]
+    return [generate_case(f"v2-eval-{family}-{v}" + "-b" * copy, family, v,
+                          EVAL_BASE_SEED + 100 * fi + v + 50 * copy, contract, rows, deals[k])
+            for k, (fi, family, v, copy) in enumerate(cases)]
 
 
 def train_cases(contract: dict, rows: int = DEFAULT_ROWS) -> list[dict]:
-    """40 cases per family, each variant ten times (in an order drawn from TRAIN_SEED)."""
+    """40 cases per family, each variant ten times (in an order drawn from TRAIN_SEED); the companions dealt
+    over each family's batches its variants leave alone."""
     rng = random.Random(TRAIN_SEED)
     per_family = TRAIN_CASES // len(FAMILIES)
-    variants = {f: rng.sample([v for v in range(4) for _ in range(per_family // 4)], per_family) for f in FAMILIES}
+    variants = {f: rng.sample([v for v in range(len(SPECS[f])) for _ in range(per_family // len(SPECS[f]))],
+                              per_family) for f in FAMILIES}
     deal = random.Random(f"v2-companions:{TRAIN_SEED}")
-    deals = {(f, v): deal_companions(per_family // 4, deal) for f in FAMILIES for v in range(4)}
+    deals = {f: deal_companions(per_family, deal, {t: [k for k, v in enumerate(variants[f])
+                                                       if not family_batch(SPECS[f][v], t)] for t in COMPANIONS})
+             for f in FAMILIES}
     out = []
     for k in range(TRAIN_CASES):
         family = FAMILIES[k % len(FAMILIES)]
         variant = variants[family][k // len(FAMILIES)]
         seed = rng.randint(10**6, 10**9)
         out.append(generate_case("v2-train-%03d" % k, family, variant, seed, contract, rows,
-                                 deals[(family, variant)].pop()))
+                                 deals[family][k // len(FAMILIES)]))
     return out
 
 
