@@ -1,6 +1,8 @@
 """Shared fixtures: the committed classic case files (tests never read ../shared)."""
 from __future__ import annotations
 
+import signal
+import warnings
 from pathlib import Path
 
 import pytest
@@ -46,6 +48,18 @@ def _own_gate_home(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("GATE_HOME", str(path))
     monkeypatch.delenv("GATE_DB_URL", raising=False)
     return path
+
+
+@pytest.fixture(autouse=True)
+def _sigint_as_it_was(request):
+    """A test that leaves SIGINT's handler changed (ignored, say: every child it starts inherits that, and
+    a later test's Ctrl-C then reaches no one) gets it back as it was, with a warning naming the test."""
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    after = signal.getsignal(signal.SIGINT)
+    if after is not before:
+        signal.signal(signal.SIGINT, before)
+        warnings.warn(f"{request.node.nodeid} left SIGINT's handler at {after!r}: restored", stacklevel=1)
 
 
 @pytest.fixture
