@@ -9,14 +9,10 @@ import argparse
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..kernel.settings import Settings
 from .errors import UsageError
 from .progress import progress_bar
-
-if TYPE_CHECKING:
-    from ..kernel.cases import CaseStream
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -136,7 +132,7 @@ def workers_for(requested: int | None, episodes: int) -> int:
         return os.cpu_count() or 1
 
 
-def play_with_progress(cases: "list | CaseStream", specs: list, reward: str = "terminal", workers: int | None = None,
+def play_with_progress(cases: list, specs: list, reward: str = "terminal", workers: int | None = None,
                        show: bool = True) -> dict:
     from ..kernel.engine import play_cases
     with progress_bar(len(cases), "cases", enabled=show) as advance:

@@ -20,22 +20,19 @@ REWARD_CHOICES = ("terminal", "dense", "potential")  # rewards.REWARD_MODES, wit
 
 
 def cmd_report(a, settings: Settings) -> int:
-    from ..kernel.cases import CaseStream, read_case_text, read_cases, split_of, suite_of_cases
+    from ..kernel.cases import read_cases, split_of, suite_of_cases
     from .html_output import html_target, save_html
     if a.html and a.reward != "terminal":
         raise UsageError(f"--html draws the terminal-reward report; drop --reward {a.reward}")
     target = html_target(a.html)
     path = cases_arg(a, settings)
+    cases = read_cases(path)
     if a.reward != "terminal":
         from .dense import DENSE_AGENTS, dense_report
-        cases = read_cases(path)
         specs = resolve_agents(agent_list(a.agents, list(DENSE_AGENTS)), settings, {"random": {"seed": a.seed}})
         return dense_report(a, cases, specs, path)
-    stream = CaseStream(read_case_text(path), str(path))  # read on while the first cases play
-    specs = resolve_agents(agent_list(a.agents, list(suite_of_cases(stream.read).report_agents)), settings)
-    grades = grades_of(play_with_progress(stream, specs, workers=a.workers, show=not a.json))
-    cases = stream.read
-    suite_of_cases(cases)  # cases of one suite only
+    specs = resolve_agents(agent_list(a.agents, list(suite_of_cases(cases).report_agents)), settings)
+    grades = grades_of(play_with_progress(cases, specs, workers=a.workers, show=not a.json))
     from ..tables import baseline_tables
     tables = baseline_tables(cases, grades, split=split_of(path)) if target is not None or not a.json else ""
     save_html(target, grades, title="gate report", subtitle=f"{len(cases)} cases ({path})",

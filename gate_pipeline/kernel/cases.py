@@ -14,7 +14,7 @@ import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Mapping
 
 from .contract import ContractError
 from .errors import GateError
@@ -178,11 +178,9 @@ def write_cases(path: str | Path, cases: Iterable) -> Path:
     return path
 
 
-def iter_cases(text: str, where: str) -> Iterator[Case]:
-    """The cases of a case file's text in order, each checked as it is reached (a bad line raises CaseError
-    when the reading gets there)."""
+def parse_cases(text: str, where: str) -> list[Case]:
+    cases: list[Case] = []
     ids: set[str] = set()
-    contract = None
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -194,40 +192,12 @@ def iter_cases(text: str, where: str) -> Iterator[Case]:
             raise CaseError(f"{where}:{lineno}: not a case ({exc})") from None
         except RecursionError:
             raise CaseError(f"{where}:{lineno}: not a case (JSON nested too deep)") from None
-        case = load_case(obj, f"{where}:{lineno}", contract)
+        case = load_case(obj, f"{where}:{lineno}", cases[-1].contract if cases else None)
         if case.case_id in ids:
             raise CaseError(f"{where}:{lineno}: case id {case.case_id!r} repeats")
         ids.add(case.case_id)
-        contract = case.contract
-        yield case
-
-
-def parse_cases(text: str, where: str) -> list[Case]:
-    return list(iter_cases(text, where))
-
-
-class CaseStream:
-    """A case file's cases read as they are played (`iter_cases`; iterate once): the first is read at once
-    (a text without cases is a CaseError), `len` is the number of cases the text holds (its lines that are
-    not blank), `read` the cases read so far, in order. A batch played in worker processes goes on
-    reading while the first cases play."""
-
-    def __init__(self, text: str, where: str):
-        self._rest = iter_cases(text, where)
-        first = next(self._rest, None)
-        if first is None:
-            raise CaseError(f"{where}: no cases in file")
-        self.read: list[Case] = [first]
-        self._count = sum(1 for line in text.splitlines() if line.strip())
-
-    def __len__(self) -> int:
-        return self._count
-
-    def __iter__(self) -> Iterator[Case]:
-        yield self.read[0]
-        for case in self._rest:
-            self.read.append(case)
-            yield case
+        cases.append(case)
+    return cases
 
 
 def read_case_text(path: str | Path) -> str:

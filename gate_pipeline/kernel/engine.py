@@ -21,7 +21,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable
 
 from .actions import parse_action
 from .agents import AgentSpec, AgentUnfinished, resolve_agent
@@ -343,16 +343,12 @@ def play_cases(cases: Iterable[Case], agents: list, *, sinks: Iterable[Sink] = (
     Each case is prepared once (its database image, profiles, correct mart) and every agent's
     episode opens a private copy of it (or borrows it, as a suite's world may). With `workers` > 1 and no sinks, the cases are played
     in that many forked processes (where the platform forks); the results are the same, in the
-    same order, because every episode depends on its case alone. Cases that are read as they are
-    iterated (a `cases.CaseStream`, which has a length) go on being read while the first ones play."""
+    same order, because every episode depends on its case alone."""
+    cases = list(cases)
     specs = [spec_of(a) for a in agents]
     sinks = tuple(sinks)
-    count = len(cases) if hasattr(cases, "__len__") else None  # type: ignore[arg-type]
-    if count is None:
-        cases = list(cases)
-        count = len(cases)
-    if workers > 1 and not sinks and count > 1 and "fork" in multiprocessing.get_all_start_methods():
-        return _play_forked(cases, count, specs, reward, run_id, progress, min(workers, count))
+    if workers > 1 and not sinks and len(cases) > 1 and "fork" in multiprocessing.get_all_start_methods():
+        return _play_forked(cases, specs, reward, run_id, progress, min(workers, len(cases)))
     out: dict[str, list[EpisodeResult]] = {spec.identity: [] for spec in specs}
     for case in cases:
         prepared = prepare(case)
@@ -366,54 +362,30 @@ def play_cases(cases: Iterable[Case], agents: list, *, sinks: Iterable[Sink] = (
     return out
 
 
-# what a forked worker plays: set before the workers fork, so that nothing but chunks (bounds in a list of
-# cases the workers have, or the cases read since they forked) and results is pickled
+# what a forked worker plays: set before the workers fork, so nothing but chunk bounds and results is pickled
 _JOBS: dict[int, tuple] = {}
 
 
-def _play_chunk(job: int, chunk: tuple[int, int] | list[Case]) -> dict[str, list[EpisodeResult]]:
+def _play_chunk(job: int, start: int, stop: int) -> dict[str, list[EpisodeResult]]:
     cases, specs, reward, run_id = _JOBS[job]
-    played = cases[chunk[0]:chunk[1]] if isinstance(chunk, tuple) else chunk
-    return play_cases(played, specs, reward=reward, run_id=run_id)
+    return play_cases(cases[start:stop], specs, reward=reward, run_id=run_id)
 
 
-def _chunks(cases: Iterable[Case], size: int) -> Iterator[tuple[int, tuple[int, int] | list[Case]]]:
-    """(cases in it, chunk) of `size` cases each: bounds in a list, else the cases as they are read."""
-    if isinstance(cases, list):
-        for start in range(0, len(cases), size):
-            yield min(size, len(cases) - start), (start, min(start + size, len(cases)))
-        return
-    chunk: list[Case] = []
-    for case in cases:
-        chunk.append(case)
-        if len(chunk) == size:
-            yield size, chunk
-            chunk = []
-    if chunk:
-        yield len(chunk), chunk
-
-
-def _play_forked(cases: Iterable[Case], count: int, specs, reward, run_id, progress,
-                 workers) -> dict[str, list[EpisodeResult]]:
-    """Chunks of cases played in `workers` forked processes, each chunk handed over as soon as it is read
-    (so reading the rest goes on while the first play), results merged in case order."""
+def _play_forked(cases, specs, reward, run_id, progress, workers) -> dict[str, list[EpisodeResult]]:
     from concurrent.futures import ProcessPoolExecutor
-    job = id(specs)
-    _JOBS[job] = (cases if isinstance(cases, list) else None, specs, reward, run_id)
-    size = -(-count // (workers * 4))  # a few chunks per worker, so a slow one does not hold the rest
+    job = id(cases)
+    _JOBS[job] = (cases, specs, reward, run_id)
+    size = -(-len(cases) // (workers * 4))  # a few chunks per worker, so a slow one does not hold the rest
+    bounds = [(start, min(start + size, len(cases))) for start in range(0, len(cases), size)]
     out: dict[str, list[EpisodeResult]] = {spec.identity: [] for spec in specs}
     try:
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-            try:
-                futures = [(played, pool.submit(_play_chunk, job, chunk)) for played, chunk in _chunks(cases, size)]
-            except BaseException:  # a case that cannot be read (or an interrupt): what was handed over is dropped
-                pool.shutdown(wait=True, cancel_futures=True)
-                raise
-            for played, future in futures:
+            futures = [pool.submit(_play_chunk, job, start, stop) for start, stop in bounds]
+            for (start, stop), future in zip(bounds, futures):
                 part = future.result()
                 for identity, results in part.items():
                     out[identity].extend(results)
-                for _ in range(played) if progress is not None else ():
+                for _ in range(stop - start) if progress is not None else ():
                     progress()
     finally:
         del _JOBS[job]
