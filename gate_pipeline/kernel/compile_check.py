@@ -146,12 +146,15 @@ class CompileCheck:
         except OSError:
             return False
 
-    def compiles_within(self, conn, query: str, seconds: float, limits=()) -> bool:
-        """`limits`: (SQLite limit id, value) pairs the database compiles the statement under. A statement
-        that compiled in time once is not sent again for a database of the same schema but for its names
-        (the next episode's): what it is renamed to (`_Renaming`) is the cache's key."""
+    def compiles_within(self, conn, query: str, seconds: float, limits=(),
+                        entries: list[tuple[str, str]] | None = None) -> bool:
+        """`limits`: (SQLite limit id, value) pairs the database compiles the statement under; `entries`, the
+        connection's `catalogue` when the caller knows it as it stands. A statement that compiled in time once
+        is not sent again for a database of the same schema but for its names (the next episode's): what it is
+        renamed to (`_Renaming`) is the cache's key."""
         start = time.monotonic()
-        entries = catalogue(conn)
+        if entries is None:
+            entries = catalogue(conn)
         key = self._key(entries, query, limits)
         if key is not None and key in self._passed:
             self.seconds = self._passed[key]

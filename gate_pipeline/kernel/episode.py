@@ -50,7 +50,10 @@ def _shape(suite: Suite) -> _Shape:
 
 def check_args(suite: Suite, tool: str, args) -> str | None:
     """The refusal text for malformed arguments to one of `suite`'s tools, or None when well formed."""
-    shape = _shape(suite)
+    return _check(_shape(suite), tool, args)
+
+
+def _check(shape: _Shape, tool: str, args) -> str | None:
     if type(args) is dict and tool in shape.plain and args.keys() == shape.names[tool] and all(
             type(args[name]) is str and (limit is None or len(args[name]) <= limit)
             for name, limit in shape.strings[tool]):
@@ -94,6 +97,7 @@ class Episode:
         self.suite: Suite = prepared.suite
         self.world = self.make_world(listener, deferred_ledger)
         self.ledger = self.world.ledger
+        self._shape = _shape(self.suite)
 
     def make_world(self, listener, deferred_ledger: bool) -> World:
         return self.world_class(self.prepared, listener, deferred_ledger)
@@ -102,12 +106,12 @@ class Episode:
     def call(self, tool, args=None):
         """Run one tool call; returns the JSON value the agent sees."""
         args = {} if args is None else args
-        names = _shape(self.suite).names
-        if not isinstance(tool, str) or tool not in names:
+        shape = self._shape
+        if not isinstance(tool, str) or tool not in shape.names:
             name = tool_name(tool)
             self.ledger.append(name, {"sent": ledger_repr(args)}, False, "unknown tool")
             return {"error": f"unknown tool {name!r}; tools are {list(self.suite.tool_names)}"}
-        problem = check_args(self.suite, tool, args)
+        problem = _check(shape, tool, args)
         if problem:
             self.ledger.append(tool, {"sent": ledger_repr(args)}, False, "bad arguments")
             return {"error": problem}

@@ -15,7 +15,10 @@ CTEs that refer to each other twice take seconds to expand), but the authorizer 
 through it, and once the deadline has passed it refuses, which ends the compilation as
 `interrupted`, the same answer as a query stopped while running. Where SQLite works long between
 two authorizer calls (statements that grow exponentially as they are expanded), a statement with
-a subquery is compiled first in a child process that can be killed (`compile_check.py`).
+a subquery is compiled first in a child process that can be killed (`compile_check.py`). The schema
+it is compiled on is read once, and again after any statement of gate's own that may change it (the
+authorizer sees every statement prepared on the connection; a guarded connection's database is never
+replaced whole).
 
 A server that runs many episodes' queries on its threads can give a thread a *pacer* (`pace`): at
 every progress check of agent SQL on that thread it is told the query's deadline and may hold the
@@ -35,7 +38,7 @@ import threading
 import time
 from typing import Protocol
 
-from .compile_check import borrowed, may_grow
+from .compile_check import borrowed, catalogue, may_grow
 
 MAX_ROWS = 50
 MAX_CELL = 200
@@ -54,6 +57,14 @@ ALLOWED_ACTIONS = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3
                              sqlite3.SQLITE_RECURSIVE})
 DENIED_FUNCTIONS = frozenset({"zeroblob", "randomblob", "load_extension", "printf", "format"})
 LEDGER_QUERY_CHARS = 1_000  # what the ledger keeps of a query refused for its length
+_AGENT_LIMITS = tuple(LIMITS.values())  # (limit id, value) pairs, as the compile check takes them
+_OK, _DENY, _READ, _FUNCTION = sqlite3.SQLITE_OK, sqlite3.SQLITE_DENY, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION
+_monotonic = time.monotonic
+# what gate's own statements do that leaves the schema as it was (anything else may change it: CREATE, DROP,
+# ALTER, PRAGMA, ATTACH...)
+_KEEPS_SCHEMA = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE,
+                           sqlite3.SQLITE_INSERT, sqlite3.SQLITE_UPDATE, sqlite3.SQLITE_DELETE,
+                           sqlite3.SQLITE_TRANSACTION, sqlite3.SQLITE_SAVEPOINT})
 CAUGHT = (sqlite3.Error, sqlite3.Warning, ValueError, OverflowError, MemoryError)
 
 
@@ -135,25 +146,29 @@ class Sandbox:
         self.compile_over = False
         self._compiled: str | None = None  # the last query text the compile check passed
         self.compile_seconds = 0.0  # what compiling that text took in the check
+        self._catalogue: list[tuple[str, str]] | None = None  # the schema as the compile check is given it
         self.step_budget, self.time_budget = step_budget, time_budget
         self.interval = INTERVAL
-        self._defaults = {name: conn.getlimit(lid) for name, (lid, _) in LIMITS.items()}
+        self._defaults = tuple((lid, conn.getlimit(lid)) for lid, _ in LIMITS.values())  # restored after agent SQL
         conn.set_authorizer(self._authorize)
         conn.set_progress_handler(self._progress, INTERVAL)
 
     def _authorize(self, action, arg1, arg2, _db, _trigger):
-        if not self.guard:
-            return sqlite3.SQLITE_OK
-        if time.monotonic() > self.deadline:  # still compiling when the budget ran out
+        if not self.guard:  # gate's own SQL: a statement that may change the schema drops the catalogue read
+            if action not in _KEEPS_SCHEMA:
+                self._catalogue = None
+            return _OK
+        if _monotonic() > self.deadline:  # still compiling when the budget ran out
             self.compile_over = True
-            return sqlite3.SQLITE_DENY
-        if action not in ALLOWED_ACTIONS:
-            return sqlite3.SQLITE_DENY
-        if action == sqlite3.SQLITE_READ:
+            return _DENY
+        if action == _READ:  # the most frequent: one per column read
             self.tables_read.add(str(arg1).lower())
-        elif action == sqlite3.SQLITE_FUNCTION and str(arg2).lower() in self.denied:
-            return sqlite3.SQLITE_DENY
-        return sqlite3.SQLITE_OK
+            return _OK
+        if action not in ALLOWED_ACTIONS:
+            return _DENY
+        if action == _FUNCTION and str(arg2).lower() in self.denied:
+            return _DENY
+        return _OK
 
     def _progress(self):
         if not self.guard:
@@ -172,8 +187,10 @@ class Sandbox:
         self.compile_over = False
         if may_grow(query) and query != self._compiled:
             with borrowed() as check:
-                passed = check.compiles_within(conn, query, self.time_budget * COMPILE_SHARE,
-                                               [(lid, value) for lid, value in LIMITS.values()])
+                if self._catalogue is None:
+                    self._catalogue = catalogue(conn)
+                passed = check.compiles_within(conn, query, self.time_budget * COMPILE_SHARE, _AGENT_LIMITS,
+                                               self._catalogue)
                 self.compile_seconds = check.seconds
             if not passed:
                 self.compile_over = True
@@ -184,7 +201,7 @@ class Sandbox:
         if interval != INTERVAL:
             conn.set_progress_handler(self._progress, interval)
         self.interval = interval
-        for lid, value in LIMITS.values():
+        for lid, value in _AGENT_LIMITS:
             conn.setlimit(lid, value)
         self.guard = True
         try:
@@ -201,8 +218,8 @@ class Sandbox:
             pacer = getattr(_PACING, "pacer", None)
             if pacer is not None:
                 pacer.done()
-            for name, (lid, _) in LIMITS.items():
-                conn.setlimit(lid, self._defaults[name])
+            for lid, value in self._defaults:
+                conn.setlimit(lid, value)
             if interval != INTERVAL:
                 conn.set_progress_handler(self._progress, INTERVAL)
                 self.interval = INTERVAL

@@ -40,11 +40,21 @@ def _insert_sql(table: str, columns) -> str:
 _ROW = {table: itemgetter(*columns) for table, columns in COLUMNS.items()}  # a row dict -> its values in order
 
 
+def _loader_amounts(amounts: tuple) -> list[float]:
+    """`loader_amount` of each amount, the common case (every amount a number's text) decided in C: float()
+    strips the whitespace str.strip() does, and a case's values are text or null."""
+    try:
+        return list(map(float, amounts))
+    except (TypeError, ValueError):
+        return list(map(loader_amount, amounts))
+
+
 def _wh_rows(table: str, rows: list[dict]) -> list[tuple]:
     """The rows as the loader writes them to wh_<table>: values in column order, amounts as floats."""
     values = list(map(_ROW[table], rows))
-    if table == "orders":
-        return [(o, c, loader_amount(a), cur, st, d) for o, c, a, cur, st, d in values]
+    if table == "orders" and values:
+        o, c, a, cur, st, d = zip(*values)
+        return list(zip(o, c, _loader_amounts(a), cur, st, d))
     return values
 
 
@@ -103,11 +113,19 @@ class ClassicPreparedCase(PreparedCase):
 
     def __init__(self, case: Case):
         super().__init__(case)
-        self.load_rows = {bid: _wh_rows(b.table, b.data["rows"]) for bid, b in self.batches.items()}
         warehouse = case.data["warehouse"]
         self.seed_rows = {table: _wh_rows(table, warehouse[table]) for table in COLUMNS}
         self.wh_customer_ids = frozenset(r[0] for r in self.seed_rows["customers"])
+        self._load_rows: dict[str, list[tuple]] = {}
         self.image = self._build_image()
+
+    def load_rows(self, batch_id: str) -> list[tuple]:
+        """The rows the loader writes for a batch (made on first use: a defective batch is seldom loaded)."""
+        rows = self._load_rows.get(batch_id)
+        if rows is None:
+            batch = self.batches[batch_id]
+            rows = self._load_rows[batch_id] = _wh_rows(batch.table, batch.data["rows"])
+        return rows
 
     def row_count(self, batch_id: str) -> int:
         return len(self.batches[batch_id].data["rows"])
@@ -154,7 +172,7 @@ class ClassicPreparedCase(PreparedCase):
         orders = [(r[1], r[2]) for r in self.seed_rows["orders"]]
         for bid in self.order:
             if not self.truth[bid]["defective"]:
-                rows = self.load_rows[bid]
+                rows = self.load_rows(bid)
                 if self.batches[bid].table == "customers":
                     customers += [r[0] for r in rows]
                 else:
@@ -176,11 +194,11 @@ class ClassicWorld(World):
         """Rows of an orders batch whose customer is not in wh_customers right now."""
         if self.prepared.batches[batch_id].table != "orders":
             return 0
-        return sum(1 for r in self.prepared.load_rows[batch_id] if r[1] not in self.customer_ids)
+        return sum(1 for r in self.prepared.load_rows(batch_id) if r[1] not in self.customer_ids)
 
     def load(self, batch_id: str) -> int:
         """The loader: inserts every row, any number of times, and never complains."""
-        rows = self.prepared.load_rows[batch_id]
+        rows = self.prepared.load_rows(batch_id)
         table = self.prepared.batches[batch_id].table
         if table == "customers":
             self.customer_ids.update(r[0] for r in rows)

@@ -1,0 +1,77 @@
+"""What makes an episode cheap changes nothing an episode shows: the loader's rows made in bulk and on first
+use, the catalogue the compile check reuses, cases read while the first ones play."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gate_pipeline.cli.main import main
+from gate_pipeline.kernel import compile_check
+from gate_pipeline.kernel.cases import read_cases
+from gate_pipeline.kernel.engine import play, prepare
+from gate_pipeline.kernel.sandbox import Sandbox
+from gate_pipeline.kernel.world import connect
+from gate_pipeline.suites.classic.world import _wh_rows, loader_amount
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = ROOT / "cases" / "classic" / "train_procedural.jsonl"
+
+
+@pytest.mark.parametrize("amounts", [["12.50", " 7 ", "1e3"], ["12.50", "abc", None, ""], ["nan", "-inf", "1e400", "\t3\n"]])
+def test_the_loader_reads_amounts_in_bulk_as_it_reads_them_one_by_one(amounts):
+    rows = [{"order_id": f"O{k}", "customer_id": "C1", "amount": a, "currency": "USD", "status": "placed",
+             "order_date": "2026-09-01"} for k, a in enumerate(amounts)]
+    got = _wh_rows("orders", rows)
+    want = [(r["order_id"], r["customer_id"], loader_amount(r["amount"]), r["currency"], r["status"], r["order_date"])
+            for r in rows]
+    assert repr(got) == repr(want)  # repr: NaN equals NaN
+    assert _wh_rows("orders", []) == []
+
+
+def test_a_batch_s_loader_rows_are_made_when_it_is_first_loaded_and_played_as_before():
+    case = next(c for c in read_cases(TRAIN) if any(b.defective for b in c.batches))
+    prepared = prepare(case)
+    try:
+        assert prepared._load_rows == {}
+        assert prepared.correct_mart is not None
+        clean = {b.batch_id for b in case.batches if not b.defective}
+        assert set(prepared._load_rows) == clean
+        result = play(prepared, "naive")  # loads every batch, the defective ones too
+        assert set(prepared._load_rows) == set(prepared.order) and result.grade.revenue != result.grade.correct_revenue
+    finally:
+        prepared.close()
+
+
+def test_the_compile_check_is_given_the_schema_again_once_gate_changes_it():
+    """The sandbox reads the catalogue for the compile check once, and again after a statement of gate's own
+    that may change the schema: the check then keys on the new schema (a new child compiles it)."""
+    conn = connect()
+    conn.execute("CREATE TABLE stg_a (x TEXT)")
+    sandbox = Sandbox(conn)
+    query = "SELECT x FROM stg_a WHERE x IN (SELECT x FROM stg_a)"
+    sandbox.execute(query)
+    assert [name for name, _ in sandbox._catalogue] == ["stg_a"]
+    sandbox.execute("SELECT 1")
+    conn.execute("INSERT INTO stg_a VALUES ('1')")  # no change of schema: the catalogue stands
+    assert sandbox._catalogue is not None
+    conn.execute("CREATE TEMP TABLE gate_held (k TEXT)")
+    assert sandbox._catalogue is None
+    for check in compile_check._IDLE:
+        check.close()
+    sandbox._compiled = None  # (the same text just after it passed is not checked again)
+    sandbox.execute(query)
+    assert [name for name, _ in sandbox._catalogue] == ["stg_a", "gate_held"]
+    assert any(check._child is not None for check in compile_check._IDLE)  # checked on the new schema
+
+
+def test_a_bad_case_late_in_the_file_is_one_line_and_exit_2_whatever_the_workers(tmp_path, capsys):
+    cases = read_cases(TRAIN)[:40]
+    path = tmp_path / "cases.jsonl"
+    lines = [c.line().rstrip("\n") for c in cases]
+    lines[35] = lines[35].replace('"batches": [', '"batches": 7, "x": [', 1)
+    path.write_text("\n".join(lines) + "\n")
+    for workers in ("1", "2"):
+        assert main(["report", "--cases", str(path), "--agents", "careful-sql", "--json", "--workers", workers]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.count("\n") == 1 and f"{path}:36" in captured.err
