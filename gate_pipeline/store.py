@@ -331,12 +331,19 @@ class LockHeld(GateError):
     """Another process holds the lock (its message: who)."""
 
 
+# (store URL, key id) of the stores this process has created or checked the tables of, and found sealed
+# with its key: a process opens its store many times (the nightly: each step, each step output)
+_READY: set[tuple[str, str]] = set()
+
+
 class RunStore:
     """Episodes, their ledgers and grades, and nightly summaries, under one GATE_HOME."""
 
-    def __init__(self, settings: Settings | None = None, check_key: bool = True):
+    def __init__(self, settings: Settings | None = None, check_key: bool = True, once: bool = False):
         """Open (or create) the store. With `check_key` (every writer) a key other than the one the store
-        was sealed with is a StoreError; without it (`gate verify`) `key_problem` says so."""
+        was sealed with is a StoreError; without it (`gate verify`) `key_problem` says so. With `once`,
+        a store this process has already opened with the same key is not checked again (its tables,
+        schema and key): the Dagster resource opens its store at every step and step output."""
         settings = settings or Settings.from_env()
         self.home = settings.home
         self.url = display_url(settings.store_url)  # for messages: never the password
@@ -357,8 +364,14 @@ class RunStore:
         # a key that whoever can rewrite the database can rewrite too proves nothing against them
         self.key_beside = key_file if (key_file is not None and database is not None
                                        and database.parent in key_file.resolve().parents) else None
-        self._create()
-        self.key_problem = self._check_key(check_key)
+        ready = (settings.store_url, key_id(self.key))
+        if once and check_key and ready in _READY:  # this process made or checked the tables and the key
+            self.key_problem = None
+        else:
+            self._create()
+            self.key_problem = self._check_key(check_key)
+            if self.key_problem is None:
+                _READY.add(ready)
         self._cases: dict[int, tuple[dict, str]] = {}
 
     def _check_key(self, strict: bool) -> str | None:
@@ -477,25 +490,33 @@ class RunStore:
                 "error": None, "ledger_digest": None, "ledger_entries": None, "ended_at": None, "seal": None,
                 "agent_name": start.agent_name or start.agent, "transcript_sha256": None}
 
-    def start_episode(self, start: EpisodeStart) -> None:
+    def start_episode(self, start: EpisodeStart) -> dict:
+        """Keep an episode's row as it opens (running); returns the row, for `end_episodes`' `announced`."""
+        row = self._row(start)
         with self.engine.begin() as c:
-            c.execute(insert(episodes), [self._row(start)])
+            c.execute(insert(episodes), [row])
+        return row
 
     def end_episode(self, result: EpisodeResult, start: EpisodeStart | None = None) -> None:
         """Keep an ended episode (see `end_episodes`)."""
         self.end_episodes([(result, start)])
 
-    def end_episodes(self, ended: list[tuple[EpisodeResult, EpisodeStart | None]]) -> None:
+    def end_episodes(self, ended: list[tuple[EpisodeResult, EpisodeStart | None]],
+                     opening: EpisodeStart | None = None, announced: dict[str, dict] | None = None) -> dict | None:
         """Keep ended episodes, in one transaction: each one's ledger, how it ended (with the chain's
         last hash and length, to check the stored ledger against later) and its final warehouse;
-        with its row, when its start is given (an episode that was not announced when it opened)."""
-        announced = [r.episode_id for r, start in ended if start is None]
-        rows = {}
-        if announced:
+        with its row, when its start is given (an episode that was not announced when it opened).
+        `announced` holds the rows `start_episode` kept (else they are read back); `opening`, an
+        episode opening now, is kept as running in the same transaction (its row is returned)."""
+        known = announced or {}
+        unread = [r.episode_id for r, start in ended if start is None and r.episode_id not in known]
+        rows = {k: known[k] for k in (r.episode_id for r, start in ended if start is None) if k in known}
+        if unread:
             with self.engine.connect() as c:
-                rows = {r["episode_id"]: dict(r) for r in c.execute(
-                    select(episodes).where(episodes.c.episode_id.in_(announced))).mappings()}
+                rows.update({r["episode_id"]: dict(r) for r in c.execute(
+                    select(episodes).where(episodes.c.episode_id.in_(unread))).mappings()})
         new, updates, ledgers, images, logs = [], [], [], [], []
+        opened = self._row(opening) if opening is not None else None
         for result, start in ended:
             end = {"status": ENDED, "end_reason": result.end_reason, "error": result.error or None,
                    "ledger_digest": last_hash(result.ledger), "ledger_entries": len(result.ledger),
@@ -527,6 +548,9 @@ class RunStore:
                 c.execute(insert(warehouses), images)
             if logs:
                 c.execute(insert(transcripts), logs)
+            if opened is not None:
+                c.execute(insert(episodes), [opened])
+        return opened
 
     def close_abandoned(self, episode_id: str, reason: str) -> bool:
         """End an episode whose process died before it did (its warehouse may never have been
@@ -893,13 +917,16 @@ class StoreSink(Sink):
     """The engine sink that keeps every episode it sees in a run store: its row when it opens (so an
     episode whose process dies is known, and graded 0), then everything else when it ends.
 
-    `announce=False` writes nothing until the episode ends, and `batch` keeps that many ended
-    episodes before writing them in one transaction (`flush` writes what is kept): for callers
-    that play a cut-off or unwritten episode again rather than grade it (`gate run` on resume).
-    `every`, when given, also writes what is kept once that many seconds have passed since the last
-    write (so a process killed with -9 loses at most that much work, however slow its episodes).
-    `before_commit`, when given, is called with the episodes about to be written, before the
-    transaction (`gate run` writes their transcript lines there, so every stored episode has one)."""
+    `batch` keeps that many ended episodes before writing them in one transaction (`flush` writes
+    what is kept); episodes that ended before one opens are written with its row, in its
+    transaction, so whenever an episode is playing every episode that ended before it is stored
+    (the nightly keeps a chunk's episodes this way: one transaction per episode, not two).
+    `announce=False` writes nothing until the episode ends: for callers that play a cut-off or
+    unwritten episode again rather than grade it (`gate run` on resume). `every`, when given, also
+    writes what is kept once that many seconds have passed since the last write (so a process
+    killed with -9 loses at most that much work, however slow its episodes). `before_commit`, when
+    given, is called with the episodes about to be written, before the transaction (`gate run`
+    writes their transcript lines there, so every stored episode has one)."""
     wants_warehouse = True
 
     def __init__(self, store: RunStore, announce: bool = True, batch: int = 1,
@@ -911,13 +938,16 @@ class StoreSink(Sink):
         self.every = every
         self.written = time.monotonic()
         self.starts: dict[str, EpisodeStart] = {}
+        self.announced: dict[str, dict] = {}  # the rows written as episodes opened, until they end
         self.ended: list[tuple[EpisodeResult, EpisodeStart | None]] = []
 
     def start(self, episode: EpisodeStart) -> None:
-        if self.announce:
-            self.store.start_episode(episode)
-        else:
+        if not self.announce:
             self.starts[episode.episode_id] = episode
+        elif self.ended:
+            self.announced[episode.episode_id] = self._write(opening=episode)
+        else:
+            self.announced[episode.episode_id] = self.store.start_episode(episode)
 
     def end(self, result: EpisodeResult) -> None:
         self.ended.append((result, self.starts.pop(result.episode_id, None)))
@@ -925,9 +955,15 @@ class StoreSink(Sink):
             self.flush()
 
     def flush(self) -> None:
+        if self.ended:
+            self._write()
+
+    def _write(self, opening: EpisodeStart | None = None):
         self.written = time.monotonic()
         ended, self.ended = self.ended, []
-        if ended:
-            if self.before_commit is not None:
-                self.before_commit([result for result, _ in ended])
-            self.store.end_episodes(ended)
+        if self.before_commit is not None and ended:
+            self.before_commit([result for result, _ in ended])
+        row = self.store.end_episodes(ended, opening, self.announced)
+        for result, _ in ended:
+            self.announced.pop(result.episode_id, None)
+        return row
