@@ -68,7 +68,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy import text as sql_text
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import (
     IntegrityError,
     OperationalError,
@@ -334,6 +334,7 @@ class LockHeld(GateError):
 # (store URL, key id) of the stores this process has created or checked the tables of, and found sealed
 # with its key: a process opens its store many times (the nightly: each step, each step output)
 _READY: set[tuple[str, str]] = set()
+_ENGINES: dict[tuple[int, str], Engine] = {}  # (process, store URL): the engine the stores opened `once` share
 
 
 class RunStore:
@@ -343,7 +344,8 @@ class RunStore:
         """Open (or create) the store. With `check_key` (every writer) a key other than the one the store
         was sealed with is a StoreError; without it (`gate verify`) `key_problem` says so. With `once`,
         a store this process has already opened with the same key is not checked again (its tables,
-        schema and key): the Dagster resource opens its store at every step and step output."""
+        schema and key), and the stores opened `once` share one engine and its connections (which
+        `dispose` leaves open): the Dagster resource opens its store at every step and step output."""
         settings = settings or Settings.from_env()
         self.home = settings.home
         self.url = display_url(settings.store_url)  # for messages: never the password
@@ -354,11 +356,21 @@ class RunStore:
         try:
             url = make_url(settings.store_url)
             connect = {"connect_timeout": CONNECT_TIMEOUT_S} if url.get_backend_name() == "postgresql" else {}
-            self.engine = create_engine(url, connect_args=connect, pool_pre_ping=bool(connect))
         except (SQLAlchemyError, ValueError, ImportError) as exc:
             raise StoreError(f"run store URL {self.url!r}: {_first_line(exc)}") from None
-        if self.engine.dialect.name == "sqlite":
-            event.listen(self.engine, "connect", _sqlite_pragmas)
+        shared = (os.getpid(), settings.store_url)
+        self._shared = once
+        if once and shared in _ENGINES:  # its connections too (a PostgreSQL login is most of an open)
+            self.engine = _ENGINES[shared]
+        else:
+            try:
+                self.engine = create_engine(url, connect_args=connect, pool_pre_ping=bool(connect))
+            except (SQLAlchemyError, ValueError, ImportError) as exc:
+                raise StoreError(f"run store URL {self.url!r}: {_first_line(exc)}") from None
+            if self.engine.dialect.name == "sqlite":
+                event.listen(self.engine, "connect", _sqlite_pragmas)
+            if once:
+                _ENGINES[shared] = self.engine
         self.key, self.key_source, key_file = store_key(settings)
         database = _sqlite_file(url)
         # a key that whoever can rewrite the database can rewrite too proves nothing against them
@@ -463,7 +475,8 @@ class RunStore:
         return hmac.new(self.key, text.encode("ascii"), hashlib.sha256).hexdigest()
 
     def dispose(self) -> None:
-        self.engine.dispose()
+        if not self._shared:  # a shared engine (`once`) keeps its connections for the process's next open
+            self.engine.dispose()
 
     # -- writing an episode (StoreSink calls these) ---------------------------------------------
     def warehouse_name(self, case_id: str, episode_id: str) -> str:
