@@ -68,7 +68,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy import text as sql_text
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import (
     IntegrityError,
     OperationalError,
@@ -385,6 +385,7 @@ class RunStore:
             if self.key_problem is None:
                 _READY.add(ready)
         self._cases: dict[int, tuple[dict, str]] = {}
+        self._held: Connection | None = None  # the connection `holding` took
 
     def _check_key(self, strict: bool) -> str | None:
         """Record the key's id in a store that has none; say (or raise, when `strict`) if it is another key."""
@@ -479,6 +480,29 @@ class RunStore:
             self.engine.dispose()
 
     # -- writing an episode (StoreSink calls these) ---------------------------------------------
+    @contextmanager
+    def holding(self):
+        """Episodes written while this block runs go through one connection, taken once (not one from
+        the pool, checked with a round trip on PostgreSQL, per transaction): a night's chunk."""
+        if self._held is not None:
+            yield self
+            return
+        with self.engine.connect() as conn:
+            self._held = conn
+            try:
+                yield self
+            finally:
+                self._held = None
+
+    @contextmanager
+    def _transaction(self):
+        if self._held is None:
+            with self.engine.begin() as c:
+                yield c
+        else:
+            with self._held.begin():
+                yield self._held
+
     def warehouse_name(self, case_id: str, episode_id: str) -> str:
         """An episode's warehouse name (sealed with its row; a schema-3 store kept the file there)."""
         return str(Path("warehouses") / _UNSAFE.sub("_", case_id) / f"{episode_id}.sqlite")
@@ -506,8 +530,8 @@ class RunStore:
     def start_episode(self, start: EpisodeStart) -> dict:
         """Keep an episode's row as it opens (running); returns the row, for `end_episodes`' `announced`."""
         row = self._row(start)
-        with self.engine.begin() as c:
-            c.execute(insert(episodes), [row])
+        with self._transaction() as c:
+            c.execute(insert(episodes), row)
         return row
 
     def end_episode(self, result: EpisodeResult, start: EpisodeStart | None = None) -> None:
@@ -549,7 +573,7 @@ class RunStore:
                 updates.append({"key": result.episode_id, **end, "seal": self.seal(row)})
             ledgers += [{"episode_id": result.episode_id, "seq": e["seq"], "entry": json.dumps(e, sort_keys=True)}
                         for e in result.ledger]
-        with self.engine.begin() as c:
+        with self._transaction() as c:
             if new:
                 c.execute(insert(episodes), new)
             if updates:

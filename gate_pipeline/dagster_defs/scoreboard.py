@@ -160,14 +160,15 @@ def _play(context, chunk: dict, gate_store: GateStore, case_library: CaseLibrary
     bridge = ToolBridge(context, log_reads=chunk["log_reads"], chunk_asset=SCOREBOARD)
     try:
         store.continue_run(context.run.run_id, _root(context))
-        results = play_cases([cases[i] for i in chunk["indices"]], specs, run_id=context.run.run_id,
-                             sinks=(keep, bridge))
+        with store.holding():
+            try:
+                results = play_cases([cases[i] for i in chunk["indices"]], specs, run_id=context.run.run_id,
+                                     sinks=(keep, bridge))
+            finally:
+                keep.flush()  # an interrupted chunk's episodes too (the one cut off ends abandoned)
         bridge.flush(_played(chunk["indices"], len(cases), len(specs)))
     finally:
-        try:
-            keep.flush()  # an interrupted chunk's episodes too (the one cut off ends abandoned)
-        finally:
-            store.dispose()
+        store.dispose()
     return [{"index": index, "agent": agent, "episode_id": rs[k].episode_id, "grade": rs[k].grade.as_dict()}
             for agent, rs in results.items() for k, index in enumerate(chunk["indices"])]
 
