@@ -103,3 +103,23 @@ def test_rows_checked_at_once_pass_or_fail_as_row_by_row(mutation):
         assert verdicts == {True}, mutation
     else:
         assert False in verdicts, mutation
+
+
+@pytest.mark.slow
+def test_gate_nightly_checks_its_case_file_once(tmp_path, monkeypatch, capsys):
+    """`gate nightly` checks its file before Dagster starts; the night's plan and chunks, in the same
+    process, do not check it again (and the night is still `gate report`'s)."""
+    from gate_pipeline.cli.main import main
+    monkeypatch.setenv("GATE_HOME", str(tmp_path / "gate"))
+    monkeypatch.delenv("GATE_DB_URL", raising=False)
+    path = write_cases(tmp_path / "two.jsonl", read_cases(EVAL)[:2])
+    checked = []
+    real = scoreboard.cases_of_text
+    monkeypatch.setattr(scoreboard, "cases_of_text", lambda *a: checked.append(a) or real(*a))
+    assert main(["nightly", "--cases", str(path), "--agents", "naive,careful", "--json"]) == 0
+    night = json.loads(capsys.readouterr().out)
+    assert checked == []  # every step found the cases the command had checked
+    assert main(["report", "--cases", str(path), "--agents", "naive,careful", "--json"]) == 0
+    reported = json.loads(capsys.readouterr().out)["agents"]
+    assert {a: s["reward"] for a, s in night["agents"].items()} == \
+        {a: sum(g["reward"] for g in gs) / len(gs) for a, gs in reported.items()}

@@ -73,6 +73,13 @@ def chunk_size_for(cases: int) -> int:
     return max(MIN_CHUNK, -(-cases // AUTO_STEPS))
 
 
+def remember_cases(path: str, text: str, cases: list[Case]) -> None:
+    """The cases checked from a case file's text, for the night's steps in this process (`gate nightly`
+    checks its file before Dagster starts: its plan does not check it again)."""
+    _READ.clear()  # one file is enough: a night reads one
+    _READ[path] = (text, cases)
+
+
 def _cases(path: str) -> list[Case]:
     try:
         text = read_case_text(path)
@@ -80,8 +87,7 @@ def _cases(path: str) -> list[Case]:
         if known is not None and known[0] == text:
             return known[1]
         cases = cases_of_text(text, str(Path(path)))
-        _READ.clear()  # one file is enough: a night reads one
-        _READ[path] = (text, cases)
+        remember_cases(path, text, cases)
         return cases
     except (CaseError, OSError) as exc:
         raise dg.Failure(description=f"nightly cases file: {exc}") from None
