@@ -335,6 +335,7 @@ class LockHeld(GateError):
 # with its key: a process opens its store many times (the nightly: each step, each step output)
 _READY: set[tuple[str, str]] = set()
 _ENGINES: dict[tuple[int, str], Engine] = {}  # (process, store URL): the engine the stores opened `once` share
+SHARED_ENGINES = 4
 
 
 class RunStore:
@@ -370,6 +371,10 @@ class RunStore:
             if self.engine.dialect.name == "sqlite":
                 event.listen(self.engine, "connect", _sqlite_pragmas)
             if once:
+                for inherited in [k for k in _ENGINES if k[0] != shared[0]]:
+                    del _ENGINES[inherited]  # a parent's, before this process forked: never closed from here
+                while len(_ENGINES) >= SHARED_ENGINES:  # a process plays a store or two: the oldest's pool closed
+                    _ENGINES.pop(next(iter(_ENGINES))).dispose()
                 _ENGINES[shared] = self.engine
         self.key, self.key_source, key_file = store_key(settings)
         database = _sqlite_file(url)
