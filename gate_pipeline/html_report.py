@@ -110,11 +110,27 @@ def family_reward_chart(grades: dict[str, list]) -> str:
     return _svg(fig, "family-reward")
 
 
-def revenue_error_chart(grades: dict[str, list]) -> str:
-    """Revenue error per case and agent; the largest ones are labelled with their dollar figure."""
+MAX_CASE_BARS = 48  # more cases than this: the per-case chart shows the ones with the largest errors
+
+
+def charted_cases(grades: dict[str, list]) -> list[int]:
+    """The cases the per-case chart shows, in case order: every case, or, beyond MAX_CASE_BARS cases
+    (whose labels would be too small to read on the page), the MAX_CASE_BARS with the largest revenue
+    error of any agent (ties: the earlier case)."""
     first = next(iter(grades.values()), [])
-    ids = [g.case_id for g in first]
-    series = {a: [float(money([g.revenue_error_usd])) for g in gs] for a, gs in grades.items()}
+    if len(first) <= MAX_CASE_BARS:
+        return list(range(len(first)))
+    worst = [max(gs[j].revenue_error_usd for gs in grades.values()) for j in range(len(first))]
+    return sorted(sorted(range(len(first)), key=lambda j: (-worst[j], j))[:MAX_CASE_BARS])
+
+
+def revenue_error_chart(grades: dict[str, list]) -> str:
+    """Revenue error per case and agent (the cases `charted_cases` picks); the largest ones are labelled
+    with their dollar figure."""
+    first = next(iter(grades.values()), [])
+    shown = charted_cases(grades)
+    ids = [first[j].case_id for j in shown]
+    series = {a: [float(money([gs[j].revenue_error_usd])) for j in shown] for a, gs in grades.items()}
     fig = Figure(figsize=(max(9.0, 0.3 * len(ids) + 2), 4.6))
     ax = fig.add_subplot()
     _grouped_bars(ax, ids, series, skip_zero=True)
@@ -163,6 +179,12 @@ def _largest_errors(grades: dict[str, list], n: int = 3) -> str:
     return "Largest: " + "; ".join(f"{case} ${err:,.2f} ({agent})" for err, case, agent in worst) + "."
 
 
+def _charted_note(grades: dict[str, list]) -> str:
+    cases = len(next(iter(grades.values()), []))
+    shown = len(charted_cases(grades))
+    return "" if shown == cases else f", on the {shown} of the {cases} cases with the largest errors (in case order)"
+
+
 def _summary_table(grades: dict[str, list]) -> str:
     A = summary([], grades)["agents"]
     head = ["agent", "reward", "disposition", "report", "evidence", "inspected", "bad loaded",
@@ -190,7 +212,8 @@ def render_html(grades: dict[str, list], title: str = "gate report", subtitle: s
               "<h2>Mean reward per family</h2>", f"<figure>{family_reward_chart(grades)}</figure>",
               "<h2>Revenue error per case</h2>",
               f"<figure>{revenue_error_chart(grades)}<figcaption>Dollars the revenue mart is off by after "
-              f"the run. {html.escape(_largest_errors(grades))}</figcaption></figure>"]
+              f"the run{html.escape(_charted_note(grades))}. {html.escape(_largest_errors(grades))}</figcaption>"
+              f"</figure>"]
     if pass_k:
         parts += ["<h2>pass^k per family</h2>", f"<figure>{pass_k_chart(pass_k)}<figcaption>pass@1: the share of "
                   "rollouts that pass (reward 1.0); pass^k: the share of cases where all k rollouts pass."

@@ -68,7 +68,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy import text as sql_text
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import (
     IntegrityError,
     OperationalError,
@@ -331,12 +331,22 @@ class LockHeld(GateError):
     """Another process holds the lock (its message: who)."""
 
 
+# (store URL, key id) of the stores this process has created or checked the tables of, and found sealed
+# with its key: a process opens its store many times (the nightly: each step, each step output)
+_READY: set[tuple[str, str]] = set()
+_ENGINES: dict[tuple[int, str], Engine] = {}  # (process, store URL): the engine the stores opened `once` share
+SHARED_ENGINES = 4
+
+
 class RunStore:
     """Episodes, their ledgers and grades, and nightly summaries, under one GATE_HOME."""
 
-    def __init__(self, settings: Settings | None = None, check_key: bool = True):
+    def __init__(self, settings: Settings | None = None, check_key: bool = True, once: bool = False):
         """Open (or create) the store. With `check_key` (every writer) a key other than the one the store
-        was sealed with is a StoreError; without it (`gate verify`) `key_problem` says so."""
+        was sealed with is a StoreError; without it (`gate verify`) `key_problem` says so. With `once`,
+        a store this process has already opened with the same key is not checked again (its tables,
+        schema and key), and the stores opened `once` share one engine and its connections (which
+        `dispose` leaves open): the Dagster resource opens its store at every step and step output."""
         settings = settings or Settings.from_env()
         self.home = settings.home
         self.url = display_url(settings.store_url)  # for messages: never the password
@@ -347,19 +357,40 @@ class RunStore:
         try:
             url = make_url(settings.store_url)
             connect = {"connect_timeout": CONNECT_TIMEOUT_S} if url.get_backend_name() == "postgresql" else {}
-            self.engine = create_engine(url, connect_args=connect, pool_pre_ping=bool(connect))
         except (SQLAlchemyError, ValueError, ImportError) as exc:
             raise StoreError(f"run store URL {self.url!r}: {_first_line(exc)}") from None
-        if self.engine.dialect.name == "sqlite":
-            event.listen(self.engine, "connect", _sqlite_pragmas)
+        shared = (os.getpid(), settings.store_url)
+        self._shared = once
+        if once and shared in _ENGINES:  # its connections too (a PostgreSQL login is most of an open)
+            self.engine = _ENGINES[shared]
+        else:
+            try:
+                self.engine = create_engine(url, connect_args=connect, pool_pre_ping=bool(connect))
+            except (SQLAlchemyError, ValueError, ImportError) as exc:
+                raise StoreError(f"run store URL {self.url!r}: {_first_line(exc)}") from None
+            if self.engine.dialect.name == "sqlite":
+                event.listen(self.engine, "connect", _sqlite_pragmas)
+            if once:
+                for inherited in [k for k in _ENGINES if k[0] != shared[0]]:
+                    del _ENGINES[inherited]  # a parent's, before this process forked: never closed from here
+                while len(_ENGINES) >= SHARED_ENGINES:  # a process plays a store or two: the oldest's pool closed
+                    _ENGINES.pop(next(iter(_ENGINES))).dispose()
+                _ENGINES[shared] = self.engine
         self.key, self.key_source, key_file = store_key(settings)
         database = _sqlite_file(url)
         # a key that whoever can rewrite the database can rewrite too proves nothing against them
         self.key_beside = key_file if (key_file is not None and database is not None
                                        and database.parent in key_file.resolve().parents) else None
-        self._create()
-        self.key_problem = self._check_key(check_key)
+        ready = (settings.store_url, key_id(self.key))
+        if once and check_key and ready in _READY:  # this process made or checked the tables and the key
+            self.key_problem = None
+        else:
+            self._create()
+            self.key_problem = self._check_key(check_key)
+            if self.key_problem is None:
+                _READY.add(ready)
         self._cases: dict[int, tuple[dict, str]] = {}
+        self._held: Connection | None = None  # the connection `holding` took
 
     def _check_key(self, strict: bool) -> str | None:
         """Record the key's id in a store that has none; say (or raise, when `strict`) if it is another key."""
@@ -450,9 +481,33 @@ class RunStore:
         return hmac.new(self.key, text.encode("ascii"), hashlib.sha256).hexdigest()
 
     def dispose(self) -> None:
-        self.engine.dispose()
+        if not self._shared:  # a shared engine (`once`) keeps its connections for the process's next open
+            self.engine.dispose()
 
     # -- writing an episode (StoreSink calls these) ---------------------------------------------
+    @contextmanager
+    def holding(self):
+        """Episodes written while this block runs go through one connection, taken once (not one from
+        the pool, checked with a round trip on PostgreSQL, per transaction): a night's chunk."""
+        if self._held is not None:
+            yield self
+            return
+        with self.engine.connect() as conn:
+            self._held = conn
+            try:
+                yield self
+            finally:
+                self._held = None
+
+    @contextmanager
+    def _transaction(self):
+        if self._held is None:
+            with self.engine.begin() as c:
+                yield c
+        else:
+            with self._held.begin():
+                yield self._held
+
     def warehouse_name(self, case_id: str, episode_id: str) -> str:
         """An episode's warehouse name (sealed with its row; a schema-3 store kept the file there)."""
         return str(Path("warehouses") / _UNSAFE.sub("_", case_id) / f"{episode_id}.sqlite")
@@ -477,25 +532,33 @@ class RunStore:
                 "error": None, "ledger_digest": None, "ledger_entries": None, "ended_at": None, "seal": None,
                 "agent_name": start.agent_name or start.agent, "transcript_sha256": None}
 
-    def start_episode(self, start: EpisodeStart) -> None:
-        with self.engine.begin() as c:
-            c.execute(insert(episodes), [self._row(start)])
+    def start_episode(self, start: EpisodeStart) -> dict:
+        """Keep an episode's row as it opens (running); returns the row, for `end_episodes`' `announced`."""
+        row = self._row(start)
+        with self._transaction() as c:
+            c.execute(insert(episodes), row)
+        return row
 
     def end_episode(self, result: EpisodeResult, start: EpisodeStart | None = None) -> None:
         """Keep an ended episode (see `end_episodes`)."""
         self.end_episodes([(result, start)])
 
-    def end_episodes(self, ended: list[tuple[EpisodeResult, EpisodeStart | None]]) -> None:
+    def end_episodes(self, ended: list[tuple[EpisodeResult, EpisodeStart | None]],
+                     opening: EpisodeStart | None = None, announced: dict[str, dict] | None = None) -> dict | None:
         """Keep ended episodes, in one transaction: each one's ledger, how it ended (with the chain's
         last hash and length, to check the stored ledger against later) and its final warehouse;
-        with its row, when its start is given (an episode that was not announced when it opened)."""
-        announced = [r.episode_id for r, start in ended if start is None]
-        rows = {}
-        if announced:
+        with its row, when its start is given (an episode that was not announced when it opened).
+        `announced` holds the rows `start_episode` kept (else they are read back); `opening`, an
+        episode opening now, is kept as running in the same transaction (its row is returned)."""
+        known = announced or {}
+        unread = [r.episode_id for r, start in ended if start is None and r.episode_id not in known]
+        rows = {k: known[k] for k in (r.episode_id for r, start in ended if start is None) if k in known}
+        if unread:
             with self.engine.connect() as c:
-                rows = {r["episode_id"]: dict(r) for r in c.execute(
-                    select(episodes).where(episodes.c.episode_id.in_(announced))).mappings()}
+                rows.update({r["episode_id"]: dict(r) for r in c.execute(
+                    select(episodes).where(episodes.c.episode_id.in_(unread))).mappings()})
         new, updates, ledgers, images, logs = [], [], [], [], []
+        opened = self._row(opening) if opening is not None else None
         for result, start in ended:
             end = {"status": ENDED, "end_reason": result.end_reason, "error": result.error or None,
                    "ledger_digest": last_hash(result.ledger), "ledger_entries": len(result.ledger),
@@ -515,7 +578,7 @@ class RunStore:
                 updates.append({"key": result.episode_id, **end, "seal": self.seal(row)})
             ledgers += [{"episode_id": result.episode_id, "seq": e["seq"], "entry": json.dumps(e, sort_keys=True)}
                         for e in result.ledger]
-        with self.engine.begin() as c:
+        with self._transaction() as c:
             if new:
                 c.execute(insert(episodes), new)
             if updates:
@@ -527,6 +590,9 @@ class RunStore:
                 c.execute(insert(warehouses), images)
             if logs:
                 c.execute(insert(transcripts), logs)
+            if opened is not None:
+                c.execute(insert(episodes), [opened])
+        return opened
 
     def close_abandoned(self, episode_id: str, reason: str) -> bool:
         """End an episode whose process died before it did (its warehouse may never have been
@@ -893,13 +959,16 @@ class StoreSink(Sink):
     """The engine sink that keeps every episode it sees in a run store: its row when it opens (so an
     episode whose process dies is known, and graded 0), then everything else when it ends.
 
-    `announce=False` writes nothing until the episode ends, and `batch` keeps that many ended
-    episodes before writing them in one transaction (`flush` writes what is kept): for callers
-    that play a cut-off or unwritten episode again rather than grade it (`gate run` on resume).
-    `every`, when given, also writes what is kept once that many seconds have passed since the last
-    write (so a process killed with -9 loses at most that much work, however slow its episodes).
-    `before_commit`, when given, is called with the episodes about to be written, before the
-    transaction (`gate run` writes their transcript lines there, so every stored episode has one)."""
+    `batch` keeps that many ended episodes before writing them in one transaction (`flush` writes
+    what is kept); episodes that ended before one opens are written with its row, in its
+    transaction, so whenever an episode is playing every episode that ended before it is stored
+    (the nightly keeps a chunk's episodes this way: one transaction per episode, not two).
+    `announce=False` writes nothing until the episode ends: for callers that play a cut-off or
+    unwritten episode again rather than grade it (`gate run` on resume). `every`, when given, also
+    writes what is kept once that many seconds have passed since the last write (so a process
+    killed with -9 loses at most that much work, however slow its episodes). `before_commit`, when
+    given, is called with the episodes about to be written, before the transaction (`gate run`
+    writes their transcript lines there, so every stored episode has one)."""
     wants_warehouse = True
 
     def __init__(self, store: RunStore, announce: bool = True, batch: int = 1,
@@ -911,13 +980,16 @@ class StoreSink(Sink):
         self.every = every
         self.written = time.monotonic()
         self.starts: dict[str, EpisodeStart] = {}
+        self.announced: dict[str, dict] = {}  # the rows written as episodes opened, until they end
         self.ended: list[tuple[EpisodeResult, EpisodeStart | None]] = []
 
     def start(self, episode: EpisodeStart) -> None:
-        if self.announce:
-            self.store.start_episode(episode)
-        else:
+        if not self.announce:
             self.starts[episode.episode_id] = episode
+        elif self.ended:
+            self.announced[episode.episode_id] = self._write(opening=episode)
+        else:
+            self.announced[episode.episode_id] = self.store.start_episode(episode)
 
     def end(self, result: EpisodeResult) -> None:
         self.ended.append((result, self.starts.pop(result.episode_id, None)))
@@ -925,9 +997,15 @@ class StoreSink(Sink):
             self.flush()
 
     def flush(self) -> None:
+        if self.ended:
+            self._write()
+
+    def _write(self, opening: EpisodeStart | None = None):
         self.written = time.monotonic()
         ended, self.ended = self.ended, []
-        if ended:
-            if self.before_commit is not None:
-                self.before_commit([result for result, _ in ended])
-            self.store.end_episodes(ended)
+        if self.before_commit is not None and ended:
+            self.before_commit([result for result, _ in ended])
+        row = self.store.end_episodes(ended, opening, self.announced)
+        for result, _ in ended:
+            self.announced.pop(result.episode_id, None)
+        return row

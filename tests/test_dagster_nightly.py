@@ -66,6 +66,45 @@ def test_nightly_scoreboard_equals_gate_report(home, capsys):
     assert {ep["run_id"] for ep in store.episodes()} == {result.run_id}
 
 
+def _table(markdown: str) -> list[list[str]]:
+    """A markdown table's rows (after its header and rule) as lists of cells."""
+    return [[cell.strip() for cell in line.strip("|").split(" | ")] for line in markdown.splitlines()[2:]]
+
+
+def test_each_chunk_is_one_observation_of_the_scoreboard_with_its_episodes(home):
+    """What a night shows in Dagster as it plays: one observation of `scoreboard` per chunk (not one per load,
+    quarantine and report), whose table has a row per episode the chunk stored, with the batches its ledger
+    loaded, its other decisions, the reward it was graded and how it ended."""
+    cases = read_cases(EVAL)
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = defs.resolve_job_def("nightly_benchmark").execute_in_process(
+            instance=instance, run_config=nightly_run_config(cases_file=str(EVAL), chunk_size=8))
+        board = result.output_for_node("scoreboard")
+    observed = [e.event_specific_data.asset_observation for e in result.all_events
+                if e.event_type_value == "ASSET_OBSERVATION"]
+    assert [o.asset_key.path for o in observed] == [["scoreboard"]] * 4  # 32 cases in chunks of 8
+    assert [o.description for o in observed] == [f"cases {i + 1}-{i + 8} of 32 x 3 agents" for i in range(0, 32, 8)]
+    rows = [row for o in observed for row in _table(o.metadata["played"].value)]
+    assert [o.metadata["episodes"].value for o in observed] == [24] * 4
+    store = RunStore()
+    stored = {ep["episode_id"]: ep for ep in store.episodes(run_id=result.run_id)}
+    assert sorted(row[6] for row in rows) == sorted(stored) and len(rows) == len(cases) * len(AGENTS)
+    decisions = 0
+    for case_id, agent, loaded, other, reward, ended, episode_id in rows:
+        entries = [e for e in store.entries(episode_id) if e["executed"]]
+        loads = [e["args"]["batch_id"] for e in entries if e["action"] == "load_batch"]
+        quarantines = [e["args"] for e in entries if e["action"] == "quarantine_batch"]
+        decisions += len(loads) + len(quarantines) + 1  # and the report
+        assert stored[episode_id]["case_id"] == case_id and stored[episode_id]["agent"] == agent
+        assert loaded == (", ".join(loads) or "none")
+        assert other == ("; ".join(f"quarantine_batch {q['batch_id']} (column={q['column']}; "
+                                   f"defect_type={q['defect_type']})" for q in quarantines) or "none")
+        assert ended == stored[episode_id]["end_reason"] == "reported"
+        index = next(i for i, c in enumerate(cases) if c.case_id == case_id)
+        assert float(reward) == board["grades"][agent][index]["reward"]
+    assert decisions > 2 * len(observed) * 24  # what one observation per decision would have written
+
+
 def test_history_and_regressions(home, tmp_path):
     small = tmp_path / "eval_small.jsonl"
     write_cases(small, read_cases(EVAL)[:4])

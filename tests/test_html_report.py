@@ -109,3 +109,24 @@ def test_pass_k_chart_renders_in_headless_chromium(tmp_path, grades):
         "family-reward", "revenue-error", "pass-k"]
     # the axes background plus one bar per (family, measure): 2 families x (pass@1, pass^3)
     assert len(re.findall(r'id="pass-k-patch_\d+"', dom.stdout)) >= 1 + 2 * 2
+
+
+def test_a_big_night_charts_the_cases_with_the_largest_revenue_errors(grades):
+    """Beyond MAX_CASE_BARS cases the per-case chart's labels would be too small to read: it shows the cases
+    with the largest error of any agent, in case order, and the caption says how many of how many."""
+    import dataclasses
+
+    from gate_pipeline.html_report import MAX_CASE_BARS, charted_cases
+    n = MAX_CASE_BARS + 20
+    big = {a: [dataclasses.replace(gs[k % len(gs)], case_id=f"case-{k:03d}") for k in range(n)]
+           for a, gs in grades.items()}
+    shown = charted_cases(big)
+    worst = [max(gs[j].revenue_error_usd for gs in big.values()) for j in range(n)]
+    assert len(shown) == MAX_CASE_BARS and shown == sorted(shown)
+    assert min(worst[j] for j in shown) >= max(worst[j] for j in range(n) if j not in shown)
+    page = render_html(big)
+    assert f"on the {MAX_CASE_BARS} of the {n} cases with the largest errors" in page
+    assert all(f"case-{j:03d}" in page for j in shown)  # the tick labels (matplotlib's SVG names each text)
+    assert not any(f"case-{j:03d}" in page for j in range(n) if j not in shown)
+    assert charted_cases(grades) == list(range(len(grades["naive"])))  # 32 cases: every one
+    assert "cases with the largest errors" not in render_html(grades)

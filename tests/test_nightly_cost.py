@@ -103,3 +103,46 @@ def test_rows_checked_at_once_pass_or_fail_as_row_by_row(mutation):
         assert verdicts == {True}, mutation
     else:
         assert False in verdicts, mutation
+
+
+@pytest.mark.slow
+def test_gate_nightly_checks_its_case_file_once(tmp_path, monkeypatch, capsys):
+    """`gate nightly` checks its file before Dagster starts; the night's plan and chunks, in the same
+    process, do not check it again (and the night is still `gate report`'s)."""
+    from gate_pipeline.cli.main import main
+    monkeypatch.setenv("GATE_HOME", str(tmp_path / "gate"))
+    monkeypatch.delenv("GATE_DB_URL", raising=False)
+    path = write_cases(tmp_path / "two.jsonl", read_cases(EVAL)[:2])
+    checked = []
+    real = scoreboard.cases_of_text
+    monkeypatch.setattr(scoreboard, "cases_of_text", lambda *a: checked.append(a) or real(*a))
+    assert main(["nightly", "--cases", str(path), "--agents", "naive,careful", "--json"]) == 0
+    night = json.loads(capsys.readouterr().out)
+    assert checked == []  # every step found the cases the command had checked
+    assert main(["report", "--cases", str(path), "--agents", "naive,careful", "--json"]) == 0
+    reported = json.loads(capsys.readouterr().out)["agents"]
+    assert {a: s["reward"] for a, s in night["agents"].items()} == \
+        {a: sum(g["reward"] for g in gs) / len(gs) for a, gs in reported.items()}
+
+
+def test_a_nights_steps_share_one_checked_store(tmp_path):
+    """The stores a night's steps open `once` share one engine (and are not checked again); another store
+    URL gets its own; a store opened without `once` is checked, and closed by `dispose`, as ever."""
+    from gate_pipeline import store as store_module
+    from gate_pipeline.kernel.settings import Settings
+    from gate_pipeline.store import SHARED_ENGINES, RunStore, StoreError
+
+    def settings(name):
+        return Settings(home=tmp_path / name)
+
+    first = RunStore(settings("a"), once=True)
+    first.dispose()
+    again = RunStore(settings("a"), once=True)
+    assert again.engine is first.engine and again.count_episodes() == 0
+    assert RunStore(settings("a")).engine is not first.engine
+    others = [RunStore(settings(f"o{i}"), once=True) for i in range(SHARED_ENGINES)]
+    assert len({id(s.engine) for s in others}) == SHARED_ENGINES
+    assert RunStore(settings("a"), once=True).engine is not first.engine  # the oldest made way
+    assert len(store_module._ENGINES) <= SHARED_ENGINES
+    with pytest.raises(StoreError, match="is not the key"):  # another key: checked again, refused
+        RunStore(Settings(home=tmp_path / "a", store_key="another-key-0123456789abcdef0123456789"), once=True)

@@ -8,6 +8,7 @@ reason; `gate verify` reports them), and by the grading sensor.
 """
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import uuid
@@ -48,12 +49,13 @@ def _interrupted(error) -> bool:
 
 
 def cmd_nightly(a, settings: Settings) -> int:
-    from ..kernel.cases import read_cases, suite_of_cases
+    from ..kernel.cases import cases_of_text, read_case_text, suite_of_cases
     from ..kernel.records import Grade
     from .html_output import html_target, save_html
     target = html_target(a.html)
     cases_file = str(cases_arg(a, settings))
-    cases = read_cases(cases_file)  # a bad case file is one line too
+    text = read_case_text(cases_file)
+    cases = cases_of_text(text, str(Path(cases_file)))  # a bad case file is one line too
     agents = agent_list(a.agents, list(suite_of_cases(cases).report_agents))
     options = _options(a.agent_options) or {}
     resolve_agents(agents, settings, options)  # an unknown agent is one line, before Dagster starts
@@ -75,12 +77,17 @@ def cmd_nightly(a, settings: Settings) -> int:
 
     from ..dagster_defs.definitions import defs
     from ..dagster_defs.jobs import nightly_run_config, nightly_tags
+    from ..dagster_defs.scoreboard import remember_cases
+    remember_cases(cases_file, text, cases)  # checked once: the night's plan reads the same file
 
     config = {**nightly_run_config(cases_file, agents, options or None, a.chunk_size),
               "loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
     ended_before = store.count_episodes(ENDED)
     run_id = str(uuid.uuid4())
     lock = store.run_lock(run_id)
+    # what the imports made (Dagster, the code location's definitions) is never garbage: out of the
+    # collector's way while the night plays, so each full collection does not walk it again
+    gc.freeze()
     try:
         with hold_lock(lock, process_name("gate nightly")), dg.DagsterInstance.ephemeral() as instance, \
                 polled_progress(episodes, "episodes", lambda: store.count_episodes(ENDED) - ended_before,
@@ -89,6 +96,7 @@ def cmd_nightly(a, settings: Settings) -> int:
                 run_config=config, instance=instance, raise_on_error=False, run_id=run_id,
                 tags={"gate/trigger": "cli", **nightly_tags(cases_file, agents)})
     finally:
+        gc.unfreeze()
         manifest = store.manifest(run_id)
         if manifest is not None and manifest["status"] != COMPLETE:
             store.close_run(run_id, STOPPED)  # interrupted or failed: it will not complete

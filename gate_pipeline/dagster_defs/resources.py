@@ -32,9 +32,11 @@ class GateStore(dg.ConfigurableResource):
         return dataclasses.replace(base, home=Path(self.home).resolve() if self.home else base.home,
                                    db_url=self.db_url or base.db_url)
 
-    def open(self) -> RunStore:
+    def open(self, once: bool = False) -> RunStore:
+        """The run store; with `once`, not checked again if this process has checked it (a night's steps
+        after its plan, which checks it, and their step outputs)."""
         try:
-            return RunStore(self.settings())
+            return RunStore(self.settings(), once=once)
         except StoreError as exc:  # a bad setting is one clear failure, not a traceback
             raise dg.Failure(description=str(exc)) from None
 
@@ -75,7 +77,7 @@ class StepOutputs(dg.IOManager):
         return run_id, step_key, f"{name}[{mapping[0]}]" if mapping else name
 
     def handle_output(self, context: dg.OutputContext, obj) -> None:
-        store = self.gate_store.open()
+        store = self.gate_store.open(once=True)
         try:
             store.put_output(*self._key(context.get_identifier()), json.dumps(obj, sort_keys=True))
         finally:
@@ -83,7 +85,7 @@ class StepOutputs(dg.IOManager):
 
     def load_input(self, context: dg.InputContext):
         key = self._key(context.upstream_output.get_identifier())
-        store = self.gate_store.open()
+        store = self.gate_store.open(once=True)
         try:
             text = store.get_output(*key)
         finally:

@@ -58,6 +58,8 @@ class NightlyConfig(dg.Config):
     log_reads: bool = Field(default=False, description="log every SQL read as a debug event")
 
 
+SCOREBOARD = "scoreboard"  # the asset: observed once per chunk as the night plays, materialized at its end
+LISTED = 12  # the case numbers a chunk's observation lists when they are not a run
 MIN_CHUNK, AUTO_STEPS = 8, 8  # chunk_size 0: at least MIN_CHUNK cases a step, at most AUTO_STEPS steps or so
 
 # the case file this process read last, with its text: every step of a night reads the same file, and
@@ -71,6 +73,13 @@ def chunk_size_for(cases: int) -> int:
     return max(MIN_CHUNK, -(-cases // AUTO_STEPS))
 
 
+def remember_cases(path: str, text: str, cases: list[Case]) -> None:
+    """The cases checked from a case file's text, for the night's steps in this process (`gate nightly`
+    checks its file before Dagster starts: its plan does not check it again)."""
+    _READ.clear()  # one file is enough: a night reads one
+    _READ[path] = (text, cases)
+
+
 def _cases(path: str) -> list[Case]:
     try:
         text = read_case_text(path)
@@ -78,8 +87,7 @@ def _cases(path: str) -> list[Case]:
         if known is not None and known[0] == text:
             return known[1]
         cases = cases_of_text(text, str(Path(path)))
-        _READ.clear()  # one file is enough: a night reads one
-        _READ[path] = (text, cases)
+        remember_cases(path, text, cases)
         return cases
     except (CaseError, OSError) as exc:
         raise dg.Failure(description=f"nightly cases file: {exc}") from None
@@ -138,14 +146,33 @@ def _root(context) -> str:
     return context.run.root_run_id or context.run.run_id
 
 
+def _played(indices: list[int], cases: int, agents: int) -> str:
+    """What a chunk's observation says it played: `cases 41-80 of 320 x 3 agents`, or the cases' numbers."""
+    numbers = [i + 1 for i in indices]
+    run = numbers == list(range(numbers[0], numbers[-1] + 1)) if numbers else False
+    which = f"cases {numbers[0]}-{numbers[-1]}" if run and len(numbers) > 1 else \
+        f"case{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers[:LISTED]))}" + \
+        (f" and {len(numbers) - LISTED} more" if len(numbers) > LISTED else "")
+    return f"{which} of {cases} x {agents} agent{'s' if agents > 1 else ''}"
+
+
 def _play(context, chunk: dict, gate_store: GateStore, case_library: CaseLibrary) -> list[dict]:
     cases = _cases(chunk["cases_file"])
     specs = _specs(chunk, case_library)
-    store = gate_store.open()
+    store = gate_store.open(once=True)
+    # every episode stored as it opens, with those that ended before it in the same transaction (the
+    # chunk's last at the end); one observation of the scoreboard for the chunk's episodes
+    keep = StoreSink(store, batch=len(chunk["indices"]) * len(specs))
+    bridge = ToolBridge(context, log_reads=chunk["log_reads"], chunk_asset=SCOREBOARD)
     try:
         store.continue_run(context.run.run_id, _root(context))
-        results = play_cases([cases[i] for i in chunk["indices"]], specs, run_id=context.run.run_id,
-                             sinks=(StoreSink(store), ToolBridge(context, log_reads=chunk["log_reads"])))
+        with store.holding():
+            try:
+                results = play_cases([cases[i] for i in chunk["indices"]], specs, run_id=context.run.run_id,
+                                     sinks=(keep, bridge))
+            finally:
+                keep.flush()  # an interrupted chunk's episodes too (the one cut off ends abandoned)
+        bridge.flush(_played(chunk["indices"], len(cases), len(specs)))
     finally:
         store.dispose()
     return [{"index": index, "agent": agent, "episode_id": rs[k].episode_id, "grade": rs[k].grade.as_dict()}
@@ -205,7 +232,7 @@ def build_scoreboard(context: dg.OpExecutionContext, parts: list, plan: dict, ga
     if missing:  # chunks that never ran (a re-execution from failure skips steps that never started)
         context.log.warning(f"{len(missing)} cases were not played by any chunk of this run: playing them here")
         played += _play(context, {**plan, "indices": missing}, gate_store, case_library)
-    store = gate_store.open()
+    store = gate_store.open(once=True)
     try:
         agents = identities
         cases_file = plan["cases_file"]
