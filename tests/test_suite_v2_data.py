@@ -201,3 +201,25 @@ def test_classic_stays_strict_and_v2_sections_are_validated_not_just_allowed():
 def test_write_then_read_is_byte_identical(tmp_path, v2_eval):
     path = write_cases(tmp_path / "again.jsonl", v2_eval)
     assert path.read_bytes() == EVAL.read_bytes()
+
+
+def test_staged_text_reads_as_the_csv_module_reads_it(v2_eval, monkeypatch):
+    """Text without quotes, carriage returns, NULs or empty lines is split at line ends and commas; every
+    text of the eval cases, and texts that must take the csv module, read as it reads them, in pieces of
+    any size."""
+    from gate_pipeline.suites.v2 import files
+
+    def by_csv(text):
+        rows = files.reader(text)
+        next(rows, None)
+        return list(rows)
+    texts = [t for c in v2_eval for t in [*(b.data["csv"] for b in c.batches), *c.data["warehouse"].values()]]
+    assert any(map(files.plain, texts)) and not all(map(files.plain, texts))
+    for text in texts:
+        assert list(files.rows_of(text)) == by_csv(text)
+    odd = ["", "a", "a,b", "a,b\n", "a,b\n1,2", "a,b\n1,2\n", "h\n,\n,,\n x , y\n", "h\n\n1", "\nh\n1", "h\n1\n\n",
+           'h\n"1,2",3\n', 'h\n"a\nb",c\n', "h\r\n1\r\n", "h\n1\x002\n", "é,ü\n€,ß\n"]
+    for size in (1, 2, 3, 5, 1 << 20):
+        monkeypatch.setattr(files, "CHUNK_CHARS", size)
+        for text in odd + texts[:3]:
+            assert list(files.rows_of(text)) == by_csv(text), (size, text[:40])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import csv
 import io
-from itertools import chain
+from itertools import chain, repeat
 from typing import Iterable, Iterator
 
 
@@ -34,10 +34,31 @@ def header_of(text: str) -> list[str]:
 
 
 def rows_of(text: str) -> Iterator[list[str]]:
-    """The data rows of a CSV text (the header skipped)."""
-    it = reader(text)
-    next(it, None)
-    return it
+    """The data rows of a CSV text (the header skipped). A text with no quote, carriage return, NUL or
+    empty line holds no quoted field, so each of its lines is its fields split at the commas, exactly as
+    the csv module reads it: split so, a piece of the text at a time, without the csv module's cost per row."""
+    if not plain(text):
+        it = reader(text)
+        next(it, None)
+        return it
+    return _split_rows(text)
+
+
+def plain(text: str) -> bool:
+    """Whether `text` reads the same split at line ends and commas as with the csv module."""
+    return not ('"' in text or "\r" in text or "\x00" in text or "\n\n" in text or text.startswith("\n"))
+
+
+def _split_rows(text: str) -> Iterator[list[str]]:
+    header = True
+    for chunk in _chunks(text):
+        lines = chunk.split("\n")
+        if not lines[-1]:  # the piece ended at a line end
+            lines.pop()
+        if header:
+            header = False
+            del lines[0]
+        yield from map(str.split, lines, repeat(","))
 
 
 def dict_rows(text: str) -> list[dict]:
