@@ -3,8 +3,10 @@ labels that agree with the contract's own schemas, and the same defects at every
 from __future__ import annotations
 
 import copy
+import csv
 import hashlib
 import json
+import random
 from collections import Counter
 from pathlib import Path
 
@@ -204,9 +206,10 @@ def test_write_then_read_is_byte_identical(tmp_path, v2_eval):
 
 
 def test_staged_text_reads_as_the_csv_module_reads_it(v2_eval, monkeypatch):
-    """Text without quotes, carriage returns, NULs or empty lines is split at line ends and commas; every
-    text of the eval cases, and texts that must take the csv module, read as it reads them, in pieces of
-    any size."""
+    """Text without carriage returns, NULs or empty lines is read a line at a time (split at commas, or
+    by the csv module alone when quoted); every text of the eval cases, texts the csv module must read
+    whole and texts drawn at random read as it reads them (its errors included), in pieces of any size
+    and under any field limit."""
     from gate_pipeline.suites.v2 import files
 
     def by_csv(text):
@@ -214,7 +217,8 @@ def test_staged_text_reads_as_the_csv_module_reads_it(v2_eval, monkeypatch):
         next(rows, None)
         return list(rows)
     texts = [t for c in v2_eval for t in [*(b.data["csv"] for b in c.batches), *c.data["warehouse"].values()]]
-    assert any(map(files.plain, texts)) and not all(map(files.plain, texts))
+    assert all(map(files.splittable, texts))
+    assert any('"' in t for t in texts) and not all('"' in t for t in texts)  # lines split and lines read alone
     for text in texts:
         assert list(files.rows_of(text)) == by_csv(text)
     odd = ["", "a", "a,b", "a,b\n", "a,b\n1,2", "a,b\n1,2\n", "h\n,\n,,\n x , y\n", "h\n\n1", "\nh\n1", "h\n1\n\n",
@@ -223,3 +227,20 @@ def test_staged_text_reads_as_the_csv_module_reads_it(v2_eval, monkeypatch):
         monkeypatch.setattr(files, "CHUNK_CHARS", size)
         for text in odd + texts[:3]:
             assert list(files.rows_of(text)) == by_csv(text), (size, text[:40])
+    draw = random.Random(5)
+    pieces = ["a", ",", "\n", '"', '""', " ", "x,y", '"p,q"', '"m\nn"', "é", "ab,c\n", 'q,"r"\n']
+    limit = csv.field_size_limit()
+    try:
+        for _ in range(3000):
+            monkeypatch.setattr(files, "CHUNK_CHARS", draw.choice([1, 2, 3, 7, 20, 1 << 20]))
+            csv.field_size_limit(draw.choice([5, 10, limit]))
+            text = ("h1,h2\n" + "".join(draw.choice(pieces) for _ in range(draw.randint(0, 30)))).replace("\n\n", "\n")
+            outcomes = []
+            for read in (lambda t: list(files.rows_of(t)), by_csv):
+                try:
+                    outcomes.append(read(text))
+                except csv.Error as exc:
+                    outcomes.append(str(exc))
+            assert outcomes[0] == outcomes[1], (files.CHUNK_CHARS, text)
+    finally:
+        csv.field_size_limit(limit)
