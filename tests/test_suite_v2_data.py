@@ -244,3 +244,24 @@ def test_staged_text_reads_as_the_csv_module_reads_it(v2_eval, monkeypatch):
             assert outcomes[0] == outcomes[1], (files.CHUNK_CHARS, text)
     finally:
         csv.field_size_limit(limit)
+
+
+def test_a_case_file_is_read_holding_about_twice_its_size(tmp_path, monkeypatch):
+    """Reading a case file holds its text and its lines, or its lines and its cases, never the three at
+    once, and checking a staged file reads it a small piece at a time (Python's own allocations, traced)."""
+    import tracemalloc
+
+    from gate_pipeline.kernel import cases as kernel_cases
+    path = tmp_path / "big.jsonl"
+    write_cases(path, [generate_case("v2-big", "multi-defect", 0, 7, load_contract("v2"), 2000)])
+    data = path.read_bytes()
+    # the file as read_bytes returns it (it asks for a buffer of the file limit, which is never touched)
+    monkeypatch.setattr(kernel_cases, "read_case_text", lambda _path: data.decode("utf-8"))
+    tracemalloc.start()
+    try:
+        cases = kernel_cases.read_cases(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert cases[0].case_id == "v2-big"
+    assert peak <= 2.5 * len(data), peak / len(data)

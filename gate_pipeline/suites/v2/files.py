@@ -98,7 +98,7 @@ def dict_rows(text: str) -> list[dict]:
     return [dict(zip(header, row)) for row in it]
 
 
-CHUNK_CHARS = 1 << 20
+CHUNK_CHARS = 1 << 16  # a piece as io.StringIO holds it costs four times this in bytes
 
 
 def _chunks(text: str, start: int = 0) -> Iterator[str]:
