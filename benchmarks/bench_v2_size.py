@@ -24,6 +24,7 @@ measured in a fresh process (so peak memory is that case's):
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import resource
@@ -124,14 +125,18 @@ class TimedTools:
         if name == "run_sql":
             from gate_pipeline.kernel.sandbox import normalise_query
             conn = self.mirror.world.conn
-            t = time.perf_counter()
-            cur = conn.execute(normalise_query(args["query"]))
-            cur.fetchmany(51)
-            cur.close()
-            self.raw_s += time.perf_counter() - t
-            t = time.perf_counter()
-            result = self.tools(name, **args)
-            self.gate_s += time.perf_counter() - t
+            gc.disable()  # both timings without a collection of the agent's heap that falls inside them
+            try:
+                t = time.perf_counter()
+                cur = conn.execute(normalise_query(args["query"]))
+                cur.fetchmany(51)
+                cur.close()
+                self.raw_s += time.perf_counter() - t
+                t = time.perf_counter()
+                result = self.tools(name, **args)
+                self.gate_s += time.perf_counter() - t
+            finally:
+                gc.enable()
             self.calls += 1
             return result
         result = self.tools(name, **args)
@@ -140,10 +145,21 @@ class TimedTools:
         return result
 
 
+def warm_up(agent: str) -> None:
+    """A 20-row episode of another case first: what any episode loads (pandas and pandera, the compile
+    check's child process) is loaded before anything is measured."""
+    from gate_pipeline.kernel.cases import load_case
+    from gate_pipeline.kernel.contract import load_contract
+    from gate_pipeline.kernel.engine import play, prepare
+    from gate_pipeline.suites.v2.generator import generate_case
+    play(prepare(load_case(generate_case("warm-up", "partial-defect", 0, 1, load_contract("v2"), 20))), agent)
+
+
 def measure_calls(case) -> dict:
     from gate_pipeline.kernel.engine import Session, prepare
     from gate_pipeline.suites.v2.agents import CarefulV2
     from gate_pipeline.suites.v2.tools import EpisodeV2
+    warm_up("careful-v2")
     prepared = prepare(case)
     session = Session(prepared, "careful-v2")
     mirror = EpisodeV2(prepared)  # the prepared database is borrowed by the session: a copy of its own
@@ -160,17 +176,9 @@ def measure_calls(case) -> dict:
 
 
 def measure_memory(path: str, agent: str) -> dict:
-    from gate_pipeline.kernel.cases import (  # every module the episode imports, pandas and pandera
-        load_case,  # included, is loaded before the baseline is taken
-        read_cases,
-    )
-    from gate_pipeline.kernel.contract import load_contract
+    from gate_pipeline.kernel.cases import read_cases
     from gate_pipeline.kernel.engine import play, prepare
-    from gate_pipeline.suites.v2.agents import CarefulV2  # noqa: F401
-    from gate_pipeline.suites.v2.generator import generate_case
-    warm = load_case(generate_case("warm-up", "partial-defect", 0, 1, load_contract("v2"), 20))
-    play(prepare(warm), agent)  # a 20-row episode first: what any episode loads is loaded before the baseline
-    del warm
+    warm_up(agent)  # what any episode loads is loaded before the baseline
     reset_peak()  # the peak from here on, not the warm-up's
     base = rss_mb()
     t = time.perf_counter()

@@ -296,3 +296,18 @@ def test_compile_check_children_outlive_the_threads_that_used_them():
     compile_check.warm(3)
     with compile_check._IDLE_LOCK:
         assert sum(c.running() for c in compile_check._IDLE) >= 3
+
+
+def test_rows_as_json_shapes_every_mix_of_values_as_cell_does():
+    """The quick column checks (text joined, numbers summed) leave exactly what `cell` leaves, and hand
+    everything else to it: long text, bytes, NaN and infinities, NULLs, sums that overflow."""
+    import random
+
+    from gate_pipeline.kernel.sandbox import MAX_CELL, cell, rows_as_json
+    values = [None, 0, 1, -5, 2**62, 1.5, float("inf"), float("-inf"), float("nan"), 1e308, "", "x", "y" * MAX_CELL,
+              "z" * (MAX_CELL + 1), b"ab", b""]
+    draw = random.Random(7)
+    for _ in range(5000):
+        width, height = draw.randint(1, 4), draw.randint(1, 6)
+        rows = [tuple(draw.choice(values) for _ in range(width)) for _ in range(height)]
+        assert repr(rows_as_json(rows)) == repr([[cell(v) for v in row] for row in rows]), rows

@@ -3,8 +3,10 @@ labels that agree with the contract's own schemas, and the same defects at every
 from __future__ import annotations
 
 import copy
+import csv
 import hashlib
 import json
+import random
 from collections import Counter
 from pathlib import Path
 
@@ -201,3 +203,65 @@ def test_classic_stays_strict_and_v2_sections_are_validated_not_just_allowed():
 def test_write_then_read_is_byte_identical(tmp_path, v2_eval):
     path = write_cases(tmp_path / "again.jsonl", v2_eval)
     assert path.read_bytes() == EVAL.read_bytes()
+
+
+def test_staged_text_reads_as_the_csv_module_reads_it(v2_eval, monkeypatch):
+    """Text without carriage returns, NULs or empty lines is read a line at a time (split at commas, or
+    by the csv module alone when quoted); every text of the eval cases, texts the csv module must read
+    whole and texts drawn at random read as it reads them (its errors included), in pieces of any size
+    and under any field limit."""
+    from gate_pipeline.suites.v2 import files
+
+    def by_csv(text):
+        rows = files.reader(text)
+        next(rows, None)
+        return list(rows)
+    texts = [t for c in v2_eval for t in [*(b.data["csv"] for b in c.batches), *c.data["warehouse"].values()]]
+    assert all(map(files.splittable, texts))
+    assert any('"' in t for t in texts) and not all('"' in t for t in texts)  # lines split and lines read alone
+    for text in texts:
+        assert list(files.rows_of(text)) == by_csv(text)
+    odd = ["", "a", "a,b", "a,b\n", "a,b\n1,2", "a,b\n1,2\n", "h\n,\n,,\n x , y\n", "h\n\n1", "\nh\n1", "h\n1\n\n",
+           'h\n"1,2",3\n', 'h\n"a\nb",c\n', "h\r\n1\r\n", "h\n1\x002\n", "é,ü\n€,ß\n"]
+    for size in (1, 2, 3, 5, 1 << 20):
+        monkeypatch.setattr(files, "CHUNK_CHARS", size)
+        for text in odd + texts[:3]:
+            assert list(files.rows_of(text)) == by_csv(text), (size, text[:40])
+    draw = random.Random(5)
+    pieces = ["a", ",", "\n", '"', '""', " ", "x,y", '"p,q"', '"m\nn"', "é", "ab,c\n", 'q,"r"\n']
+    limit = csv.field_size_limit()
+    try:
+        for _ in range(3000):
+            monkeypatch.setattr(files, "CHUNK_CHARS", draw.choice([1, 2, 3, 7, 20, 1 << 20]))
+            csv.field_size_limit(draw.choice([5, 10, limit]))
+            text = ("h1,h2\n" + "".join(draw.choice(pieces) for _ in range(draw.randint(0, 30)))).replace("\n\n", "\n")
+            outcomes = []
+            for read in (lambda t: list(files.rows_of(t)), by_csv):
+                try:
+                    outcomes.append(read(text))
+                except csv.Error as exc:
+                    outcomes.append(str(exc))
+            assert outcomes[0] == outcomes[1], (files.CHUNK_CHARS, text)
+    finally:
+        csv.field_size_limit(limit)
+
+
+def test_a_case_file_is_read_holding_about_twice_its_size(tmp_path, monkeypatch):
+    """Reading a case file holds its text and its lines, or its lines and its cases, never the three at
+    once, and checking a staged file reads it a small piece at a time (Python's own allocations, traced)."""
+    import tracemalloc
+
+    from gate_pipeline.kernel import cases as kernel_cases
+    path = tmp_path / "big.jsonl"
+    write_cases(path, [generate_case("v2-big", "multi-defect", 0, 7, load_contract("v2"), 2000)])
+    data = path.read_bytes()
+    # the file as read_bytes returns it (it asks for a buffer of the file limit, which is never touched)
+    monkeypatch.setattr(kernel_cases, "read_case_text", lambda _path: data.decode("utf-8"))
+    tracemalloc.start()
+    try:
+        cases = kernel_cases.read_cases(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert cases[0].case_id == "v2-big"
+    assert peak <= 2.5 * len(data), peak / len(data)

@@ -179,9 +179,16 @@ def write_cases(path: str | Path, cases: Iterable) -> Path:
 
 
 def parse_cases(text: str, where: str) -> list[Case]:
+    return parse_lines(text.splitlines(), where)
+
+
+def parse_lines(lines: list[str], where: str) -> list[Case]:
+    """The cases of a case file's lines (`str.splitlines`), each checked. The list is emptied as it is
+    read: a line is let go once its case is parsed, so a file's text is not held twice over."""
     cases: list[Case] = []
     ids: set[str] = set()
-    for lineno, line in enumerate(text.splitlines(), 1):
+    for lineno, line in enumerate(lines, 1):
+        lines[lineno - 1] = ""
         if not line.strip():
             continue
         try:
@@ -208,15 +215,21 @@ def read_case_text(path: str | Path) -> str:
 
 def cases_of_text(text: str, where: str) -> list[Case]:
     """Every case of a case file's text, in order, each checked; a text without cases is a CaseError."""
-    cases = parse_cases(text, where)
+    return _some(parse_cases(text, where), where)
+
+
+def _some(cases: list[Case], where: str) -> list[Case]:
     if not cases:
         raise CaseError(f"{where}: no cases in file")
     return cases
 
 
 def read_cases(path: str | Path) -> list[Case]:
-    """Every case of a JSONL file, in file order, each checked (`read_case_text`, `cases_of_text`)."""
-    return cases_of_text(read_case_text(path), str(Path(path)))
+    """Every case of a JSONL file, in file order, each checked (`read_case_text`, `cases_of_text`). The
+    file's text is split into lines and let go, and each line once its case is parsed: at most about
+    twice the file's size is held while it is read (its text and its lines, or its lines and its cases)."""
+    where = str(Path(path))
+    return _some(parse_lines(read_case_text(path).splitlines(), where), where)
 
 
 def procedural_draws(seed: int, count: int, families) -> list[tuple[int, str, int, int]]:

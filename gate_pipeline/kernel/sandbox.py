@@ -112,12 +112,29 @@ def cell(value):
     return value
 
 
+def _plain_column(column: tuple) -> bool:
+    """A quick True for a column `cell` leaves as it is: all text of at most MAX_CELL characters (joined
+    by C, which refuses anything but text), or all finite numbers (a sum is finite only when every
+    term is); False when it cannot tell so quickly."""
+    kind = type(column[0])
+    try:
+        if kind is str:
+            return len("".join(column)) <= MAX_CELL or max(map(len, column)) <= MAX_CELL
+        if kind is int or kind is float:
+            return math.isfinite(sum(column))
+    except (TypeError, OverflowError):
+        pass
+    return False
+
+
 def rows_as_json(fetched: list[tuple]) -> list[list]:
     """The rows as `cell` shapes them, the common cases decided column by column in C (text of at most
     MAX_CELL characters, integers, finite floats, NULLs) instead of cell by cell."""
     if not fetched:
         return []
     for column in zip(*fetched):
+        if _plain_column(column):
+            continue
         kinds = set(map(type, column))
         if kinds <= {str}:
             if max(map(len, column)) > MAX_CELL:
@@ -136,6 +153,8 @@ class Sandbox:
     raises a CAUGHT error."""
 
     denied: frozenset[str] = DENIED_FUNCTIONS
+    denied_tables: frozenset[str] = frozenset()  # tables a read may not name (lower case)
+    deny_temp = False  # whether a read of the temporary schema is refused
 
     def __init__(self, conn: sqlite3.Connection, step_budget: int = STEP_BUDGET, time_budget: float = TIME_BUDGET_S):
         self.conn = conn
@@ -153,7 +172,7 @@ class Sandbox:
         conn.set_authorizer(self._authorize)
         conn.set_progress_handler(self._progress, INTERVAL)
 
-    def _authorize(self, action, arg1, arg2, _db, _trigger):
+    def _authorize(self, action, arg1, arg2, db, _trigger):
         if not self.guard:  # gate's own SQL: a statement that may change the schema drops the catalogue read
             if action not in _KEEPS_SCHEMA:
                 self._catalogue = None
@@ -162,7 +181,10 @@ class Sandbox:
             self.compile_over = True
             return _DENY
         if action == _READ:  # the most frequent: one per column read
-            self.tables_read.add(str(arg1).lower())
+            table = str(arg1).lower()
+            if table in self.denied_tables or (self.deny_temp and db == "temp"):
+                return _DENY
+            self.tables_read.add(table)
             return _OK
         if action not in ALLOWED_ACTIONS:
             return _DENY

@@ -38,13 +38,21 @@ def _query(tools: Tools, query: str) -> dict:
     return result
 
 
-def fetch_rows(tools: Tools, staging: str) -> tuple[list[str], list[list]]:
-    """(the file's columns, every row), fifty rows a call, by rowid (no OFFSET: each page is a seek)."""
+SHARED = 4096  # distinct values per column kept once (a column of few values holds each once, not per row)
+
+
+def fetch_rows(tools: Tools, staging: str) -> tuple[list[str], list[tuple]]:
+    """(the file's columns, every row as a tuple), fifty rows a call, by rowid (no OFFSET: each page is a
+    seek); a value seen before in its column is the one object kept for it (up to SHARED a column)."""
     columns = _query(tools, f"SELECT * FROM {staging} LIMIT 0")["columns"]
-    rows, last = [], 0
+    rows: list[tuple] = []
+    last = 0
+    seen: list[dict] = [{} for _ in columns]
     while True:
         page = _query(tools, f"SELECT rowid, * FROM {staging} WHERE rowid > {last} ORDER BY rowid LIMIT {PAGE}")["rows"]
-        rows += [r[1:] for r in page]
+        for r in page:
+            rows.append(tuple([known.setdefault(v, v) if len(known) < SHARED else known.get(v, v)
+                               for known, v in zip(seen, r[1:])]))
         if len(page) < PAGE:
             return columns, rows
         last = page[-1][0]
@@ -158,6 +166,8 @@ class CarefulV2:
             moved = next((c for i, c in enumerate(expected) if i >= len(columns) or columns[i] != c), expected[-1])
             return "quarantine", [(moved, "schema_drift")], []
         df = frame_of(columns, rows)
+        count = len(rows)
+        del rows  # the frame holds the values
         stated = {r.key for r in rules_for(contract, table, self.without)}
         key = KEY_COLUMNS[table]
         keys: dict[str, set] = {}
@@ -172,7 +182,7 @@ class CarefulV2:
             repeated = _query(tools, H.repeated_rows_sql(staging))["rows"][0][0] \
                 if f"{table}.order_id.duplicate_content" in stated else None
             median = median_of_amounts(df["amount"]) if "amount" in df else None
-            figures = HistoryFigures(len(rows), usual_rows, median, usual_median, repeated)
+            figures = HistoryFigures(count, usual_rows, median, usual_median, repeated)
         found = findings(contract, table, columns, df, keys, figures, self.without, accepted)
         verdict = disposition(contract, found)
         if verdict == "rows" and not self.v2_tools:

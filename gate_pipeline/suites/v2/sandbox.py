@@ -61,6 +61,8 @@ class SandboxV2(Sandbox):
     """The kernel's sandbox with scaled budgets; each read also says which staging tables it looked at."""
 
     denied = DENIED_FUNCTIONS_V2
+    denied_tables = INTERNAL_TABLES
+    deny_temp = True
 
     def __init__(self, conn: sqlite3.Connection, staging: dict[str, tuple[list[str], int]], total_rows: int):
         """`staging`: staging table -> (its columns, its rows)."""
@@ -68,16 +70,25 @@ class SandboxV2(Sandbox):
         self.staging = staging
         self.pending = set(staging)  # staging tables no read has looked at yet
         self.fine = max(1, min(INTERVAL, min((rows for _, rows in staging.values()), default=INTERVAL) // 4))
+        self.counted = False  # whether the last execution counted its steps every `fine` steps
 
-    def _authorize(self, action, arg1, arg2, db, trigger):
-        if self.guard and action == sqlite3.SQLITE_READ and (db == "temp" or str(arg1).lower() in INTERNAL_TABLES):
-            return sqlite3.SQLITE_DENY
-        return super()._authorize(action, arg1, arg2, db, trigger)
+    def may_look(self, query: str) -> bool:
+        """Whether the query could read a staging table no read has looked at yet: its text names one
+        (SQLite resolves a table only by a name the text spells, in any ASCII case, and a read-only
+        database has no views or triggers that could name one for it)."""
+        if not self.pending:
+            return False
+        low = query.lower()
+        return any(table in low for table in self.pending)
 
     def execute(self, query: str, interval: int | None = None) -> tuple[list[tuple], list[str], int]:
-        """The kernel's guarded execution, its steps counted every `fine` steps (the look check compares them).
-        The schema is read first, unguarded: a statement that has to read it again (after gate's own writes
+        """The kernel's guarded execution, its steps counted every `fine` steps when the read may decide a
+        look (the look check compares them), else every INTERVAL steps as any read's. Counted finely, the
+        schema is read first, unguarded: a statement that has to read it again (after gate's own writes
         changed it) would count the steps of that reading too, and two runs of one query would differ."""
+        self.counted = interval is not None or self.may_look(query)
+        if not self.counted:
+            return super().execute(query)
         self.conn.execute(SCHEMA_NOW).close()
         return super().execute(query, self.fine if interval is None else interval)
 
@@ -93,7 +104,7 @@ class SandboxV2(Sandbox):
             if self.time_budget <= 1.5 * self.compile_seconds or steps_left <= 0:  # compiling it again alone
                 raise _OverBudget  # would take what is left (SQLite cannot stop a compilation)
             try:
-                rows, _, steps = self.execute(query)
+                rows, _, steps = self.execute(query, self.fine)
             except CAUGHT:
                 if self.steps > self.step_budget or time.monotonic() > self.deadline or self.compile_over:
                     raise _OverBudget from None
@@ -110,6 +121,15 @@ class SandboxV2(Sandbox):
         looked: list[str] = []
         if not candidates:
             return {"looked_at": looked}
+        if not self.counted:  # never so (`may_look`); were it so, the read is run again within what is left of
+            saved = self.step_budget, self.time_budget  # its budget, its steps counted finely, to decide
+            self.step_budget, self.time_budget = self.step_budget - self.steps, self.deadline - time.monotonic()
+            try:
+                fetched = self.execute(query, self.fine)[0]
+            except CAUGHT:
+                return {"looked_at": looked}
+            finally:
+                self.step_budget, self.time_budget = saved
         steps, deadline = self.steps, self.deadline  # the agent's run: its steps, the end of its budget
         spent = steps
         for table in candidates:

@@ -19,7 +19,9 @@ the key column the header names) are held back. It never complains.
 """
 from __future__ import annotations
 
+import functools
 import sqlite3
+import threading
 from functools import cached_property
 
 from ...kernel.cases import Case
@@ -50,17 +52,34 @@ def loader_amount(value) -> float:
 
 TIME_FUNCTIONS = ("date", "time", "datetime", "julianday", "unixepoch", "strftime")
 NOW_KEYWORDS = {"current_date": "date", "current_time": "time", "current_timestamp": "datetime"}
+_CLOCK_QUERIES = {name: [f"SELECT {name}({', '.join('?' * n)})" for n in range(0, 12)] for name in TIME_FUNCTIONS}
+_CLOCK = threading.local()  # per thread: the connection whose SQLite functions answer the calls
+
+
+def _clock() -> sqlite3.Connection:
+    """This thread's connection for SQLite's own date and time functions (one per thread, kept)."""
+    helper = getattr(_CLOCK, "conn", None)
+    if helper is None:
+        helper = _CLOCK.conn = sqlite3.connect(":memory:")
+    return helper
+
+
+@functools.lru_cache(maxsize=64)
+def _now_values(now: str) -> tuple[tuple[str, str], ...]:
+    """(keyword, its value at `now`) of CURRENT_DATE, CURRENT_TIME and CURRENT_TIMESTAMP."""
+    return tuple((keyword, _clock().execute(f"SELECT {name}(?)", (now,)).fetchone()[0])
+                 for keyword, name in NOW_KEYWORDS.items())
 
 
 def clock_functions(conn: sqlite3.Connection, now: str) -> None:
     """SQLite's date and time functions on `conn`, with 'now' (and no time value at all, which means now)
     the night's load time `now`: a query gives the same answer on every run. Each call is answered by
-    SQLite's own function on a connection of its own, so every other argument means what SQLite says."""
-    helper = sqlite3.connect(":memory:", check_same_thread=False)
+    SQLite's own function on a connection of its own (`_clock`), so every other argument means what
+    SQLite says."""
 
     def make(name: str):
         at = 1 if name == "strftime" else 0  # strftime's first argument is its format
-        queries = [f"SELECT {name}({', '.join('?' * n)})" for n in range(0, 12)]
+        queries = _CLOCK_QUERIES[name]
 
         def fn(*args):
             values = list(args)
@@ -70,13 +89,12 @@ def clock_functions(conn: sqlite3.Connection, now: str) -> None:
                 values[at] = now
             if len(values) >= len(queries):
                 raise ValueError(f"{name}: too many arguments")
-            return helper.execute(queries[len(values)], values).fetchone()[0]
+            return _clock().execute(queries[len(values)], values).fetchone()[0]
         return fn
 
     for name in TIME_FUNCTIONS:
         conn.create_function(name, -1, make(name), deterministic=True)
-    for keyword, name in NOW_KEYWORDS.items():
-        value = helper.execute(f"SELECT {name}(?)", (now,)).fetchone()[0]
+    for keyword, value in _now_values(now):
         conn.create_function(keyword, 0, lambda value=value: value, deterministic=True)
 
 
