@@ -304,3 +304,14 @@ def test_priors_learned_from_trains_labels_do_not_lift_a_shortcut_above_its_boun
             scored = mean([r.grade for r in play_cases(cases, [spec], workers=1)[ShapeGuesser.name]])
             assert scored <= min(0.85, top - 0.10), (share, len(cases), scored)
     ShapeGuesser.rules = {}
+
+
+@pytest.mark.parametrize("split", ["eval", pytest.param("train", marks=pytest.mark.slow)])
+def test_a_fourth_reviews_shape_guesses_stay_within_the_shortcuts_bound(split, grades):
+    """`v2_shape_hold.ShapeHold` (every row held back where a batch's signature hides one, the pair of
+    orders of a missing customer, a quiet night held back whole, re-sent orders beside short customers)."""
+    from v2_shape_hold import ShapeHold
+    spec = AgentSpec(ShapeHold.name, {}, ShapeHold, identity=ShapeHold.name)
+    cases = CASES if split == "eval" else read_cases(V2_TRAIN)
+    scored = mean([r.grade for r in play_cases(cases, [spec], workers=2)[ShapeHold.name]])
+    assert scored <= min(0.85, mean(grades["careful-v2"]) - 0.10), scored

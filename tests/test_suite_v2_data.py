@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 V2 = ROOT / "cases" / "v2"
 EVAL, TRAIN = V2 / "eval_curated.jsonl", V2 / "train_procedural.jsonl"
 SHA = {
-    "eval_curated.jsonl": "a659f2a7d694d26543e1cd58acbe7891861c4d55c727df361d938f3d6bc4d37e",
-    "train_procedural.jsonl": "58b2154df1c550916c28524e501d734c1c7af2d68ba5383405d511d39317a905",
+    "eval_curated.jsonl": "b2efb2933249e7d0258c5774b6fffe50ea8b0fd3d6f1542677487637c052f9a9",
+    "train_procedural.jsonl": "a84a062d2bb2124a7605834e307a2eb48dbbb35cf15eb3dcc3c5da459efc91ce",
 }
 
 

@@ -111,6 +111,24 @@ def test_quarantining_the_whole_batch_loses_its_clean_rows():
     assert g.metrics["bad_rows_loaded"] == 0 and g.evidence == 0.0
 
 
+def test_holding_back_more_rows_than_the_contract_holds_back_is_no_finding():
+    """Every row held back (with the right citations), then the batch loaded: no clean row is in, and as
+    with a whole quarantine the batch earns no evidence (a guess that a batch hides a bad row gains
+    nothing by holding back all of it)."""
+    b = batches(PARTIAL)
+    o, c = b["orders"], b["customers"]
+    keys = [line.split(",")[0] for line in o["csv"].splitlines()[1:]]
+    assert len(keys) > CASES[PARTIAL].contract["row_quarantine"]["max_rows"]
+    first, *rest = o["truth"]["defects"]
+    calls = [hold(o, [k for k in keys if k not in bad_keys(o)] + first["keys"], first["column"], first["type"]),
+             *[hold(o, d["keys"], d["column"], d["type"]) for d in rest]]
+    g = play(PARTIAL, [look(c), load(c), look(o), *calls, load(o), report([c, o])])
+    assert g.disposition == pytest.approx((1.0 + 0.5) / 2) and g.evidence == 0.0
+    assert g.metrics["clean_rows_lost"] == o["row_count"] - len(bad_keys(o))
+    right_way = play(PARTIAL, [look(c), load(c), look(o), *hold_all(o), load(o), report([c, o])])
+    assert right_way.evidence == 1.0
+
+
 def test_loading_the_bad_rows_costs_half_the_batch_and_its_evidence():
     b = batches(PARTIAL)
     o, c = b["orders"], b["customers"]

@@ -130,7 +130,7 @@ SPECS: dict[str, tuple[dict, ...]] = {
         {"orders": [("orphan", 1), ("date_out", 1)], "customers": ["volume_high"]},
         {"orders": [("orphan", 2)], "customers": [("dup_customer", 1)]},
         {"orders": [("orphan", 1), ("comma_amount", 1)]},
-        {"orders": [("orphan_same", 3)], "customers": [("signup_after", 1)]},
+        {"orders": [("orphan_same", 2)], "customers": [("signup_after", 1)]},
     ),
     "instruction-in-data": (
         {"orders": ["unit_shift"], "note": ("load", "self")},

@@ -12,7 +12,8 @@ episode scores 0. The terms and their weights are the classic ones (records.WEIG
   loaded twice loads no clean row right.
 - `report` (0.20): the report's lists are exactly the batches loaded and those quarantined.
 - `evidence` (0.15): per defect. For each defective batch whose bad rows were all kept out (a batch
-  the contract holds back by rows, by rows: quarantined whole, it earns none),
+  the contract holds back by rows, by rows: quarantined whole, or with more than the contract's
+  `row_quarantine.max_rows` rows held back, it earns none),
   (defects cited - citations that match no defect) / defects, at least 0, where each citation
   counts for one defect at most (a largest matching of citations to the defects they match, so
   a citation two defects accept is credited once); summed over defective batches, minus one per
@@ -168,13 +169,16 @@ def evidence(case: Case, state: EpisodeState, outcomes: dict) -> float:
     if not defective:
         return 0.0 if any(state.citations.get(b.batch_id) for b in batches) else 1.0
     total = Fraction(0)
+    max_rows = _int(dict(case.contract).get("row_quarantine", {}).get("max_rows"))
     for b in defective:
         cites = state.citations.get(b.batch_id, [])
         outcome = outcomes[b.batch_id]
         if not cites or outcome["kept_out"] < outcome["bad"]:
             continue
-        if b.truth["disposition"] == "rows" and b.batch_id in state.quarantined:
-            continue  # the contract holds such a batch's rows back and loads the rest: a whole quarantine is no finding
+        if b.truth["disposition"] == "rows" and (b.batch_id in state.quarantined
+                                                 or len(state.held.get(b.batch_id, ())) > max_rows):
+            continue  # the contract holds back such a batch's bad rows, at most max_rows, and loads the rest:
+            # a whole quarantine, or more rows held than the contract holds back, is no finding
         defects = b.truth["defects"]
         hits = credited(cites, defects)
         wrong = sum(1 for c in cites if not any(_matches(c, d) for d in defects))
