@@ -50,16 +50,22 @@ def _own_gate_home(tmp_path_factory, monkeypatch):
     return path
 
 
+WATCHED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 @pytest.fixture(autouse=True)
-def _sigint_as_it_was(request):
-    """A test that leaves SIGINT's handler changed (ignored, say: every child it starts inherits that, and
-    a later test's Ctrl-C then reaches no one) gets it back as it was, with a warning naming the test."""
-    before = signal.getsignal(signal.SIGINT)
+def _signals_as_they_were(request):
+    """A test that leaves a stop signal's handler changed gets it back as it was, with a warning naming the
+    test. An ignored SIGINT or SIGTERM is inherited by every child a later test starts, which then never
+    stops on Ctrl-C or on `terminate()` (a library's server, run in process, ignores both as it shuts down)."""
+    before = {sig: signal.getsignal(sig) for sig in WATCHED_SIGNALS}
     yield
-    after = signal.getsignal(signal.SIGINT)
-    if after is not before:
-        signal.signal(signal.SIGINT, before)
-        warnings.warn(f"{request.node.nodeid} left SIGINT's handler at {after!r}: restored", stacklevel=1)
+    for sig, handler in before.items():
+        after = signal.getsignal(sig)
+        if after is not handler and handler is not None:
+            signal.signal(sig, handler)
+            warnings.warn(f"{request.node.nodeid} left {signal.Signals(sig).name}'s handler at {after!r}: restored",
+                          stacklevel=1)
 
 
 @pytest.fixture

@@ -237,4 +237,8 @@ def test_the_benchmarks_asyncio_server_plays_the_same_policies(eval_cases, tmp_p
             run(eval_cases[:1], ModelSettings(model="careful", base_url=url + "/nowhere"), 1, 1, tmp_path / "n", store)
     finally:
         proc.terminate()
-        proc.wait()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # a server that inherited an ignored SIGTERM
+            proc.kill()
+            proc.wait()
