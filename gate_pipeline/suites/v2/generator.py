@@ -200,13 +200,13 @@ def family_batch(spec: dict, table: str) -> bool:
     return any(not (isinstance(k, str) and k.endswith("near_bound")) for k in spec.get(table, ()))
 
 
-def deal_companions(n: int, rng: random.Random, eligible=None) -> list[dict[str, tuple[str, int]]]:
+def deal_companions(n: int, rng: random.Random, eligible: dict[str, list[int]]) -> list[dict[str, tuple[str, int]]]:
     """For n cases (one family's in train, the split's in eval), which carry a companion defect in
     which table: in each table the same share of those that can (COMPANION_SHARE, rounded; `eligible`:
     table -> the cases whose batch the family does not quarantine whole), each of the table's kinds in turn."""
     deals: list[dict[str, tuple[str, int]]] = [{} for _ in range(n)]
     for table, kinds in COMPANIONS.items():
-        can = list(range(n)) if eligible is None else eligible[table]
+        can = eligible[table]
         chosen = rng.sample(can, math.floor(COMPANION_SHARE * len(can) + 0.5))  # half up
         order = rng.sample(kinds, len(kinds))
         for k, case in enumerate(chosen):
