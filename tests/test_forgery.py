@@ -351,8 +351,9 @@ def test_a_model_episode_is_tied_to_its_transcript(home, tmp_path, capsys):
     # a line of the transcript file that is not the stored one, or a stored episode with no line
     path = tmp_path / "m" / "transcripts.jsonl"
     lines = [json.loads(line) for line in path.read_text().splitlines()]
-    lines[1]["ledger"] = lines[1]["ledger"][:-1]
-    path.write_text(json.dumps(lines[1]) + "\n")
+    kept = next(line for line in lines if line["episode_id"] == second["episode_id"])  # lines are in order of ending
+    kept["ledger"] = kept["ledger"][:-1]
+    path.write_text(json.dumps(kept) + "\n")
     code, out, _ = verify(capsys, "--run", str(tmp_path / "m"))
     assert code == 1 and f"{second['episode_id']} {second['case_id']} careful: the transcript line's ledger is not " \
                          f"the stored ledger" in out
