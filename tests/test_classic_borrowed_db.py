@@ -100,3 +100,20 @@ def test_a_borrowed_world_gives_the_image_a_private_one_gives():
     other.close()
     held_free.close()
     p.close()
+
+
+def test_an_agent_cannot_end_the_borrowed_transaction_and_keep_its_loads():
+    p = prepare(CASES[2])
+    ep = p.suite.episode(p)
+    before = _rows(ep)
+    for b in p.listing:
+        ep.call("load_batch", {"batch_id": b["batch_id"]})
+    for statement in ("COMMIT", "END", "ROLLBACK", "RELEASE gate_load", "SAVEPOINT x", "BEGIN",
+                      "PRAGMA query_only = 0", "ATTACH ':memory:' AS x", "COMMIT; SELECT 1"):
+        assert "error" in ep.call("run_sql", {"query": statement}), statement
+    assert p._db.in_transaction
+    ep.close()
+    again = p.suite.episode(p)
+    assert again.world._borrowed and _rows(again) == before
+    again.close()
+    p.close()
