@@ -185,6 +185,14 @@ step_outputs = Table(  # Dagster step outputs of the nightly job (JSON), readabl
 )
 
 
+# the statements an episode's writes run, built once (SQLAlchemy compiles each once per engine)
+_INSERT_EPISODES = insert(episodes)
+_END_EPISODES = update(episodes).where(episodes.c.episode_id == bindparam("key"), episodes.c.status == RUNNING)
+_INSERT_LEDGER = insert(ledger_rows)
+_INSERT_WAREHOUSES = insert(warehouses)
+_INSERT_TRANSCRIPTS = insert(transcripts)
+
+
 class StoreError(GateError):
     """The run store cannot be opened or read (bad URL, unwritable GATE_HOME, unknown episode)."""
 
@@ -389,7 +397,7 @@ class RunStore:
             self.key_problem = self._check_key(check_key)
             if self.key_problem is None:
                 _READY.add(ready)
-        self._cases: dict[int, tuple[dict, str]] = {}
+        self._cases: dict[int, tuple[Case, str, str]] = {}
         self._held: Connection | None = None  # the connection `holding` took
 
     def _check_key(self, strict: bool) -> str | None:
@@ -508,25 +516,42 @@ class RunStore:
             with self._held.begin():
                 yield self._held
 
+    @contextmanager
+    def _batched(self):
+        """A transaction whose statements go to the server together: on PostgreSQL (psycopg) in one
+        pipeline, so the statements of an episode cost one round trip, and COMMIT another, not one
+        each; their errors are raised when the block ends, before the commit (nothing is kept).
+        Elsewhere (SQLite: no server) a transaction as `_transaction` makes."""
+        with self._transaction() as c:
+            raw = c.connection.driver_connection
+            pipeline = getattr(raw, "pipeline", None) if self.engine.dialect.driver == "psycopg" else None
+            if pipeline is None:
+                yield c
+            else:
+                with pipeline():
+                    yield c
+
     def warehouse_name(self, case_id: str, episode_id: str) -> str:
         """An episode's warehouse name (sealed with its row; a schema-3 store kept the file there)."""
         return str(Path("warehouses") / _UNSAFE.sub("_", case_id) / f"{episode_id}.sqlite")
 
-    def _case_text(self, case: Case) -> str:
-        """The case as stored (sorted JSON), made once per case object: rollouts of a case share it."""
+    def _case_text(self, case: Case) -> tuple[str, str]:
+        """The case as stored (sorted JSON) and its SHA-256, made once per case object: the agents and
+        rollouts of a case share them."""
         known = self._cases.get(id(case))
         if known is None or known[0] is not case:
             if len(self._cases) > 4096:
                 self._cases.clear()
-            known = self._cases[id(case)] = (case, json.dumps(case.data, sort_keys=True))
-        return known[1]
+            text = json.dumps(case.data, sort_keys=True)
+            known = self._cases[id(case)] = (case, text, sha256(text))
+        return known[1], known[2]
 
     def _row(self, start: EpisodeStart) -> dict:
-        case_json = self._case_text(start.case)
+        case_json, case_sha256 = self._case_text(start.case)
         return {"episode_id": start.episode_id, "run_id": start.run_id, "rollout": start.rollout,
                 "case_id": start.case.case_id, "agent": start.agent,
                 "agent_options": json.dumps(start.options, sort_keys=True, default=repr),
-                "case_json": case_json, "case_sha256": sha256(case_json),
+                "case_json": case_json, "case_sha256": case_sha256,
                 "warehouse": self.warehouse_name(start.case.case_id, start.episode_id),
                 "warehouse_sha256": None, "status": RUNNING, "started_at": start.started_at, "end_reason": None,
                 "error": None, "ledger_digest": None, "ledger_entries": None, "ended_at": None, "seal": None,
@@ -536,7 +561,7 @@ class RunStore:
         """Keep an episode's row as it opens (running); returns the row, for `end_episodes`' `announced`."""
         row = self._row(start)
         with self._transaction() as c:
-            c.execute(insert(episodes), row)
+            c.execute(_INSERT_EPISODES, row)
         return row
 
     def end_episode(self, result: EpisodeResult, start: EpisodeStart | None = None) -> None:
@@ -578,20 +603,19 @@ class RunStore:
                 updates.append({"key": result.episode_id, **end, "seal": self.seal(row)})
             ledgers += [{"episode_id": result.episode_id, "seq": e["seq"], "entry": json.dumps(e, sort_keys=True)}
                         for e in result.ledger]
-        with self._transaction() as c:
+        with self._batched() as c:
             if new:
-                c.execute(insert(episodes), new)
+                c.execute(_INSERT_EPISODES, new)
             if updates:
-                c.execute(update(episodes).where(episodes.c.episode_id == bindparam("key"),
-                                                 episodes.c.status == RUNNING), updates)
+                c.execute(_END_EPISODES, updates)
             if ledgers:
-                c.execute(insert(ledger_rows), ledgers)
+                c.execute(_INSERT_LEDGER, ledgers)
             if images:
-                c.execute(insert(warehouses), images)
+                c.execute(_INSERT_WAREHOUSES, images)
             if logs:
-                c.execute(insert(transcripts), logs)
+                c.execute(_INSERT_TRANSCRIPTS, logs)
             if opened is not None:
-                c.execute(insert(episodes), [opened])
+                c.execute(_INSERT_EPISODES, [opened])
         return opened
 
     def close_abandoned(self, episode_id: str, reason: str) -> bool:
