@@ -197,12 +197,31 @@ class StoreError(GateError):
     """The run store cannot be opened or read (bad URL, unwritable GATE_HOME, unknown episode)."""
 
 
+WAL_PAGES = 1000  # SQLite's own checkpoint interval: the WAL is copied into the database every 1000 pages
+HELD_WAL_PAGES = 10000  # while `holding`: once per chunk of a night (or every 10000 pages), when it ends
+
+
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")  # readers (the sensor) never block the writer
-    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA synchronous=NORMAL")  # a commit is in the WAL: kept if the process dies (docs/performance.md)
     cur.execute("PRAGMA busy_timeout=10000")
+    cur.execute(f"PRAGMA wal_autocheckpoint={WAL_PAGES}")
     cur.close()
+
+
+def _postgresql_session(error: type[Exception]):
+    """A PostgreSQL connection's settings: large values (a case's JSON, a warehouse image) compressed
+    with lz4, not pglz (several times less of the server's time per episode; read back the same).
+    A server without lz4 keeps its default."""
+    def apply(dbapi_conn, _record) -> None:
+        try:
+            with dbapi_conn.cursor() as cur:
+                cur.execute("SET default_toast_compression = lz4")
+            dbapi_conn.commit()
+        except error:
+            dbapi_conn.rollback()
+    return apply
 
 
 def sha256(data: bytes | str) -> str:
@@ -378,6 +397,8 @@ class RunStore:
                 raise StoreError(f"run store URL {self.url!r}: {_first_line(exc)}") from None
             if self.engine.dialect.name == "sqlite":
                 event.listen(self.engine, "connect", _sqlite_pragmas)
+            elif self.engine.dialect.driver == "psycopg":
+                event.listen(self.engine, "connect", _postgresql_session(self.engine.dialect.dbapi.Error))
             if once:
                 for inherited in [k for k in _ENGINES if k[0] != shared[0]]:
                     del _ENGINES[inherited]  # a parent's, before this process forked: never closed from here
@@ -502,10 +523,19 @@ class RunStore:
             return
         with self.engine.connect() as conn:
             self._held = conn
+            sqlite = conn.connection.driver_connection if self.engine.dialect.name == "sqlite" else None
+            if sqlite is not None:  # the WAL copied into the database once, at the end, not every 1000 pages
+                sqlite.execute(f"PRAGMA wal_autocheckpoint={HELD_WAL_PAGES}")
             try:
                 yield self
             finally:
                 self._held = None
+                if sqlite is not None:
+                    try:
+                        sqlite.execute(f"PRAGMA wal_autocheckpoint={WAL_PAGES}")
+                        sqlite.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    except sqlite3.Error:  # busy or closed: SQLite checkpoints at the next commit past WAL_PAGES
+                        pass
 
     @contextmanager
     def _transaction(self):
