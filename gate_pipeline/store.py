@@ -45,7 +45,7 @@ import secrets
 import socket
 import sqlite3
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Callable
 
@@ -185,12 +185,30 @@ step_outputs = Table(  # Dagster step outputs of the nightly job (JSON), readabl
 )
 
 
-# the statements an episode's writes run, built once (SQLAlchemy compiles each once per engine)
+# the statements an episode's writes run, built once
 _INSERT_EPISODES = insert(episodes)
+_END_COLUMNS = ("status", "end_reason", "error", "ledger_digest", "ledger_entries", "ended_at", "warehouse_sha256",
+                "transcript_sha256", "seal")
 _END_EPISODES = update(episodes).where(episodes.c.episode_id == bindparam("key"), episodes.c.status == RUNNING)
-_INSERT_LEDGER = insert(ledger_rows)
-_INSERT_WAREHOUSES = insert(warehouses)
-_INSERT_TRANSCRIPTS = insert(transcripts)
+_WRITES = {"new": (_INSERT_EPISODES, None), "end": (_END_EPISODES, _END_COLUMNS),
+           "ledger": (insert(ledger_rows), None), "images": (insert(warehouses), None),
+           "logs": (insert(transcripts), None)}
+_COMPILED: dict[str, dict[str, tuple[str, dict, list | None]]] = {}  # dialect name: each write's SQL, fixed values, order
+
+
+def _compiled_writes(dialect) -> dict[str, tuple[str, dict, list | None]]:
+    """Each write of `end_episodes` compiled once for a dialect: its SQL text in the driver's parameter
+    style, the values the statement fixes (the WHERE's status), and the parameters' order if positional."""
+    known = _COMPILED.get(dialect.name)
+    if known is None:
+        known = {}
+        for name, (stmt, keys) in _WRITES.items():
+            compiled = stmt.compile(dialect=dialect, column_keys=keys)
+            order = list(compiled.positiontup or []) if compiled.positional else None
+            fixed = {name: bind.effective_value for bind, name in compiled.bind_names.items() if not bind.required}
+            known[name] = (compiled.string, fixed, order)
+        _COMPILED[dialect.name] = known
+    return known
 
 
 class StoreError(GateError):
@@ -548,18 +566,29 @@ class RunStore:
 
     @contextmanager
     def _batched(self):
-        """A transaction whose statements go to the server together: on PostgreSQL (psycopg) in one
-        pipeline, so the statements of an episode cost one round trip, and COMMIT another, not one
-        each; their errors are raised when the block ends, before the commit (nothing is kept).
-        Elsewhere (SQLite: no server) a transaction as `_transaction` makes."""
+        """A transaction for `end_episodes`' writes, as a function `write(name, rows)` that runs each one
+        (`_WRITES`) compiled once, on the driver's cursor (none of SQLAlchemy's work per statement). On
+        PostgreSQL (psycopg) the statements go in one pipeline, so an episode's writes cost one round trip
+        and COMMIT another, not one each; their errors are raised when the block ends, before the commit
+        (nothing is kept)."""
+        writes = _compiled_writes(self.engine.dialect)
+
+        def write(cursor, name: str, rows: list[dict]) -> None:
+            sql, fixed, order = writes[name]
+            if order is None:
+                cursor.executemany(sql, [{**fixed, **row} for row in rows])
+            else:
+                cursor.executemany(sql, [tuple(row[k] if k in row else fixed[k] for k in order) for row in rows])
+
         with self._transaction() as c:
             raw = c.connection.driver_connection
             pipeline = getattr(raw, "pipeline", None) if self.engine.dialect.driver == "psycopg" else None
-            if pipeline is None:
-                yield c
-            else:
-                with pipeline():
-                    yield c
+            with (pipeline() if pipeline is not None else nullcontext()):
+                cursor = c.connection.cursor()
+                try:
+                    yield lambda name, rows: write(cursor, name, rows)
+                finally:
+                    cursor.close()
 
     def warehouse_name(self, case_id: str, episode_id: str) -> str:
         """An episode's warehouse name (sealed with its row; a schema-3 store kept the file there)."""
@@ -633,19 +662,11 @@ class RunStore:
                 updates.append({"key": result.episode_id, **end, "seal": self.seal(row)})
             ledgers += [{"episode_id": result.episode_id, "seq": e["seq"], "entry": json.dumps(e, sort_keys=True)}
                         for e in result.ledger]
-        with self._batched() as c:
-            if new:
-                c.execute(_INSERT_EPISODES, new)
-            if updates:
-                c.execute(_END_EPISODES, updates)
-            if ledgers:
-                c.execute(_INSERT_LEDGER, ledgers)
-            if images:
-                c.execute(_INSERT_WAREHOUSES, images)
-            if logs:
-                c.execute(_INSERT_TRANSCRIPTS, logs)
-            if opened is not None:
-                c.execute(_INSERT_EPISODES, [opened])
+        with self._batched() as write:
+            for name, rows in (("new", new), ("end", updates), ("ledger", ledgers), ("images", images),
+                               ("logs", logs), ("new", [opened] if opened is not None else [])):
+                if rows:
+                    write(name, rows)
         return opened
 
     def close_abandoned(self, episode_id: str, reason: str) -> bool:
