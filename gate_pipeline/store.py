@@ -416,7 +416,7 @@ class RunStore:
             if self.engine.dialect.name == "sqlite":
                 event.listen(self.engine, "connect", _sqlite_pragmas)
             elif self.engine.dialect.driver == "psycopg":
-                event.listen(self.engine, "connect", _postgresql_session(self.engine.dialect.dbapi.Error))
+                event.listen(self.engine, "connect", _postgresql_session(self.engine.dialect.loaded_dbapi.Error))
             if once:
                 for inherited in [k for k in _ENGINES if k[0] != shared[0]]:
                     del _ENGINES[inherited]  # a parent's, before this process forked: never closed from here
@@ -663,10 +663,10 @@ class RunStore:
             ledgers += [{"episode_id": result.episode_id, "seq": e["seq"], "entry": json.dumps(e, sort_keys=True)}
                         for e in result.ledger]
         with self._batched() as write:
-            for name, rows in (("new", new), ("end", updates), ("ledger", ledgers), ("images", images),
-                               ("logs", logs), ("new", [opened] if opened is not None else [])):
-                if rows:
-                    write(name, rows)
+            for name, batch in (("new", new), ("end", updates), ("ledger", ledgers), ("images", images),
+                                ("logs", logs), ("new", [opened] if opened is not None else [])):
+                if batch:
+                    write(name, batch)
         return opened
 
     def close_abandoned(self, episode_id: str, reason: str) -> bool:
