@@ -14,6 +14,7 @@ import time
 T0 = time.perf_counter()
 
 import argparse  # noqa: E402
+import gc  # noqa: E402
 import os  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -28,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 import gate_pipeline.cli.main as cli  # noqa: E402
 
 T1 = time.perf_counter()
+gc.disable()  # as `gate nightly` imports them, and the scoreboard matplotlib: the collector paused
 import dagster as dg  # noqa: E402
 
 import gate_pipeline.dagster_defs.definitions  # noqa: E402, F401
@@ -36,6 +38,7 @@ T2 = time.perf_counter()
 import gate_pipeline.html_report  # noqa: E402, F401
 
 T3 = time.perf_counter()
+gc.enable()
 import gate_pipeline.dagster_defs.scoreboard as scoreboard  # noqa: E402
 import gate_pipeline.store as store  # noqa: E402
 

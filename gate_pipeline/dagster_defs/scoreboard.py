@@ -23,6 +23,7 @@ episodes count for the run it re-executes); `gate verify` checks the store again
 agents a run's config may name are the ones the code location lists (`catalog.AgentName`).
 """
 
+import gc
 from pathlib import Path
 
 import dagster as dg
@@ -216,7 +217,13 @@ def regressions(previous: dict | None, current: dict) -> list[str]:
 
 def _write_page(path: Path, grades: dict, tables: str, night, figures: dict) -> Path:
     """The scoreboard as the self-contained HTML page (charts and tables) beside the run store."""
-    from ..html_report import write_html
+    collecting = gc.isenabled()
+    gc.disable()  # matplotlib's import makes long-lived objects, not garbage: no collections while it runs
+    try:
+        from ..html_report import write_html
+    finally:
+        if collecting:
+            gc.enable()
     return write_html(path, grades, title="gate nightly scoreboard",
                       subtitle=f"night {night}: {', '.join(grades)}", tables=[("Tables", tables)], figures=figures)
 
