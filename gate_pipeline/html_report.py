@@ -185,8 +185,8 @@ def _charted_note(grades: dict[str, list]) -> str:
     return "" if shown == cases else f", on the {shown} of the {cases} cases with the largest errors (in case order)"
 
 
-def _summary_table(grades: dict[str, list]) -> str:
-    A = summary([], grades)["agents"]
+def _summary_table(grades: dict[str, list], figures: dict | None = None) -> str:
+    A = (figures if figures is not None else summary([], grades))["agents"]
     head = ["agent", "reward", "disposition", "report", "evidence", "inspected", "bad loaded",
             "revenue error $", "ledgers intact"]
     rows = []
@@ -201,14 +201,16 @@ def _summary_table(grades: dict[str, list]) -> str:
 
 
 def render_html(grades: dict[str, list], title: str = "gate report", subtitle: str = "",
-                tables: list[tuple[str, str]] = (), pass_k: dict[str, dict] | None = None) -> str:
-    """The page as a string. `tables` are (heading, preformatted text) pairs, shown after the charts."""
+                tables: list[tuple[str, str]] = (), pass_k: dict[str, dict] | None = None,
+                figures: dict | None = None) -> str:
+    """The page as a string. `tables` are (heading, preformatted text) pairs, shown after the charts;
+    `figures`, when given, is `tables.summary` of these grades already made (not made again)."""
     if not grades or not all(grades.values()):
         raise ValueError("render_html needs at least one agent with at least one grade")
     parts = [f"<h1>{html.escape(title)}</h1>"]
     if subtitle:
         parts.append(f'<p class="sub">{html.escape(subtitle)}</p>')
-    parts += ["<h2>Scores</h2>", _summary_table(grades),
+    parts += ["<h2>Scores</h2>", _summary_table(grades, figures),
               "<h2>Mean reward per family</h2>", f"<figure>{family_reward_chart(grades)}</figure>",
               "<h2>Revenue error per case</h2>",
               f"<figure>{revenue_error_chart(grades)}<figcaption>Dollars the revenue mart is off by after "

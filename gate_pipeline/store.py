@@ -45,7 +45,7 @@ import secrets
 import socket
 import sqlite3
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Callable
 
@@ -185,16 +185,61 @@ step_outputs = Table(  # Dagster step outputs of the nightly job (JSON), readabl
 )
 
 
+# the statements an episode's writes run, built once
+_INSERT_EPISODES = insert(episodes)
+_END_COLUMNS = ("status", "end_reason", "error", "ledger_digest", "ledger_entries", "ended_at", "warehouse_sha256",
+                "transcript_sha256", "seal")
+_END_EPISODES = update(episodes).where(episodes.c.episode_id == bindparam("key"), episodes.c.status == RUNNING)
+_WRITES = {"new": (_INSERT_EPISODES, None), "end": (_END_EPISODES, _END_COLUMNS),
+           "ledger": (insert(ledger_rows), None), "images": (insert(warehouses), None),
+           "logs": (insert(transcripts), None)}
+_COMPILED: dict[str, dict[str, tuple[str, dict, list | None]]] = {}  # dialect name: each write's SQL, fixed values, order
+
+
+def _compiled_writes(dialect) -> dict[str, tuple[str, dict, list | None]]:
+    """Each write of `end_episodes` compiled once for a dialect: its SQL text in the driver's parameter
+    style, the values the statement fixes (the WHERE's status), and the parameters' order if positional."""
+    known = _COMPILED.get(dialect.name)
+    if known is None:
+        known = {}
+        for name, (stmt, keys) in _WRITES.items():
+            compiled = stmt.compile(dialect=dialect, column_keys=keys)
+            order = list(compiled.positiontup or []) if compiled.positional else None
+            fixed = {name: bind.effective_value for bind, name in compiled.bind_names.items() if not bind.required}
+            known[name] = (compiled.string, fixed, order)
+        _COMPILED[dialect.name] = known
+    return known
+
+
 class StoreError(GateError):
     """The run store cannot be opened or read (bad URL, unwritable GATE_HOME, unknown episode)."""
+
+
+WAL_PAGES = 1000  # SQLite's own checkpoint interval: the WAL is copied into the database every 1000 pages
+HELD_WAL_PAGES = 10000  # while `holding`: once per chunk of a night (or every 10000 pages), when it ends
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")  # readers (the sensor) never block the writer
-    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA synchronous=NORMAL")  # a commit is in the WAL: kept if the process dies (docs/performance.md)
     cur.execute("PRAGMA busy_timeout=10000")
+    cur.execute(f"PRAGMA wal_autocheckpoint={WAL_PAGES}")
     cur.close()
+
+
+def _postgresql_session(error: type[Exception]):
+    """A PostgreSQL connection's settings: large values (a case's JSON, a warehouse image) compressed
+    with lz4, not pglz (several times less of the server's time per episode; read back the same).
+    A server without lz4 keeps its default."""
+    def apply(dbapi_conn, _record) -> None:
+        try:
+            with dbapi_conn.cursor() as cur:
+                cur.execute("SET default_toast_compression = lz4")
+            dbapi_conn.commit()
+        except error:
+            dbapi_conn.rollback()
+    return apply
 
 
 def sha256(data: bytes | str) -> str:
@@ -370,6 +415,8 @@ class RunStore:
                 raise StoreError(f"run store URL {self.url!r}: {_first_line(exc)}") from None
             if self.engine.dialect.name == "sqlite":
                 event.listen(self.engine, "connect", _sqlite_pragmas)
+            elif self.engine.dialect.driver == "psycopg":
+                event.listen(self.engine, "connect", _postgresql_session(self.engine.dialect.loaded_dbapi.Error))
             if once:
                 for inherited in [k for k in _ENGINES if k[0] != shared[0]]:
                     del _ENGINES[inherited]  # a parent's, before this process forked: never closed from here
@@ -389,7 +436,7 @@ class RunStore:
             self.key_problem = self._check_key(check_key)
             if self.key_problem is None:
                 _READY.add(ready)
-        self._cases: dict[int, tuple[dict, str]] = {}
+        self._cases: dict[int, tuple[Case, str, str]] = {}
         self._held: Connection | None = None  # the connection `holding` took
 
     def _check_key(self, strict: bool) -> str | None:
@@ -494,10 +541,19 @@ class RunStore:
             return
         with self.engine.connect() as conn:
             self._held = conn
+            sqlite = conn.connection.driver_connection if self.engine.dialect.name == "sqlite" else None
+            if sqlite is not None:  # the WAL copied into the database once, at the end, not every 1000 pages
+                sqlite.execute(f"PRAGMA wal_autocheckpoint={HELD_WAL_PAGES}")
             try:
                 yield self
             finally:
                 self._held = None
+                if sqlite is not None:
+                    try:
+                        sqlite.execute(f"PRAGMA wal_autocheckpoint={WAL_PAGES}")
+                        sqlite.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    except sqlite3.Error:  # busy or closed: SQLite checkpoints at the next commit past WAL_PAGES
+                        pass
 
     @contextmanager
     def _transaction(self):
@@ -508,25 +564,53 @@ class RunStore:
             with self._held.begin():
                 yield self._held
 
+    @contextmanager
+    def _batched(self):
+        """A transaction for `end_episodes`' writes, as a function `write(name, rows)` that runs each one
+        (`_WRITES`) compiled once, on the driver's cursor (none of SQLAlchemy's work per statement). On
+        PostgreSQL (psycopg) the statements go in one pipeline, so an episode's writes cost one round trip
+        and COMMIT another, not one each; their errors are raised when the block ends, before the commit
+        (nothing is kept)."""
+        writes = _compiled_writes(self.engine.dialect)
+
+        def write(cursor, name: str, rows: list[dict]) -> None:
+            sql, fixed, order = writes[name]
+            if order is None:
+                cursor.executemany(sql, [{**fixed, **row} for row in rows])
+            else:
+                cursor.executemany(sql, [tuple(row[k] if k in row else fixed[k] for k in order) for row in rows])
+
+        with self._transaction() as c:
+            raw = c.connection.driver_connection
+            pipeline = getattr(raw, "pipeline", None) if self.engine.dialect.driver == "psycopg" else None
+            with (pipeline() if pipeline is not None else nullcontext()):
+                cursor = c.connection.cursor()
+                try:
+                    yield lambda name, rows: write(cursor, name, rows)
+                finally:
+                    cursor.close()
+
     def warehouse_name(self, case_id: str, episode_id: str) -> str:
         """An episode's warehouse name (sealed with its row; a schema-3 store kept the file there)."""
         return str(Path("warehouses") / _UNSAFE.sub("_", case_id) / f"{episode_id}.sqlite")
 
-    def _case_text(self, case: Case) -> str:
-        """The case as stored (sorted JSON), made once per case object: rollouts of a case share it."""
+    def _case_text(self, case: Case) -> tuple[str, str]:
+        """The case as stored (sorted JSON) and its SHA-256, made once per case object: the agents and
+        rollouts of a case share them."""
         known = self._cases.get(id(case))
         if known is None or known[0] is not case:
             if len(self._cases) > 4096:
                 self._cases.clear()
-            known = self._cases[id(case)] = (case, json.dumps(case.data, sort_keys=True))
-        return known[1]
+            text = json.dumps(case.data, sort_keys=True)
+            known = self._cases[id(case)] = (case, text, sha256(text))
+        return known[1], known[2]
 
     def _row(self, start: EpisodeStart) -> dict:
-        case_json = self._case_text(start.case)
+        case_json, case_sha256 = self._case_text(start.case)
         return {"episode_id": start.episode_id, "run_id": start.run_id, "rollout": start.rollout,
                 "case_id": start.case.case_id, "agent": start.agent,
                 "agent_options": json.dumps(start.options, sort_keys=True, default=repr),
-                "case_json": case_json, "case_sha256": sha256(case_json),
+                "case_json": case_json, "case_sha256": case_sha256,
                 "warehouse": self.warehouse_name(start.case.case_id, start.episode_id),
                 "warehouse_sha256": None, "status": RUNNING, "started_at": start.started_at, "end_reason": None,
                 "error": None, "ledger_digest": None, "ledger_entries": None, "ended_at": None, "seal": None,
@@ -536,7 +620,7 @@ class RunStore:
         """Keep an episode's row as it opens (running); returns the row, for `end_episodes`' `announced`."""
         row = self._row(start)
         with self._transaction() as c:
-            c.execute(insert(episodes), row)
+            c.execute(_INSERT_EPISODES, row)
         return row
 
     def end_episode(self, result: EpisodeResult, start: EpisodeStart | None = None) -> None:
@@ -578,20 +662,11 @@ class RunStore:
                 updates.append({"key": result.episode_id, **end, "seal": self.seal(row)})
             ledgers += [{"episode_id": result.episode_id, "seq": e["seq"], "entry": json.dumps(e, sort_keys=True)}
                         for e in result.ledger]
-        with self._transaction() as c:
-            if new:
-                c.execute(insert(episodes), new)
-            if updates:
-                c.execute(update(episodes).where(episodes.c.episode_id == bindparam("key"),
-                                                 episodes.c.status == RUNNING), updates)
-            if ledgers:
-                c.execute(insert(ledger_rows), ledgers)
-            if images:
-                c.execute(insert(warehouses), images)
-            if logs:
-                c.execute(insert(transcripts), logs)
-            if opened is not None:
-                c.execute(insert(episodes), [opened])
+        with self._batched() as write:
+            for name, batch in (("new", new), ("end", updates), ("ledger", ledgers), ("images", images),
+                                ("logs", logs), ("new", [opened] if opened is not None else [])):
+                if batch:
+                    write(name, batch)
         return opened
 
     def close_abandoned(self, episode_id: str, reason: str) -> bool:

@@ -81,8 +81,9 @@ def _cell(metric, value) -> str:
     return _f4(value) if metric.total == "mean" else f"{value:,}"
 
 
-def baseline_tables(cases: list[Case], grades: dict[str, list], split: str = "eval") -> str:
-    s = summary(cases, grades)
+def baseline_tables(cases: list[Case], grades: dict[str, list], split: str = "eval", figures: dict | None = None) -> str:
+    """The report tables; `figures`, when given, is `summary(cases, grades)` already made (not made again)."""
+    s = figures if figures is not None else summary(cases, grades)
     names = list(grades)
     w = _width(names)
     A = s["agents"]

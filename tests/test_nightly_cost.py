@@ -4,6 +4,7 @@ time with the row-by-row check naming any problem exactly as before."""
 from __future__ import annotations
 
 import copy
+import gc
 import json
 from pathlib import Path
 
@@ -116,9 +117,13 @@ def test_gate_nightly_checks_its_case_file_once(tmp_path, monkeypatch, capsys):
     checked = []
     real = scoreboard.cases_of_text
     monkeypatch.setattr(scoreboard, "cases_of_text", lambda *a: checked.append(a) or real(*a))
+    collecting = []  # the collector is paused while the imports run, and on again to play
+    real_play = scoreboard.play_cases
+    monkeypatch.setattr(scoreboard, "play_cases", lambda *a, **k: collecting.append(gc.isenabled()) or real_play(*a, **k))
     assert main(["nightly", "--cases", str(path), "--agents", "naive,careful", "--json"]) == 0
     night = json.loads(capsys.readouterr().out)
     assert checked == []  # every step found the cases the command had checked
+    assert collecting and all(collecting) and gc.isenabled()  # played with it on; on when the command is done
     assert main(["report", "--cases", str(path), "--agents", "naive,careful", "--json"]) == 0
     reported = json.loads(capsys.readouterr().out)["agents"]
     assert {a: s["reward"] for a, s in night["agents"].items()} == \

@@ -49,6 +49,18 @@ def _interrupted(error) -> bool:
 
 
 def cmd_nightly(a, settings: Settings) -> int:
+    collecting = gc.isenabled()
+    # the imports (Dagster, gate's definitions) make long-lived objects, not garbage: the collector
+    # paused while they run, so it does not walk the growing heap again and again; back on to play
+    gc.disable()
+    try:
+        return _night(a, settings, collecting)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _night(a, settings: Settings, collecting: bool) -> int:
     from ..kernel.cases import cases_of_text, read_case_text, suite_of_cases
     from ..kernel.records import Grade
     from .html_output import html_target, save_html
@@ -88,6 +100,8 @@ def cmd_nightly(a, settings: Settings) -> int:
     # what the imports made (Dagster, the code location's definitions) is never garbage: out of the
     # collector's way while the night plays, so each full collection does not walk it again
     gc.freeze()
+    if collecting:
+        gc.enable()
     try:
         with hold_lock(lock, process_name("gate nightly")), dg.DagsterInstance.ephemeral() as instance, \
                 polled_progress(episodes, "episodes", lambda: store.count_episodes(ENDED) - ended_before,

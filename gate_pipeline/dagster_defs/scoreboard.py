@@ -23,6 +23,7 @@ episodes count for the run it re-executes); `gate verify` checks the store again
 agents a run's config may name are the ones the code location lists (`catalog.AgentName`).
 """
 
+import gc
 from pathlib import Path
 
 import dagster as dg
@@ -214,11 +215,17 @@ def regressions(previous: dict | None, current: dict) -> list[str]:
             if a in previous["agents"] and s["reward"] < previous["agents"][a]["reward"]]
 
 
-def _write_page(path: Path, grades: dict, tables: str, night) -> Path:
+def _write_page(path: Path, grades: dict, tables: str, night, figures: dict) -> Path:
     """The scoreboard as the self-contained HTML page (charts and tables) beside the run store."""
-    from ..html_report import write_html
+    collecting = gc.isenabled()
+    gc.disable()  # matplotlib's import makes long-lived objects, not garbage: no collections while it runs
+    try:
+        from ..html_report import write_html
+    finally:
+        if collecting:
+            gc.enable()
     return write_html(path, grades, title="gate nightly scoreboard",
-                      subtitle=f"night {night}: {', '.join(grades)}", tables=[("Tables", tables)])
+                      subtitle=f"night {night}: {', '.join(grades)}", tables=[("Tables", tables)], figures=figures)
 
 
 @dg.op(out=dg.Out(io_manager_key=STEP_OUTPUTS),
@@ -241,16 +248,16 @@ def build_scoreboard(context: dg.OpExecutionContext, parts: list, plan: dict, ga
         for p in played:  # graded once, as each episode ended (a step output of an older gate: from the store)
             grades[p["agent"]][p["index"]] = (Grade.from_dict(p["grade"]) if "grade" in p
                                               else grade_stored(store.load(p["episode_id"])))
-        figures = summary(cases, grades)
+        figures = summary(cases, grades)  # made once: the tables and the page show these figures too
+        text = baseline_tables(cases, grades, split=split_of(Path(cases_file)), figures=figures)
         figures["cases_file"] = cases_file
-        text = baseline_tables(cases, grades, split=split_of(Path(cases_file)))
         previous = store.nightly_history(1)
         fell = regressions(previous[0]["summary"] if previous else None, figures)
         night = store.add_nightly(figures, context.run.run_id)
         store.continue_run(context.run.run_id, _root(context))
         store.complete_run(_root(context), [(cases[p["index"]].case_id, p["agent"], 0, p["episode_id"]) for p in played])
         history = store.nightly_history(HISTORY_NIGHTS)
-        page = _write_page(store.home / "scoreboard.html", grades, text, night)
+        page = _write_page(store.home / "scoreboard.html", grades, text, night, figures)
     finally:
         store.dispose()
     for line in fell:
