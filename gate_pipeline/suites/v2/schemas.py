@@ -246,9 +246,12 @@ def disposition(contract: dict, found: Findings) -> str:
     return "quarantine"
 
 
-def frame_of(columns: list[str], rows) -> pd.DataFrame:
-    """A file's rows as a DataFrame of strings, its header as columns."""
-    return pd.DataFrame(list(rows), columns=list(columns), dtype=object)
+def frame_of(columns: list[str], values: list[list], rows: int) -> pd.DataFrame:
+    """A file's rows as a DataFrame of strings, its header as columns: `values`, each column's values in
+    row order (`rows` of them)."""
+    df = pd.DataFrame(dict(enumerate(values)), index=pd.RangeIndex(rows), dtype=object)
+    df.columns = list(columns)
+    return df
 
 
 __all__ = ["KEY_COLUMNS", "Findings", "HistoryFigures", "contract_columns", "disposition", "findings", "frame_of",
