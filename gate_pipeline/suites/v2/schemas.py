@@ -33,7 +33,6 @@ os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 import pandas as pd  # noqa: E402
 import pandera.pandas as pa  # noqa: E402
 
-
 from ...kernel.schemas import table_schema  # noqa: E402
 from .contract import KEY_COLUMNS  # noqa: E402
 from .rules import FILE, HISTORY, ROW, Rule, rules_for  # noqa: E402
