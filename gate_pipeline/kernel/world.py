@@ -57,16 +57,12 @@ class PreparedCase:
         self.suite: Suite = suites.get(case.suite)
         self.case_id: str = case.case_id
         self.contract: dict = case.contract  # type: ignore[assignment]
+        self.contract_json = json.dumps(self.contract)
         self.batches = {b.batch_id: b for b in case.batches}
         self.order = [b.batch_id for b in case.batches]
         self.staging = {bid: staging_table(bid) for bid in self.order}
         self.truth = {bid: b.truth for bid, b in self.batches.items()}
         self._profiles: dict[str, dict] = {}
-
-    @cached_property
-    def contract_json(self) -> str:
-        """The contract as `read_contract` copies it (encoded once, when first read)."""
-        return json.dumps(self.contract)
 
     @cached_property
     def listing(self) -> list[dict]:

@@ -74,23 +74,20 @@ def _split_rows(text: str) -> Iterator[list[str]]:
             return
         if not quoted:
             yield from map(str.split, lines[skip:] if skip else lines, repeat(","))
-        else:  # every line split at the commas, then the few with a quote read again by the csv module
-            rows = list(map(str.split, lines, repeat(",")))
-            pos, start, i = chunk.find('"'), 0, 0
-            while pos >= 0:
-                line_start = chunk.rfind("\n", start, pos) + 1
-                i += chunk.count("\n", start, line_start)  # the line the quote is on
-                start = line_start
+        else:
+            at = offset
+            for i, line in enumerate(lines):
                 if i >= skip:
-                    try:
-                        rows[i] = next(csv.reader((lines[i],), strict=True))
-                    except csv.Error:
-                        yield from rows[skip:i]
-                        yield from _read_from(text, offset + line_start)
-                        return
-                end = chunk.find("\n", pos)
-                pos = -1 if end < 0 else chunk.find('"', end)
-            yield from rows[skip:] if skip else rows
+                    if '"' not in line:
+                        yield line.split(",")
+                    else:
+                        try:
+                            row = next(csv.reader((line,), strict=True))
+                        except csv.Error:
+                            yield from _read_from(text, at)
+                            return
+                        yield row
+                at += len(line) + 1
         offset += len(chunk)
 
 
