@@ -20,6 +20,12 @@ measured in a fresh process (so peak memory is that case's):
 - **result**: careful-v2's reward (and the oracle's).
 
     .venv/bin/python benchmarks/bench_v2_size.py [--sizes 20,2000,200000] [--families f1,f2]
+
+`--parts N` prints instead where the time of careful-v2's most frequent call goes (a page of 50
+rows by rowid from an N-row batch, already looked at): SQLite alone, SQLite with a Python
+authorizer that allows everything, the sandbox's guarded execution, with the result's rows
+shaped, and the whole tool call; then a compile check's round trip to its child for statements
+it has not seen, next to SQLite compiling and running them itself; each the best of 7 passes.
 """
 from __future__ import annotations
 
@@ -212,6 +218,89 @@ def worker(mode: str, path: str) -> None:
     print(json.dumps(out))
 
 
+# -- where one call's time goes ----------------------------------------------------------------
+
+def parts(rows: int) -> None:
+    from gate_pipeline.kernel.cases import load_case
+    from gate_pipeline.kernel.compile_check import borrowed, catalogue
+    from gate_pipeline.kernel.contract import load_contract
+    from gate_pipeline.kernel.engine import Session, prepare
+    from gate_pipeline.kernel.sandbox import _AGENT_LIMITS, Sandbox
+    from gate_pipeline.suites.v2.generator import EVAL_BASE_SEED, generate_case
+    from gate_pipeline.suites.v2.tools import EpisodeV2
+    warm_up("careful-v2")
+    prepared = prepare(load_case(generate_case("v2-parts", "partial-defect", 0, EVAL_BASE_SEED, load_contract("v2"),
+                                               rows)))
+    session = Session(prepared, "careful-v2")
+    mirror = EpisodeV2(prepared)
+    raw = mirror.world.conn
+    raw.set_authorizer(None)
+    raw.set_progress_handler(None, 0)
+    sandbox = session.episode.world.sandbox
+    staging = prepared.staging[max(prepared.order, key=prepared.row_counts.__getitem__)]  # the largest batch
+    pages = [f"SELECT rowid, * FROM {staging} WHERE rowid > {50 * i} ORDER BY rowid LIMIT 50"
+             for i in range(max(1, min(400, rows // 50)))]
+    session.tools("run_sql", query=pages[0])  # the batch looked at: no page is looked at again
+
+    def sqlite_alone(query):
+        cur = raw.execute(query)
+        cur.fetchmany(51)
+        cur.close()
+
+    def allowing(*_):
+        return 0
+    kinds = [("SQLite alone", None, sqlite_alone), ("  with a Python authorizer allowing all", allowing, sqlite_alone),
+             ("sandbox: guarded execution", None, lambda q: Sandbox.execute(sandbox, q)),
+             ("  and the rows shaped (Sandbox.run)", None, sandbox.run),
+             ("the tool call (run_sql)", None, lambda q: session.tools("run_sql", query=q))]
+    best = {name: float("inf") for name, _, _ in kinds}
+    gc.disable()
+    try:
+        for _ in range(7):
+            for name, authorizer, call in kinds:
+                raw.set_authorizer(authorizer)
+                t = time.perf_counter()
+                for query in pages:
+                    call(query)
+                best[name] = min(best[name], (time.perf_counter() - t) / len(pages))
+        raw.set_authorizer(None)
+    finally:
+        gc.enable()
+    print(f"careful-v2's page read (50 rows by rowid) from a {rows:,}-row batch, microseconds a call, best of 7 "
+          f"passes of {len(pages)} calls:")
+    alone = best["SQLite alone"]
+    for name, _, _ in kinds:
+        print(f"  {name:<44}{best[name] * 1e6:8.1f}{best[name] / alone - 1:>9.1%}")
+    session.finish()
+    mirror.close()
+    # the compile check: statements with a subquery it has not seen, to its child and back
+    conn = prepared.build()
+    entries = catalogue(conn)
+    statements = [f"WITH q(v) AS (SELECT DISTINCT customer_id FROM wh_orders WHERE order_id > '{i}') "
+                  f"SELECT DISTINCT v FROM q ORDER BY v LIMIT 50" for i in range(200)]
+    empty = sqlite3.connect(":memory:")
+    for _, sql in entries:
+        empty.execute(sql)
+    with borrowed() as check:
+        check.compiles_within(conn, "SELECT 1 FROM (SELECT 1)", 1.0, _AGENT_LIMITS, entries)  # its child started
+        trips = []
+        for query in statements:
+            t = time.perf_counter()
+            check.compiles_within(conn, query, 1.0, _AGENT_LIMITS, entries)
+            trips.append(time.perf_counter() - t)
+    own = []
+    for query in statements:
+        t = time.perf_counter()
+        empty.execute(query).fetchall()
+        own.append(time.perf_counter() - t)
+    trips.sort()
+    own.sort()
+    print(f"the compile check's round trip for {len(statements)} statements with a subquery, microseconds: "
+          f"best {trips[0] * 1e6:.1f}, median {trips[len(trips) // 2] * 1e6:.1f}; SQLite compiling and running "
+          f"each on the schema, no rows: best {own[0] * 1e6:.1f}, median {own[len(own) // 2] * 1e6:.1f}")
+    conn.close()
+
+
 # -- the driver ----------------------------------------------------------------------------------
 
 def run(mode: str, path: Path) -> dict:
@@ -227,6 +316,8 @@ def main() -> int:
     ap.add_argument("--sizes", default="20,2000,200000")
     ap.add_argument("--families", default="")
     ap.add_argument("--worker", nargs=2, metavar=("MODE", "CASES"))
+    ap.add_argument("--parts", type=int, default=0, metavar="ROWS",
+                    help="print where the time of careful-v2's page read goes, at ROWS rows a batch")
     a = ap.parse_args()
     if a.worker:
         worker(*a.worker)
@@ -250,6 +341,11 @@ def main() -> int:
         ap.error(f"--sizes must be whole numbers separated by commas, not {a.sizes!r}")
     if not all(MIN_ROWS <= n <= MAX_ROWS for n in sizes):
         ap.error(f"--sizes: each must be from {MIN_ROWS} to {MAX_ROWS:,}")
+    if a.parts:
+        if not MIN_ROWS <= a.parts <= MAX_ROWS:
+            ap.error(f"--parts: from {MIN_ROWS} to {MAX_ROWS:,}")
+        parts(a.parts)
+        return 0
     contract = load_contract("v2")
     print(f"suite v2, one case per family (eval variant 0), each measured in fresh processes; "
           f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}, SQLite {sqlite3.sqlite_version}")

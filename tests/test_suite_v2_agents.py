@@ -315,3 +315,38 @@ def test_a_fourth_reviews_shape_guesses_stay_within_the_shortcuts_bound(split, g
     cases = CASES if split == "eval" else read_cases(V2_TRAIN)
     scored = mean([r.grade for r in play_cases(cases, [spec], workers=2)[ShapeHold.name]])
     assert scored <= min(0.85, mean(grades["careful-v2"]) - 0.10), scored
+
+
+def test_careful_v2s_frame_of_columns_is_the_frame_of_its_rows():
+    """careful-v2 keeps a batch's values by column; the frame built from them is the one its rows give
+    (duplicate column names, no rows, NULLs and text alike)."""
+    import random
+
+    import pandas as pd
+
+    from gate_pipeline.suites.v2.schemas import frame_of
+    draw = random.Random(3)
+    for columns in (["a", "b", "c"], ["a", "a", "b"], ["x"], ["order_id", "customer_id", "amount", "note"]):
+        for n in (0, 1, 7, 120):
+            rows = [tuple(draw.choice(["", "1", " x ", None, "é", "2.50", "a,b"]) for _ in columns) for _ in range(n)]
+            values = [list(c) for c in zip(*rows)] if rows else [[] for _ in columns]
+            by_rows = pd.DataFrame(rows, columns=list(columns), dtype=object)
+            by_columns = frame_of(columns, values, n)
+            pd.testing.assert_frame_equal(by_rows, by_columns, check_exact=True)
+            assert by_rows.columns.dtype == by_columns.columns.dtype and by_rows.index.equals(by_columns.index)
+
+
+def test_the_checks_strings_go_to_the_system_allocator_unless_told_otherwise():
+    """pyarrow's default pool keeps what careful-v2's checks free; loading the v2 schemas first makes it the
+    system allocator, and ARROW_DEFAULT_MEMORY_POOL, when set, is left as it says."""
+    import os
+    import subprocess
+    import sys
+    probe = ("import gate_pipeline.suites.v2.schemas, pyarrow, pandas as pd; pd.Series(['a']).astype(str); "
+             "print(pyarrow.default_memory_pool().backend_name)")
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    for told, expected in ((None, "system"), ("mimalloc", "mimalloc")):
+        run_env = env if told is None else {**env, "ARROW_DEFAULT_MEMORY_POOL": told}
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=run_env, cwd=ROOT,
+                             timeout=120, check=True)
+        assert out.stdout.split()[-1] == expected, out

@@ -13,6 +13,11 @@
 
 `findings` applies all three to one batch and says which rules fail and on which rows;
 careful-v2, the dense reward's gold rows and the Dagster asset checks all use it.
+
+pandas keeps the checks' text as Arrow strings. Unless ARROW_DEFAULT_MEMORY_POOL says otherwise, or
+pandas was loaded before this module, pyarrow allocates them with the system allocator, which returns
+what the checks free (pyarrow's default pool keeps it, and a process stays as large as the largest
+batch's checks made it: docs/performance.md section 10).
 """
 from __future__ import annotations
 
@@ -22,6 +27,9 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 os.environ.setdefault("DISABLE_PANDERA_IMPORT_WARNING", "True")
+# pandas keeps text as Arrow strings, by default in pyarrow's mimalloc pool, which holds on to what the checks
+# freed; the system allocator gives it back (read when pyarrow first loads, with pandas)
+os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 import pandas as pd  # noqa: E402
 import pandera.pandas as pa  # noqa: E402
 
@@ -237,9 +245,12 @@ def disposition(contract: dict, found: Findings) -> str:
     return "quarantine"
 
 
-def frame_of(columns: list[str], rows) -> pd.DataFrame:
-    """A file's rows as a DataFrame of strings, its header as columns."""
-    return pd.DataFrame(list(rows), columns=list(columns), dtype=object)
+def frame_of(columns: list[str], values: list[list], rows: int) -> pd.DataFrame:
+    """A file's rows as a DataFrame of strings, its header as columns: `values`, each column's values in
+    row order (`rows` of them)."""
+    df = pd.DataFrame(dict(enumerate(values)), index=pd.RangeIndex(rows), dtype=object)
+    df.columns = list(columns)
+    return df
 
 
 __all__ = ["KEY_COLUMNS", "Findings", "HistoryFigures", "contract_columns", "disposition", "findings", "frame_of",

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import sqlite3
 import threading
+from collections.abc import Callable
 from functools import cached_property
 
 from ...kernel.cases import Case
@@ -76,6 +77,14 @@ def clock_functions(conn: sqlite3.Connection, now: str) -> None:
     the night's load time `now`: a query gives the same answer on every run. Each call is answered by
     SQLite's own function on a connection of its own (`_clock`), so every other argument means what
     SQLite says."""
+    for name, n_args, fn in _clock_set(now):
+        conn.create_function(name, n_args, fn, deterministic=True)
+
+
+@functools.lru_cache(maxsize=64)
+def _clock_set(now: str) -> tuple[tuple[str, int, Callable], ...]:
+    """(name, argument count, function) of each clock function at `now`, made once per night (they hold
+    nothing but `now`, and each call finds its thread's `_clock` connection)."""
 
     def make(name: str):
         at = 1 if name == "strftime" else 0  # strftime's first argument is its format
@@ -92,10 +101,8 @@ def clock_functions(conn: sqlite3.Connection, now: str) -> None:
             return _clock().execute(queries[len(values)], values).fetchone()[0]
         return fn
 
-    for name in TIME_FUNCTIONS:
-        conn.create_function(name, -1, make(name), deterministic=True)
-    for keyword, value in _now_values(now):
-        conn.create_function(keyword, 0, lambda value=value: value, deterministic=True)
+    return (*((name, -1, make(name)) for name in TIME_FUNCTIONS),
+            *((keyword, 0, lambda value=value: value) for keyword, value in _now_values(now)))
 
 
 def _connection(night: str) -> sqlite3.Connection:
