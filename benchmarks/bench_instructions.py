@@ -30,9 +30,7 @@ path, n, upto = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 cases = cases_of_text("\n".join(read_case_text(path).splitlines()[:n]), path)
 if upto == "prepared":
     for case in cases:
-        prepared = prepare(case)
-        prepared.suite.episode(prepared).close()  # its database built (a suite may build it on the first episode)
-        prepared.close()
+        prepare(case).close()
 elif upto == "graded":
     grades_json(grades_of(play_cases(cases, [resolve_agent("careful-sql")])))
 '''

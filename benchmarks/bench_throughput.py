@@ -1,9 +1,9 @@
 """Episodes per second for each baseline over the 320 train cases, on one core, in process.
 
-An episode here is what `engine.play` does: the case's prepared SQLite database borrowed (inside a
-transaction rolled back at the end), the agent playing through the seven tools, the ledger hashed and
-the grade computed (the mart read from the warehouse). Preparing each case (its database, profiles and
-correct mart) happens once per case and is timed apart. The command-line figure, measured from outside and compared
+An episode here is what `engine.play` does: a private copy of the case's prepared SQLite image,
+the agent playing through the seven tools, the ledger hashed and the grade computed (the mart
+read from the warehouse). Preparing each case (its image, profiles and correct mart) happens
+once per case and is timed apart. The command-line figure, measured from outside and compared
 with the classic implementation, is ../shared/bench/throughput's; this one shows the agents apart.
 
     .venv/bin/python benchmarks/bench_throughput.py [--cases FILE] [--repeats 3] [--agents a,b]
@@ -60,11 +60,10 @@ def main() -> int:
     prepared = [prepare(c) for c in cases]
     for p in prepared:
         _ = p.correct_mart
-        p.suite.episode(p).close()  # its database built (a suite may build it on the first episode)
     prep_ms = (time.perf_counter() - t) / len(prepared) * 1e3
     print(f"python {platform.python_version()}, sqlite {sqlite3.sqlite_version}, one core, "
           f"{len(cases)} cases from {Path(a.cases).name}")
-    print(f"prepare once per case (database, profiles, correct mart): {prep_ms:.2f} ms/case")
+    print(f"prepare once per case (image, profiles, correct mart): {prep_ms:.2f} ms/case")
     print(f"machine speed now: calibration workload {calibration_ms():.1f} ms (lower is faster)")
     print(f"{'agent':<14}{'episodes/s (best)':>19}{'median':>10}{'ms/episode':>12}")
     for name in a.agents.split(","):

@@ -131,9 +131,8 @@ class Session:
         self._t0 = time.perf_counter()
         # with nobody watching entries as they are written, the chain is hashed once, at the end
         self.watchers = tuple(sink for sink in self.sinks if sink.wants_entries)
-        self.keeps_image = any(sink.wants_warehouse for sink in self.sinks)
         self.episode = prepared.suite.episode(prepared, self._to_sinks if self.watchers else None,
-                                              deferred_ledger=not self.watchers, keeps_image=self.keeps_image)
+                                              deferred_ledger=not self.watchers)
         self.shaper = make_shaper(reward, prepared, self.episode)
         self.rewards: list[float] = []
         self.report_index: int | None = None
@@ -223,7 +222,8 @@ class Session:
                 self.rewards[self.report_index] += g.reward
             elif self.shaper is not None and self.rewards:
                 self.rewards[-1] += self.shaper.close()
-            warehouse = self.episode.world.image() if self.keeps_image else None
+            wants = any(sink.wants_warehouse for sink in self.sinks)
+            warehouse = self.episode.world.image() if wants else None
         finally:
             self.episode.close()
         case = self.prepared.case

@@ -87,16 +87,14 @@ def _check(shape: _Shape, tool: str, args) -> str | None:
 class Episode:
     """One play of one prepared case: its world, its ledger, and its suite's tools over them.
 
-    A suite's subclass sets `world_class` (or overrides `make_world`, which may read `keeps_image`:
-    whether the final database's bytes are kept, `World.image`), and adds one method per tool of its own; `citation_problem` and `cite` are its hooks for what a quarantine records."""
+    A suite's subclass sets `world_class` (or overrides `make_world`), and adds one method per tool
+    of its own; `citation_problem` and `cite` are its hooks for what a quarantine records."""
 
     world_class: type = World
 
-    def __init__(self, prepared: PreparedCase, listener=None, deferred_ledger: bool = False,
-                 keeps_image: bool = False):
+    def __init__(self, prepared: PreparedCase, listener=None, deferred_ledger: bool = False):
         self.prepared = prepared
         self.suite: Suite = prepared.suite
-        self.keeps_image = keeps_image  # the final database's bytes are kept (a world may lay them out as kept)
         self.world = self.make_world(listener, deferred_ledger)
         self.ledger = self.world.ledger
         self._shape = _shape(self.suite)

@@ -39,10 +39,7 @@ TOOL_NAMES = tuple(t.name for t in TOOLS)
 
 
 class ClassicEpisode(Episode):
-    """One play of one classic case: the seven tools on its database (see `world.ClassicWorld`)."""
+    """One play of one classic case: the seven tools on a private copy of its database."""
 
     world_class = ClassicWorld
-
-    def make_world(self, listener, deferred_ledger: bool) -> ClassicWorld:
-        return ClassicWorld(self.prepared, listener, deferred_ledger, private=self.keeps_image)  # type: ignore[arg-type]
 EPISODE = ClassicEpisode

@@ -1,19 +1,14 @@
 """The classic episode world: staging, warehouse, the loader that never complains, the revenue mart.
 
-`ClassicPreparedCase` does once per case what every episode of it shares: the SQLite database (seed
+`ClassicPreparedCase` does once per case what every episode of it shares: the SQLite image (seed
 warehouse plus one staging table per batch), the loader's rows, the profiles, the list of
-batches and the mart a correct run would give. `ClassicWorld` is one episode's state. It borrows
-that database inside a transaction rolled back when the episode ends (the next episode finds it as
-built, and no episode pays for a copy), unless the episode's final database is kept (a run store
-keeps it, and `gate verify` rebuilds it byte for byte) or another episode holds it: then it plays
-on a private in-memory copy of the database's image. The seven tools (`tools.py`) are the only way
-an agent touches it, and the grader (`grader.py`) reads it afterwards.
+batches and the mart a correct run would give. `ClassicWorld` is one episode's state on a private
+in-memory copy of that image; the seven tools (`tools.py`) are the only way an agent
+touches it, and the grader (`grader.py`) reads it afterwards.
 """
 from __future__ import annotations
 
 import math
-import sqlite3
-import threading
 from collections import Counter
 from functools import cache, cached_property
 from operator import itemgetter
@@ -122,11 +117,7 @@ class ClassicPreparedCase(PreparedCase):
         self.seed_rows = {table: _wh_rows(table, warehouse[table]) for table in COLUMNS}
         self.wh_customer_ids = frozenset(r[0] for r in self.seed_rows["customers"])
         self._load_rows: dict[str, list[tuple]] = {}
-        self._lock = threading.Lock()
-        self._db: sqlite3.Connection | None = None  # the database episodes borrow (built on first use)
-        self._db_busy = False
-        self._closing = False
-        self._image: bytes | None = None
+        self.image = self._build_image()
 
     def load_rows(self, batch_id: str) -> list[tuple]:
         """The rows the loader writes for a batch (made on first use: a defective batch is seldom loaded)."""
@@ -139,8 +130,7 @@ class ClassicPreparedCase(PreparedCase):
     def row_count(self, batch_id: str) -> int:
         return len(self.batches[batch_id].data["rows"])
 
-    def build(self) -> sqlite3.Connection:
-        """A new database holding the case: the seed warehouse and one staging table per batch."""
+    def _build_image(self) -> bytes:
         conn = connect()
         try:
             conn.deserialize(_empty_warehouse())
@@ -153,59 +143,9 @@ class ClassicPreparedCase(PreparedCase):
                 conn.execute(f"CREATE TABLE {name} ({', '.join(c + ' TEXT' for c in cols)})")
                 conn.executemany(_insert_sql(name, cols), list(map(_ROW[batch.table], batch.data["rows"])))
             conn.execute("COMMIT")
-        except BaseException:
+            return conn.serialize()
+        finally:
             conn.close()
-            raise
-        return conn
-
-    @property
-    def image(self) -> bytes:
-        """The database as built, as a file's bytes (what a private copy deserializes)."""
-        with self._lock:
-            if self._image is None and self._db is not None and not self._db_busy:
-                self._image = self._db.serialize()
-        if self._image is None:
-            conn = self.build()
-            try:
-                self._image = conn.serialize()
-            finally:
-                conn.close()
-        return self._image
-
-    def open_db(self) -> sqlite3.Connection | None:
-        """The prepared database inside a transaction, borrowed, when no episode holds it; else None (the
-        episode opens a private copy). Give it back with `release_db`."""
-        with self._lock:
-            if self._db_busy or self._closing:
-                return None
-            if self._db is None:
-                self._db = self.build()
-            self._db_busy = True
-            self._db.execute("BEGIN")
-            return self._db
-
-    def release_db(self) -> None:
-        """Roll the borrowed database back to the case as built."""
-        with self._lock:
-            try:
-                if self._db is not None and self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-            finally:
-                self._db_busy = False
-                if self._closing:
-                    self._close_db()
-
-    def close(self) -> None:
-        """Close the prepared database (now, or when the episode that borrowed it gives it back)."""
-        with self._lock:
-            self._closing = True
-            if not self._db_busy:
-                self._close_db()
-
-    def _close_db(self) -> None:
-        if self._db is not None:
-            self._db.close()
-            self._db = None
 
     def preview(self, batch_id: str, n: int) -> tuple[list[str], list[list]]:
         batch = self.batches[batch_id]
@@ -241,23 +181,14 @@ class ClassicPreparedCase(PreparedCase):
 
 
 class ClassicWorld(World):
-    """One classic episode's warehouse and bookkeeping: on the prepared database, borrowed, or on a private
-    copy of its image when `private` (the final database is kept) or when another episode holds it."""
+    """One classic episode's warehouse and bookkeeping, on a private copy of the case's image."""
 
-    def __init__(self, prepared: ClassicPreparedCase, listener=None, deferred_ledger: bool = False,
-                 private: bool = False):
-        borrowed = None if private else prepared.open_db()
-        if borrowed is None:
-            conn = connect()
-            conn.deserialize(prepared.image)
-        else:
-            conn = borrowed
-        self._borrowed = borrowed is not None
+    def __init__(self, prepared: ClassicPreparedCase, listener=None, deferred_ledger: bool = False):
+        conn = connect()
+        conn.deserialize(prepared.image)
         super().__init__(prepared, conn, Sandbox(conn), listener, deferred_ledger)
         self.prepared: ClassicPreparedCase = prepared
         self.customer_ids = set(prepared.wh_customer_ids)
-        self._loaded: list[str] = []  # batch ids in the order they were loaded
-        self._closed = False
 
     def orphan_rows(self, batch_id: str) -> int:
         """Rows of an orders batch whose customer is not in wh_customers right now."""
@@ -268,39 +199,13 @@ class ClassicWorld(World):
     def load(self, batch_id: str) -> int:
         """The loader: inserts every row, any number of times, and never complains."""
         rows = self.prepared.load_rows(batch_id)
-        if self.prepared.batches[batch_id].table == "customers":
-            self.customer_ids.update(r[0] for r in rows)
-        self._insert(self.conn, batch_id)
-        self._loaded.append(batch_id)
-        return len(rows)
-
-    def _insert(self, conn: sqlite3.Connection, batch_id: str) -> None:
         table = self.prepared.batches[batch_id].table
-        conn.execute("SAVEPOINT gate_load")
-        conn.executemany(_insert_sql(f"wh_{table}", COLUMNS[table]), self.prepared.load_rows(batch_id))
-        conn.execute("RELEASE gate_load")
-
-    def image(self) -> bytes:
-        if not self._borrowed:
-            return self.conn.serialize()
-        # the borrowed database's file holds what was committed (the case as built): the same loads on a
-        # private copy give the bytes a private episode would have
-        copy = connect()
-        try:
-            copy.deserialize(self.prepared.image)
-            for batch_id in self._loaded:
-                self._insert(copy, batch_id)
-            return copy.serialize()
-        finally:
-            copy.close()
-
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            if self._borrowed:
-                self.prepared.release_db()
-            else:
-                self.conn.close()
+        if table == "customers":
+            self.customer_ids.update(r[0] for r in rows)
+        self.conn.execute("BEGIN")
+        self.conn.executemany(_insert_sql(f"wh_{table}", COLUMNS[table]), rows)
+        self.conn.execute("COMMIT")
+        return len(rows)
 
 
 PREPARED_CASE = ClassicPreparedCase
