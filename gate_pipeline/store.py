@@ -193,13 +193,15 @@ _END_EPISODES = update(episodes).where(episodes.c.episode_id == bindparam("key")
 _WRITES = {"new": (_INSERT_EPISODES, None), "end": (_END_EPISODES, _END_COLUMNS),
            "ledger": (insert(ledger_rows), None), "images": (insert(warehouses), None),
            "logs": (insert(transcripts), None)}
-_COMPILED: dict[str, dict[str, tuple[str, dict, list | None]]] = {}  # dialect name: each write's SQL, fixed values, order
+# (dialect, driver, parameter style): each write's SQL, fixed values, order
+_COMPILED: dict[tuple[str, str, str], dict[str, tuple[str, dict, list | None]]] = {}
 
 
 def _compiled_writes(dialect) -> dict[str, tuple[str, dict, list | None]]:
     """Each write of `end_episodes` compiled once for a dialect: its SQL text in the driver's parameter
     style, the values the statement fixes (the WHERE's status), and the parameters' order if positional."""
-    known = _COMPILED.get(dialect.name)
+    key = (dialect.name, dialect.driver, dialect.paramstyle)  # two drivers of one database spell parameters apart
+    known = _COMPILED.get(key)
     if known is None:
         known = {}
         for name, (stmt, keys) in _WRITES.items():
@@ -207,7 +209,7 @@ def _compiled_writes(dialect) -> dict[str, tuple[str, dict, list | None]]:
             order = list(compiled.positiontup or []) if compiled.positional else None
             fixed = {name: bind.effective_value for bind, name in compiled.bind_names.items() if not bind.required}
             known[name] = (compiled.string, fixed, order)
-        _COMPILED[dialect.name] = known
+        _COMPILED[key] = known
     return known
 
 
