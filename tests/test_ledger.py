@@ -144,3 +144,24 @@ def test_the_listener_sees_each_entry_as_it_is_appended():
     ledger.append("load_batch", {"batch_id": "B-1"}, False, "unknown batch")
     assert [e for e, _ in seen] == ledger.entries and [n for _, n in seen] == [1, 2]
     assert last_hash(ledger.entries) == ledger.entries[-1]["hash"] and chain_intact(ledger.entries)
+
+
+def test_a_ledger_nobody_watched_is_chained_when_first_read(prepared):
+    """An episode whose entries no sink watched hands its ledger over unchained; the chain is computed the
+    first time the entries are read, and is the chain a ledger hashed as it was written has."""
+    from gate_pipeline.kernel.engine import Session, Sink
+
+    class Watching(Sink):
+        wants_entries = True
+
+    p = prepared["eval-resent-rows-0"]
+    lazy, eager = play(p, "careful-sql"), play(p, "careful-sql", sinks=[Watching()])
+    assert isinstance(lazy.chain, Ledger) and lazy.chain.deferred and isinstance(eager.chain, list)
+    assert all(e["hash"] is None for e in lazy.chain.entries)
+    assert lazy.grade == eager.grade and lazy.grade.ledger_intact
+    assert lazy.ledger == eager.ledger and chain_intact(lazy.ledger) and lazy.ledger[-1]["hash"]
+    assert lazy.ledger is lazy.ledger  # chained once, then read as it stands
+    s = Session(p, "x")
+    s.call("list_batches", {})
+    assert s.finish().ledger[0]["hash"] == entry_hash({k: s.result.ledger[0][k] for k in (
+        "seq", "action", "args", "executed", "note", "prev_hash")})

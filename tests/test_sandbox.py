@@ -311,3 +311,34 @@ def test_rows_as_json_shapes_every_mix_of_values_as_cell_does():
         width, height = draw.randint(1, 4), draw.randint(1, 6)
         rows = [tuple(draw.choice(values) for _ in range(width)) for _ in range(height)]
         assert repr(rows_as_json(rows)) == repr([[cell(v) for v in row] for row in rows]), rows
+
+
+def test_a_classic_episode_is_given_its_databases_catalogue_as_sqlite_keeps_it(prepared):
+    """A classic episode's sandbox starts with the catalogue its prepared case made from the statements that
+    built the image, rather than reading it from each episode's copy: for every shipped case it is exactly
+    what SQLite's sqlite_master holds, in order, and a statement of gate's own that changes the schema
+    still drops it."""
+    from gate_pipeline.kernel.cases import read_cases
+    from gate_pipeline.kernel.compile_check import catalogue
+    from gate_pipeline.kernel.engine import prepare
+    from gate_pipeline.kernel.settings import Settings
+    settings = Settings.from_env()
+    cases = [*read_cases(settings.cases_file("eval")), *read_cases(settings.cases_file("train"))]
+    for case in cases:
+        p = prepare(case)
+        ep = p.suite.episode(p)
+        try:
+            assert ep.world.sandbox._catalogue is p.catalogue
+            assert catalogue(ep.world.conn) == p.catalogue, case.case_id
+        finally:
+            ep.close()
+            p.close()
+    p = prepared[CASE]
+    ep = p.suite.episode(p)
+    try:
+        ep.world.conn.execute("CREATE TABLE gate_own (a)")
+        assert ep.world.sandbox._catalogue is None
+        assert ep.call("run_sql", {"query": "SELECT (SELECT COUNT(*) FROM gate_own)"})["rows"] == [[0]]
+        assert ep.world.sandbox._catalogue == catalogue(ep.world.conn) != p.catalogue
+    finally:
+        ep.close()

@@ -172,7 +172,7 @@ class CompileCheck:
     def _key(self, entries: list[tuple[str, str]], query: str, limits) -> tuple | None:
         if "\x00" in query or "\x00" in "".join(sql for _, sql in entries):
             return None
-        if self._renaming is None or self._renaming[0] != entries:
+        if self._renaming is None or (self._renaming[0] is not entries and self._renaming[0] != entries):
             self._renaming = (entries, _Renaming(entries))
         renaming = self._renaming[1]
         return renaming.rename(query), renaming.schema, tuple(map(tuple, limits))

@@ -227,8 +227,9 @@ class Session:
         finally:
             self.episode.close()
         case = self.prepared.case
+        ledger = self.episode.ledger
         self.result = EpisodeResult(
-            self.episode_id, case.case_id, case.family, self.agent, g, self.episode.ledger.entries,
+            self.episode_id, case.case_id, case.family, self.agent, g, ledger if ledger.deferred else ledger.entries,
             end_reason, error, self.run_id, self.rollout, self.rewards, agent_log, warehouse, self.started_at,
             time.perf_counter() - self._t0)
         for sink in self.sinks:

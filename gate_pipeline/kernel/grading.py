@@ -189,11 +189,15 @@ class Rubric:
 def grade(episode, failure: str = "") -> Grade:
     """The grade of a live episode, from its ledger and its warehouse.
 
-    A deferred ledger is sealed here: its chain is computed from the entries as they stand, so it is
-    intact by construction and not computed a second time to check it."""
+    A deferred ledger's chain is computed from its entries when they are first read (see
+    `records.EpisodeResult.ledger`): nothing but the engine ever held them, so it is intact by
+    construction, and the grade, which reads what the entries say, not their hashes, does not wait for it."""
     prepared, ledger = episode.prepared, episode.ledger
-    intact = True if ledger.deferred else None
-    return prepared.suite.rubric.grade(prepared.case, ledger.seal(), episode.world.revenue(), prepared.correct_mart,
+    if ledger.deferred:
+        entries, intact = ledger.entries, True
+    else:
+        entries, intact = ledger.seal(), None
+    return prepared.suite.rubric.grade(prepared.case, entries, episode.world.revenue(), prepared.correct_mart,
                                        failure, intact)
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from .cases import Case
+from .ledger import Ledger
 
 TERMS = ("disposition", "report", "evidence", "inspected")
 WEIGHTS = {"disposition": 0.50, "report": 0.20, "evidence": 0.15, "inspected": 0.15}
@@ -81,13 +82,17 @@ class EpisodeResult:
     with the rubric's reward added at the first accepted report. `agent_log` is whatever the
     agent reports about itself (a model agent: its conversation), kept for transcripts.
     `warehouse` is the final database image, filled only when a sink asks for it.
-    """
+
+    `ledger` is the hash-chained ledger's entries. The engine hands over an episode's `Ledger`
+    itself when nobody watched its entries as they were written: its chain is then computed when
+    the entries are first read (the same hashes, computed once; a run that only prints grades
+    never needs them)."""
     episode_id: str
     case_id: str
     family: str
     agent: str
     grade: Grade
-    ledger: list[dict]
+    chain: Ledger | list[dict]
     end_reason: str
     error: str = ""
     run_id: str = ""
@@ -97,6 +102,12 @@ class EpisodeResult:
     warehouse: bytes | None = None
     started_at: float = 0.0
     seconds: float = 0.0
+
+    @property
+    def ledger(self) -> list[dict]:
+        """The ledger's entries, each with its `prev_hash` and `hash`."""
+        chain = self.chain
+        return chain.seal() if isinstance(chain, Ledger) else chain
 
     @property
     def reward(self) -> float:

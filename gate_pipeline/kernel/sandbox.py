@@ -156,7 +156,10 @@ class Sandbox:
     denied_tables: frozenset[str] = frozenset()  # tables a read may not name (lower case)
     deny_temp = False  # whether a read of the temporary schema is refused
 
-    def __init__(self, conn: sqlite3.Connection, step_budget: int = STEP_BUDGET, time_budget: float = TIME_BUDGET_S):
+    def __init__(self, conn: sqlite3.Connection, step_budget: int = STEP_BUDGET, time_budget: float = TIME_BUDGET_S,
+                 catalogue: list[tuple[str, str]] | None = None):
+        """`catalogue`: the connection's schema as `compile_check.catalogue` reads it, when the caller knows it
+        already (a copy of a prepared database); it is read from the connection when first needed otherwise."""
         self.conn = conn
         self.guard = False
         self.tables_read: set[str] = set()
@@ -165,7 +168,7 @@ class Sandbox:
         self.compile_over = False
         self._compiled: str | None = None  # the last query text the compile check passed
         self.compile_seconds = 0.0  # what compiling that text took in the check
-        self._catalogue: list[tuple[str, str]] | None = None  # the schema as the compile check is given it
+        self._catalogue = catalogue  # the schema as the compile check is given it (None: read it when needed)
         self.step_budget, self.time_budget = step_budget, time_budget
         self.interval = INTERVAL
         self._defaults = tuple((lid, conn.getlimit(lid)) for lid, _ in LIMITS.values())  # restored after agent SQL

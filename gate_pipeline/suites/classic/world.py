@@ -18,10 +18,10 @@ from ...kernel.sandbox import Sandbox
 from ...kernel.world import PreparedCase, World, connect
 from .contract import COLUMNS
 
-WAREHOUSE_DDL = (
-    "CREATE TABLE wh_customers (customer_id TEXT, email TEXT, country TEXT, signup_date TEXT)",
-    "CREATE TABLE wh_orders (order_id TEXT, customer_id TEXT, amount REAL, currency TEXT, "
-    "status TEXT, order_date TEXT)",
+WAREHOUSE_TABLES = (  # (name, the statement that creates it), in creation order
+    ("wh_customers", "CREATE TABLE wh_customers (customer_id TEXT, email TEXT, country TEXT, signup_date TEXT)"),
+    ("wh_orders", "CREATE TABLE wh_orders (order_id TEXT, customer_id TEXT, amount REAL, currency TEXT, "
+                  "status TEXT, order_date TEXT)"),
 )
 
 
@@ -31,6 +31,10 @@ def loader_amount(value) -> float:
         return float(str(value).strip())
     except (TypeError, ValueError):
         return 0.0
+
+
+def _staging_ddl(name: str, columns) -> str:
+    return f"CREATE TABLE {name} ({', '.join(c + ' TEXT' for c in columns)})"
 
 
 def _insert_sql(table: str, columns) -> str:
@@ -101,7 +105,7 @@ def _empty_warehouse() -> bytes:
     """The image of a database holding the two empty warehouse tables (built once per process)."""
     conn = connect()
     try:
-        for ddl in WAREHOUSE_DDL:
+        for _, ddl in WAREHOUSE_TABLES:
             conn.execute(ddl)
         return conn.serialize()
     finally:
@@ -117,6 +121,11 @@ class ClassicPreparedCase(PreparedCase):
         self.seed_rows = {table: _wh_rows(table, warehouse[table]) for table in COLUMNS}
         self.wh_customer_ids = frozenset(r[0] for r in self.seed_rows["customers"])
         self._load_rows: dict[str, list[tuple]] = {}
+        # the image's schema as the sandbox's compile check reads it (name, CREATE statement), in creation order:
+        # the statements below, which SQLite keeps as written (tests/test_sandbox.py checks it against the image)
+        self.catalogue = [*WAREHOUSE_TABLES] + [
+            (self.staging[bid], _staging_ddl(self.staging[bid], COLUMNS[batch.table]))
+            for bid, batch in self.batches.items()]
         self.image = self._build_image()
 
     def load_rows(self, batch_id: str) -> list[tuple]:
@@ -137,11 +146,9 @@ class ClassicPreparedCase(PreparedCase):
             conn.execute("BEGIN")
             for table, rows in self.seed_rows.items():
                 conn.executemany(_insert_sql(f"wh_{table}", COLUMNS[table]), rows)
-            for bid, batch in self.batches.items():
-                cols = COLUMNS[batch.table]
-                name = self.staging[bid]
-                conn.execute(f"CREATE TABLE {name} ({', '.join(c + ' TEXT' for c in cols)})")
-                conn.executemany(_insert_sql(name, cols), list(map(_ROW[batch.table], batch.data["rows"])))
+            for (name, ddl), batch in zip(self.catalogue[len(WAREHOUSE_TABLES):], self.batches.values()):
+                conn.execute(ddl)
+                conn.executemany(_insert_sql(name, COLUMNS[batch.table]), list(map(_ROW[batch.table], batch.data["rows"])))
             conn.execute("COMMIT")
             return conn.serialize()
         finally:
@@ -186,7 +193,7 @@ class ClassicWorld(World):
     def __init__(self, prepared: ClassicPreparedCase, listener=None, deferred_ledger: bool = False):
         conn = connect()
         conn.deserialize(prepared.image)
-        super().__init__(prepared, conn, Sandbox(conn), listener, deferred_ledger)
+        super().__init__(prepared, conn, Sandbox(conn, catalogue=prepared.catalogue), listener, deferred_ledger)
         self.prepared: ClassicPreparedCase = prepared
         self.customer_ids = set(prepared.wh_customer_ids)
 
