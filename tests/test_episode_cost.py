@@ -2,6 +2,7 @@
 use, the catalogue the compile check reuses, cases read while the first ones play."""
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -75,3 +76,33 @@ def test_a_bad_case_late_in_the_file_is_one_line_and_exit_2_whatever_the_workers
         assert main(["report", "--cases", str(path), "--agents", "careful-sql", "--json", "--workers", workers]) == 2
         captured = capsys.readouterr()
         assert captured.out == "" and captured.err.count("\n") == 1 and f"{path}:36" in captured.err
+
+
+def test_a_case_s_image_is_the_same_built_on_the_kept_connection_and_a_new_one():
+    """Images are built on one kept connection per thread (`world.scratch`): the bytes are those a new
+    connection builds, for every train case in turn, a build that fails leaves nothing for the next, and a
+    forked process builds on a connection of its own."""
+    import os
+
+    from gate_pipeline.kernel import world
+    from gate_pipeline.suites.classic import world as classic
+    cases = read_cases(TRAIN)[:40]
+    kept = [prepare(c).image for c in cases]
+    fresh = []
+    real = classic.scratch
+    try:
+        classic.scratch = connect  # a new connection for every build
+        fresh = [prepare(c).image for c in cases]
+    finally:
+        classic.scratch = real
+    assert kept == fresh
+    broken = prepare(cases[0])
+    broken.seed_rows = {"orders": [("too", "few")]}  # a build that fails midway (rows too short)
+    with pytest.raises(sqlite3.Error):
+        broken._build_image()
+    assert not world.scratch().in_transaction and prepare(cases[1]).image == kept[1]
+    parents = world.scratch()
+    pid = os.fork()
+    if pid == 0:  # the child's first build opens its own connection
+        os._exit(0 if world.scratch() is not parents and world.scratch() is world.scratch() else 1)
+    assert os.waitpid(pid, 0)[1] == 0 and world.scratch() is parents

@@ -107,6 +107,8 @@ class _Renaming:
             places.setdefault(name.lower(), f"\x00{k}\x00")
         self.places = sorted(places.items(), key=lambda item: len(item[0]), reverse=True)
         self.schema = tuple(self.rename(sql) for _, sql in entries)
+        # a schema whose text holds the character the places are made of cannot be renamed faithfully
+        self.faithful = not any("\x00" in name or "\x00" in sql for name, sql in entries)
 
     def rename(self, text: str) -> str:
         text = text.lower()
@@ -170,11 +172,11 @@ class CompileCheck:
         return passed
 
     def _key(self, entries: list[tuple[str, str]], query: str, limits) -> tuple | None:
-        if "\x00" in query or "\x00" in "".join(sql for _, sql in entries):
-            return None
         if self._renaming is None or (self._renaming[0] is not entries and self._renaming[0] != entries):
             self._renaming = (entries, _Renaming(entries))
         renaming = self._renaming[1]
+        if "\x00" in query or not renaming.faithful:
+            return None
         return renaming.rename(query), renaming.schema, tuple(map(tuple, limits))
 
     def _compiles_within(self, schema: list[str], query: str, seconds: float, limits) -> bool:
@@ -215,25 +217,33 @@ _IDLE: list[CompileCheck] = []  # this process's checks that no thread is using,
 _IDLE_LOCK = threading.Lock()
 
 
-@contextmanager
-def borrowed() -> Iterator[CompileCheck]:
+def take() -> CompileCheck:
     """A compile check no other thread is using, for one statement: an idle one of this process (its child
-    already started), or a new one; given back afterwards. So a process has as many children as it ever
+    already started), or a new one; `give` it back afterwards. So a process has as many children as it ever
     compiled statements at once, whichever threads do it (a thread that ends leaves its child to the next);
     a forked process starts its own."""
-    check = None
+    pid = os.getpid()
     with _IDLE_LOCK:
-        while _IDLE and check is None:
-            candidate = _IDLE.pop()
-            if candidate.pid == os.getpid():
-                check = candidate
-    if check is None:
-        check = CompileCheck()
+        while _IDLE:
+            check = _IDLE.pop()
+            if check.pid == pid:
+                return check
+    return CompileCheck()
+
+
+def give(check: CompileCheck) -> None:
+    with _IDLE_LOCK:
+        _IDLE.append(check)
+
+
+@contextmanager
+def borrowed() -> Iterator[CompileCheck]:
+    """`take` a compile check for the block, and `give` it back after."""
+    check = take()
     try:
         yield check
     finally:
-        with _IDLE_LOCK:
-            _IDLE.append(check)
+        give(check)
 
 
 def warm(count: int) -> None:

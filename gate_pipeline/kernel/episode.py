@@ -27,7 +27,7 @@ def tool_name(tool) -> str:
 
 class _Shape:
     """What `check_args` needs of a suite's tools, computed once per suite."""
-    __slots__ = ("names", "plain", "strings", "tools")
+    __slots__ = ("names", "strings", "tools")
 
     def __init__(self, suite: Suite):
         self.tools = {t.name: t for t in suite.tools}
@@ -35,7 +35,6 @@ class _Shape:
         # tools whose arguments are all strings: name -> ((argument, limit), ...), decided quickly
         self.strings = {t.name: tuple((a.name, a.limit) for a in t.args) for t in suite.tools
                         if all(a.kind == "str" for a in t.args)}
-        self.plain = frozenset(self.strings)
 
 
 _SHAPES: dict[int, tuple[Suite, _Shape]] = {}
@@ -54,10 +53,14 @@ def check_args(suite: Suite, tool: str, args) -> str | None:
 
 
 def _check(shape: _Shape, tool: str, args) -> str | None:
-    if type(args) is dict and tool in shape.plain and args.keys() == shape.names[tool] and all(
-            type(args[name]) is str and (limit is None or len(args[name]) <= limit)
-            for name, limit in shape.strings[tool]):
-        return None  # the common case, decided quickly
+    strings = shape.strings.get(tool)
+    if strings is not None and type(args) is dict and len(args) == len(strings):
+        for name, limit in strings:  # the common case, decided quickly: every argument there, text, short enough
+            value = args.get(name)
+            if type(value) is not str or (limit is not None and len(value) > limit):
+                break
+        else:
+            return None
     if not isinstance(args, dict):
         return f"{tool}: arguments must be an object, not {type(args).__name__}"
     spec = shape.tools[tool]

@@ -38,7 +38,7 @@ import threading
 import time
 from typing import Protocol
 
-from .compile_check import borrowed, catalogue, may_grow
+from .compile_check import catalogue, give, may_grow, take
 
 MAX_ROWS = 50
 MAX_CELL = 200
@@ -211,12 +211,15 @@ class Sandbox:
         self.deadline = time.monotonic() + self.time_budget
         self.compile_over = False
         if may_grow(query) and query != self._compiled:
-            with borrowed() as check:
+            check = take()
+            try:
                 if self._catalogue is None:
                     self._catalogue = catalogue(conn)
                 passed = check.compiles_within(conn, query, self.time_budget * COMPILE_SHARE, _AGENT_LIMITS,
                                                self._catalogue)
                 self.compile_seconds = check.seconds
+            finally:
+                give(check)
             if not passed:
                 self.compile_over = True
                 raise sqlite3.OperationalError("interrupted")

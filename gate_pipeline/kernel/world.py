@@ -10,7 +10,9 @@ and its warehouse afterwards.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import threading
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -25,6 +27,22 @@ def connect() -> sqlite3.Connection:
     """An in-memory SQLite connection as every episode uses it (no statement cache: the sandbox's
     authorizer must see every execution; autocommit, so gate opens its own transactions)."""
     return sqlite3.connect(":memory:", cached_statements=0, isolation_level=None, check_same_thread=False)
+
+
+_SCRATCH = threading.local()
+
+
+def scratch() -> sqlite3.Connection:
+    """This thread's connection for building databases that are then serialized (a prepared case's image):
+    gate's own, never an agent's, so its counters (total_changes() and the like) are nobody's business.
+    One per thread and process, kept, so building an image does not open and close a connection each time.
+    Its statements are never cached: a statement compiled before `deserialize` could run on the next
+    database as if its schema were the old one. Whoever uses it leaves no transaction open."""
+    conn = getattr(_SCRATCH, "conn", None)
+    if conn is None or _SCRATCH.pid != os.getpid():
+        conn = _SCRATCH.conn = connect()
+        _SCRATCH.pid = os.getpid()
+    return conn
 
 
 def mart_revenue(conn: sqlite3.Connection, sql: str = MART_SQL) -> float:

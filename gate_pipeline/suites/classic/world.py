@@ -15,7 +15,7 @@ from operator import itemgetter
 
 from ...kernel.cases import Case
 from ...kernel.sandbox import Sandbox
-from ...kernel.world import PreparedCase, World, connect
+from ...kernel.world import PreparedCase, World, connect, scratch
 from .contract import COLUMNS
 
 WAREHOUSE_TABLES = (  # (name, the statement that creates it), in creation order
@@ -140,19 +140,20 @@ class ClassicPreparedCase(PreparedCase):
         return len(self.batches[batch_id].data["rows"])
 
     def _build_image(self) -> bytes:
-        conn = connect()
+        conn = scratch()
+        conn.deserialize(_empty_warehouse())
+        conn.execute("BEGIN")
         try:
-            conn.deserialize(_empty_warehouse())
-            conn.execute("BEGIN")
             for table, rows in self.seed_rows.items():
                 conn.executemany(_insert_sql(f"wh_{table}", COLUMNS[table]), rows)
             for (name, ddl), batch in zip(self.catalogue[len(WAREHOUSE_TABLES):], self.batches.values()):
                 conn.execute(ddl)
                 conn.executemany(_insert_sql(name, COLUMNS[batch.table]), list(map(_ROW[batch.table], batch.data["rows"])))
-            conn.execute("COMMIT")
-            return conn.serialize()
-        finally:
-            conn.close()
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        return conn.serialize()
 
     def preview(self, batch_id: str, n: int) -> tuple[list[str], list[list]]:
         batch = self.batches[batch_id]
