@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing
+import os
 import time
-import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -126,7 +126,7 @@ class Session:
         self.stop_at_report = stop_at_report
         self.max_steps = max_steps
         self.run_id, self.rollout = run_id, rollout
-        self.episode_id = uuid.uuid4().hex
+        self.episode_id = os.urandom(16).hex()  # 128 random bits, as 32 hex digits
         self.started_at = time.time()
         self._t0 = time.perf_counter()
         # with nobody watching entries as they are written, the chain is hashed once, at the end
