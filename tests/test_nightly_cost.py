@@ -59,6 +59,8 @@ MUTATIONS = {
     "non-ASCII": lambda r: r.update(email="é@x.com"),
     "lone surrogate": lambda r: r.update(email="\ud800"),
     "a number": lambda r: r.update(customer_id=5),
+    "a null": lambda r: r.update(email=None) if "email" in r else r.update(status=None),
+    "a list": lambda r: r.update(customer_id=["C1"]),
     "extra column": lambda r: r.update(extra="1"),
     "missing column": lambda r: r.pop("email"),
     "NaN amount": lambda r: r.update(amount="nan") if "amount" in r else r.update(email="a"),
@@ -100,7 +102,7 @@ def test_rows_checked_at_once_pass_or_fail_as_row_by_row(mutation):
                 verdicts.add(fast is None)
     # a long or non-ASCII text and a blank or padded amount are fine; everything else is refused (an amount
     # only where the table has one)
-    if mutation in ("long text", "non-ASCII", "blank amount", "padded amount"):
+    if mutation in ("long text", "non-ASCII", "blank amount", "padded amount", "a null"):
         assert verdicts == {True}, mutation
     else:
         assert False in verdicts, mutation

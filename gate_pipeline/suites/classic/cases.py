@@ -23,6 +23,7 @@ MAX_AMOUNT = 1e15  # an amount that parses as a number must be finite and below 
 _VALUES = {table: itemgetter(*columns) for table, columns in COLUMNS.items()}
 _WIDTH = {table: len(columns) for table, columns in COLUMNS.items()}
 _VALUE_TYPES = frozenset({str, type(None)})
+_TEXT = {str}
 _AMOUNT = {table: COLUMNS[table].index("amount") if "amount" in COLUMNS[table] else None for table in COLUMNS}
 
 
@@ -57,9 +58,13 @@ def _rows_fine(rows: list, table: str) -> bool:
     except KeyError:
         return False
     flat = list(chain.from_iterable(values))
-    if not set(map(type, flat)) <= _VALUE_TYPES:
+    kinds = set(map(type, flat))
+    if kinds == _TEXT:  # no nulls (the common case): the values are the texts
+        texts = flat
+    elif kinds <= _VALUE_TYPES:
+        texts = [v for v in flat if v is not None]
+    else:
         return False
-    texts = [v for v in flat if v is not None]
     if texts and (max(map(len, texts)) > 100 or not "".join(texts).isascii()):
         return False
     amount = _AMOUNT[table]
