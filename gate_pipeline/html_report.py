@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from .kernel.grading import exact_mean
 from .kernel.records import Grade
+from .kernel.suite import suites
 from .tables import family_order, money, summary
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ def load_matplotlib() -> None:
     collecting = gc.isenabled()
     gc.disable()
     try:
+        import matplotlib.backends.backend_svg  # noqa: F401  (what savefig loads the first time it writes SVG)
         import matplotlib.figure  # noqa: F401
         import matplotlib.ticker  # noqa: F401
         from matplotlib import rcParams
@@ -329,9 +331,11 @@ class PageProcess:
 
 
 def serve_pages() -> None:
-    """A `PageProcess`'s side: import matplotlib, then write the page of each line read (JSON: path, grades,
-    keywords) and answer a line (an empty object, or the error) until the input ends."""
+    """A `PageProcess`'s side: load what drawing a page needs (matplotlib, the suites that order the families),
+    then write the page of each line read (JSON: path, grades, keywords) and answer a line (an empty object, or
+    the error) until the input ends."""
     load_matplotlib()
+    suites.all()
     for line in sys.stdin:
         job = json.loads(line)
         grades = {a: [Grade.from_dict(g) for g in gs] for a, gs in job["grades"].items()}
