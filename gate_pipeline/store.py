@@ -191,10 +191,13 @@ _END_COLUMNS = ("status", "end_reason", "error", "ledger_digest", "ledger_entrie
                 "transcript_sha256", "seal")
 _END_EPISODES = update(episodes).where(episodes.c.episode_id == bindparam("key"), episodes.c.status == RUNNING)
 _WRITES = {"new": (_INSERT_EPISODES, None), "end": (_END_EPISODES, _END_COLUMNS),
-           "ledger": (insert(ledger_rows), None), "images": (insert(warehouses), None),
-           "logs": (insert(transcripts), None)}
+           "images": (insert(warehouses), None), "logs": (insert(transcripts), None)}
 # (dialect, driver, parameter style): each write's SQL, fixed values, order
 _COMPILED: dict[tuple[str, str, str], dict[str, tuple[str, dict, list | None]]] = {}
+LEDGER_ROWS = ("episode_id", "seq", "entry")
+LEDGER_AT_ONCE = 64  # ledger entries one INSERT writes (three parameters each): an episode's, mostly
+# (dialect, driver, parameter style, rows): the INSERT of that many ledger entries, and its parameters' order
+_LEDGER_INSERTS: dict[tuple[str, str, str, int], tuple[str, list[str] | None]] = {}
 
 
 def _compiled_writes(dialect) -> dict[str, tuple[str, dict, list | None]]:
@@ -210,6 +213,19 @@ def _compiled_writes(dialect) -> dict[str, tuple[str, dict, list | None]]:
             fixed = {name: bind.effective_value for bind, name in compiled.bind_names.items() if not bind.required}
             known[name] = (compiled.string, fixed, order)
         _COMPILED[key] = known
+    return known
+
+
+def _ledger_insert(dialect, rows: int) -> tuple[str, list[str] | None]:
+    """One INSERT of `rows` ledger entries (VALUES (...), (...)), compiled once per dialect and count: on
+    PostgreSQL one statement in the pipeline instead of one per entry. Its parameters are named
+    `<column>_m<row>`; the order is given where the driver's style is positional."""
+    key = (dialect.name, dialect.driver, dialect.paramstyle, rows)
+    known = _LEDGER_INSERTS.get(key)
+    if known is None:
+        compiled = insert(ledger_rows).values([dict.fromkeys(LEDGER_ROWS)] * rows).compile(dialect=dialect)
+        known = _LEDGER_INSERTS[key] = (compiled.string, list(compiled.positiontup or []) if compiled.positional
+                                        else None)
     return known
 
 
@@ -589,6 +605,13 @@ class RunStore:
         writes = _compiled_writes(self.engine.dialect)
 
         def write(cursor, name: str, rows: list[dict]) -> None:
+            if name == "ledger":
+                for start in range(0, len(rows), LEDGER_AT_ONCE):
+                    part = rows[start:start + LEDGER_AT_ONCE]
+                    sql, order = _ledger_insert(self.engine.dialect, len(part))
+                    values = {f"{k}_m{i}": row[k] for i, row in enumerate(part) for k in LEDGER_ROWS}
+                    cursor.execute(sql, values if order is None else tuple(values[k] for k in order))
+                return
             sql, fixed, order = writes[name]
             if order is None:
                 cursor.executemany(sql, [{**fixed, **row} for row in rows])
