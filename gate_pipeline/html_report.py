@@ -301,18 +301,21 @@ class PageProcess:
 
     def wait(self) -> None:
         sent, self.sent = self.sent, []
+        failed: Exception | None = None
         for k, (path, grades, kw) in enumerate(sent):
             line = self.proc.stdout.readline() if self.proc is not None and self.proc.stdout is not None else ""
             if not line:  # the process is gone (it could not start, or was killed): this one and the rest here
                 self.close()
                 for path, grades, kw in sent[k:]:
                     write_html(path, grades, **kw)
-                return
+                break
             answer = json.loads(line)
-            if answer.get("oserror"):
-                raise OSError(answer["errno"], answer["error"], str(path))
-            if answer.get("error") is not None:
-                raise ValueError(answer["error"])
+            if failed is None and answer.get("oserror"):
+                failed = OSError(answer["errno"], answer["error"], str(path))
+            elif failed is None and answer.get("error") is not None:
+                failed = ValueError(answer["error"])
+        if failed is not None:  # every page's answer read first, so the next wait reads its own
+            raise failed
 
     def close(self) -> None:
         proc, self.proc = self.proc, None

@@ -149,10 +149,12 @@ def test_a_page_process_writes_the_pages_write_html_writes(grades, tmp_path):
         assert (tmp_path / "there.html").read_bytes() == (tmp_path / "here.html").read_bytes()
         assert (tmp_path / "there-too.html").read_bytes() == render_html(grades, title="another").encode()
         pages.write_html(tmp_path / "no-such-folder" / "page.html", grades)
+        pages.write_html(tmp_path / "after.html", grades, **kw)
         with pytest.raises(OSError) as raised:
             pages.wait()
         assert raised.value.errno == errno.ENOENT and raised.value.filename == str(tmp_path / "no-such-folder" /
                                                                                     "page.html")
+        assert (tmp_path / "after.html").read_bytes() == (tmp_path / "here.html").read_bytes()  # written all the same
         assert pages.proc is not None
         pages.proc.kill()  # gone (killed, or it could not start): what it was sent is written here
         pages.proc.wait()
