@@ -146,6 +146,8 @@ def _play_night(a, settings: Settings, collecting: bool, store, cases_file: str,
         pages.wait()  # the scoreboard's page, sent when the scoreboard was made
     except OSError as exc:
         raise UsageError(f"the scoreboard page {exc.filename}: cannot write ({exc.strerror or exc})") from None
+    except ValueError as exc:  # what drawing it raised (drawn in this process, it failed the scoreboard's step)
+        raise UsageError(f"the scoreboard page: {exc}") from None
     save_html(target, grades, pages, title="gate nightly scoreboard",
               subtitle=f"{Path(cases_file).name}: {', '.join(grades)}", tables=[("Tables", board["tables"])])
     if a.json:
