@@ -8,23 +8,55 @@ the nightly scoreboard.
     write_html(path, grades, title=..., tables=[(heading, text)],
                pass_k={model: model_agent.passk.pass_rates(records, k)})
 
-`grades` is {agent: [Grade per case]}.
+`grades` is {agent: [Grade per case]}. matplotlib is imported when the first chart is drawn.
+`PageProcess` draws pages in a process of its own, which imports matplotlib as it starts: a caller
+that starts one early (`gate nightly`) has that import, and the drawing, on another CPU while it
+works on; the pages are `write_html`'s, byte for byte.
 """
 from __future__ import annotations
 
+import gc
 import html
 import io
+import json
 import re
+import subprocess
+import sys
 from pathlib import Path
-
-from matplotlib import rcParams
-from matplotlib.figure import Figure
-from matplotlib.ticker import StrMethodFormatter
+from typing import TYPE_CHECKING
 
 from .kernel.grading import exact_mean
+from .kernel.records import Grade
+from .kernel.suite import suites
 from .tables import family_order, money, summary
 
-rcParams["svg.hashsalt"] = "gate"  # stable element ids: the same grades give the same page
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+def load_matplotlib() -> None:
+    """Import what the charts draw with, once; the collector paused meanwhile (matplotlib's import makes
+    long-lived objects, not garbage: each collection would walk the growing heap again)."""
+    if "matplotlib.figure" in sys.modules:
+        return
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        import matplotlib.backends.backend_svg  # noqa: F401  (what savefig loads the first time it writes SVG)
+        import matplotlib.figure  # noqa: F401
+        import matplotlib.ticker  # noqa: F401
+        from matplotlib import rcParams
+        rcParams["svg.hashsalt"] = "gate"  # stable element ids: the same grades give the same page
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _figure(**kw) -> Figure:
+    load_matplotlib()
+    from matplotlib.figure import Figure
+    return Figure(**kw)
+
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;max-width:1200px;
@@ -93,13 +125,13 @@ def family_reward_chart(grades: dict[str, list]) -> str:
     series = {a: [float(exact_mean(g.reward for g in gs if g.family == f))
                   if any(g.family == f for g in gs) else 0.0 for f in fams] for a, gs in grades.items()}
     if len(series) > MAX_BAR_AGENTS:
-        fig = Figure(figsize=(11.0, 1.2 + 0.32 * len(series)))
+        fig = _figure(figsize=(11.0, 1.2 + 0.32 * len(series)))
         ax = fig.add_subplot()
         _reward_grid(ax, fams, series)
         ax.set_title("Mean reward per family")
         ax.tick_params(axis="x", labelsize=8, rotation=20)
         return _svg(fig, "family-reward")
-    fig = Figure(figsize=(max(8.0, 0.12 * len(fams) * len(grades) + 4), 4.2))
+    fig = _figure(figsize=(max(8.0, 0.12 * len(fams) * len(grades) + 4), 4.2))
     ax = fig.add_subplot()
     _grouped_bars(ax, fams, series)
     ax.set_ylim(0, 1.05)
@@ -131,7 +163,8 @@ def revenue_error_chart(grades: dict[str, list]) -> str:
     shown = charted_cases(grades)
     ids = [first[j].case_id for j in shown]
     series = {a: [float(money([gs[j].revenue_error_usd])) for j in shown] for a, gs in grades.items()}
-    fig = Figure(figsize=(max(9.0, 0.3 * len(ids) + 2), 4.6))
+    from matplotlib.ticker import StrMethodFormatter
+    fig = _figure(figsize=(max(9.0, 0.3 * len(ids) + 2), 4.6))
     ax = fig.add_subplot()
     _grouped_bars(ax, ids, series, skip_zero=True)
     lo, hi = -0.4, len(ids) - 0.6  # the axis bars on every case would give (matplotlib's 5 % margins)
@@ -157,7 +190,7 @@ def pass_k_chart(pass_k: dict[str, dict]) -> str:
     `pass_k` is {model: {family: {"pass@1": x, "pass^3": y, ...}}}, the shape
     model_agent.passk.pass_rates returns per model (keys not starting with "pass" are ignored)."""
     agents = list(pass_k)
-    fig = Figure(figsize=(9.0, 3.4 * len(agents)))
+    fig = _figure(figsize=(9.0, 3.4 * len(agents)))
     for row, agent in enumerate(agents):
         fams = list(pass_k[agent])
         measures = list(dict.fromkeys(m for f in fams for m in pass_k[agent][f] if str(m).startswith("pass")))
@@ -234,3 +267,91 @@ def write_html(path: str | Path, grades: dict[str, list], **kw) -> Path:
     text = render_html(grades, **kw)
     path.write_text(text, encoding="utf-8")
     return path
+
+
+# -- pages drawn in a process of their own -------------------------------------------------------
+
+class PageProcess:
+    """A process that imports matplotlib as it starts, then writes each page it is sent with `write_html`,
+    in order. `write_html` here returns at once; `wait` returns when every page sent is written, and
+    raises what writing one raised there (an OSError with its errno, a ValueError), or, if the process
+    is gone, writes the pages it had not written here. `close` ends it."""
+
+    def __init__(self):
+        self.sent: list[tuple[Path, dict, dict]] = []
+        self.proc: subprocess.Popen | None
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", "from gate_pipeline.html_report import serve_pages; serve_pages()"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except OSError:  # no process can start here: `wait` writes the pages in this one
+            self.proc = None
+
+    def write_html(self, path: str | Path, grades: dict[str, list], **kw) -> Path:
+        path = Path(path)
+        self.sent.append((path, grades, kw))
+        job = {"path": str(path), "grades": {a: [g.as_dict() for g in gs] for a, gs in grades.items()}, "kw": kw}
+        try:
+            assert self.proc is not None and self.proc.stdin is not None
+            self.proc.stdin.write(json.dumps(job) + "\n")
+            self.proc.stdin.flush()
+        except (OSError, ValueError, AssertionError):  # gone: `wait` writes it here
+            pass
+        return path
+
+    def wait(self) -> None:
+        sent, self.sent = self.sent, []
+        failed: Exception | None = None
+        for k, (path, grades, kw) in enumerate(sent):
+            line = self.proc.stdout.readline() if self.proc is not None and self.proc.stdout is not None else ""
+            if not line:  # the process is gone (it could not start, or was killed): this one and the rest here
+                self.close()
+                for path, grades, kw in sent[k:]:
+                    write_html(path, grades, **kw)
+                break
+            answer = json.loads(line)
+            if failed is None and answer.get("oserror"):
+                failed = OSError(answer["errno"], answer["error"], str(path))
+            elif failed is None and answer.get("error") is not None:
+                failed = ValueError(answer["error"])
+        if failed is not None:  # every page's answer read first, so the next wait reads its own
+            raise failed
+
+    def close(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        try:
+            if proc.stdin is not None:
+                proc.stdin.close()
+            proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+        finally:
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+def serve_pages() -> None:
+    """A `PageProcess`'s side: load what drawing a page needs (matplotlib, the suites that order the families),
+    then write the page of each line read (JSON: path, grades, keywords) and answer a line (an empty object, or
+    the error) until the input ends."""
+    load_matplotlib()
+    suites.all()
+    for line in sys.stdin:
+        job = json.loads(line)
+        grades = {a: [Grade.from_dict(g) for g in gs] for a, gs in job["grades"].items()}
+        kw = job["kw"]
+        if "tables" in kw:
+            kw["tables"] = [tuple(t) for t in kw["tables"]]
+        try:
+            write_html(job["path"], grades, **kw)
+            answer: dict = {}
+        except OSError as exc:
+            answer = {"oserror": True, "errno": exc.errno, "error": exc.strerror or str(exc)}
+        except Exception as exc:  # what write_html raises in process, raised by `wait` instead
+            answer = {"error": str(exc)}
+        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.flush()
+    gc.freeze()  # the process ends next: its heap is not walked again as it is torn down

@@ -80,7 +80,7 @@ from .kernel.cases import Case, CaseError, load_case
 from .kernel.engine import EpisodeStart, Sink
 from .kernel.errors import GateError
 from .kernel.files import read_bytes
-from .kernel.ledger import chain_intact, last_hash
+from .kernel.ledger import canonical_json, chain_intact, last_hash
 from .kernel.records import ABANDONED, EpisodeResult, Grade, StoredEpisode
 from .kernel.settings import Settings
 from .kernel.suite import MART_SQL, suites
@@ -191,10 +191,13 @@ _END_COLUMNS = ("status", "end_reason", "error", "ledger_digest", "ledger_entrie
                 "transcript_sha256", "seal")
 _END_EPISODES = update(episodes).where(episodes.c.episode_id == bindparam("key"), episodes.c.status == RUNNING)
 _WRITES = {"new": (_INSERT_EPISODES, None), "end": (_END_EPISODES, _END_COLUMNS),
-           "ledger": (insert(ledger_rows), None), "images": (insert(warehouses), None),
-           "logs": (insert(transcripts), None)}
+           "images": (insert(warehouses), None), "logs": (insert(transcripts), None)}
 # (dialect, driver, parameter style): each write's SQL, fixed values, order
 _COMPILED: dict[tuple[str, str, str], dict[str, tuple[str, dict, list | None]]] = {}
+LEDGER_ROWS = ("episode_id", "seq", "entry")
+LEDGER_AT_ONCE = 64  # ledger entries one INSERT writes (three parameters each): an episode's, mostly
+# (dialect, driver, parameter style, rows): the INSERT of that many ledger entries, and its parameters' order
+_LEDGER_INSERTS: dict[tuple[str, str, str, int], tuple[str, list[str] | None]] = {}
 
 
 def _compiled_writes(dialect) -> dict[str, tuple[str, dict, list | None]]:
@@ -210,6 +213,19 @@ def _compiled_writes(dialect) -> dict[str, tuple[str, dict, list | None]]:
             fixed = {name: bind.effective_value for bind, name in compiled.bind_names.items() if not bind.required}
             known[name] = (compiled.string, fixed, order)
         _COMPILED[key] = known
+    return known
+
+
+def _ledger_insert(dialect, rows: int) -> tuple[str, list[str] | None]:
+    """One INSERT of `rows` ledger entries (VALUES (...), (...)), compiled once per dialect and count: on
+    PostgreSQL one statement in the pipeline instead of one per entry. Its parameters are named
+    `<column>_m<row>`; the order is given where the driver's style is positional."""
+    key = (dialect.name, dialect.driver, dialect.paramstyle, rows)
+    known = _LEDGER_INSERTS.get(key)
+    if known is None:
+        compiled = insert(ledger_rows).values([dict.fromkeys(LEDGER_ROWS)] * rows).compile(dialect=dialect)
+        known = _LEDGER_INSERTS[key] = (compiled.string, list(compiled.positiontup or []) if compiled.positional
+                                        else None)
     return known
 
 
@@ -440,6 +456,7 @@ class RunStore:
                 _READY.add(ready)
         self._cases: dict[int, tuple[Case, str, str]] = {}
         self._held: Connection | None = None  # the connection `holding` took
+        self._pipe = None  # its psycopg pipeline, on PostgreSQL
 
     def _check_key(self, strict: bool) -> str | None:
         """Record the key's id in a store that has none; say (or raise, when `strict`) if it is another key."""
@@ -537,19 +554,23 @@ class RunStore:
     @contextmanager
     def holding(self):
         """Episodes written while this block runs go through one connection, taken once (not one from
-        the pool, checked with a round trip on PostgreSQL, per transaction): a night's chunk."""
+        the pool, checked with a round trip on PostgreSQL, per transaction): a night's chunk. On
+        PostgreSQL (psycopg) the connection stays in pipeline mode while the block runs, so each
+        transaction's statements and its COMMIT go to the server together: one round trip each."""
         if self._held is not None:
             yield self
             return
         with self.engine.connect() as conn:
-            self._held = conn
-            sqlite = conn.connection.driver_connection if self.engine.dialect.name == "sqlite" else None
+            raw = conn.connection.driver_connection
+            sqlite = raw if self.engine.dialect.name == "sqlite" else None
             if sqlite is not None:  # the WAL copied into the database once, at the end, not every 1000 pages
                 sqlite.execute(f"PRAGMA wal_autocheckpoint={HELD_WAL_PAGES}")
             try:
-                yield self
+                with self._pipeline(raw) as pipe:
+                    self._held, self._pipe = conn, pipe
+                    yield self
             finally:
-                self._held = None
+                self._held = self._pipe = None
                 if sqlite is not None:
                     try:
                         sqlite.execute(f"PRAGMA wal_autocheckpoint={WAL_PAGES}")
@@ -557,44 +578,65 @@ class RunStore:
                     except sqlite3.Error:  # busy or closed: SQLite checkpoints at the next commit past WAL_PAGES
                         pass
 
-    @contextmanager
-    def _transaction(self):
-        if self._held is None:
-            with self.engine.begin() as c:
-                yield c
-        else:
-            with self._held.begin():
-                yield self._held
+    def _pipeline(self, raw):
+        """psycopg's pipeline mode on the driver's connection `raw` (nothing elsewhere, or where one is on):
+        what is sent in it goes to the server without waiting for each answer; a sync (a COMMIT, or the
+        block's end) waits for them all and raises the first error."""
+        if self.engine.dialect.driver != "psycopg" or raw.pgconn.pipeline_status:
+            return nullcontext()
+        return raw.pipeline()
+
+    def _drain(self) -> None:
+        """After an error inside `holding`'s pipeline: read the answers still due (each an error now), so
+        the transaction's ROLLBACK can be sent; the error itself was raised already."""
+        if self._pipe is not None:
+            try:
+                self._pipe.sync()
+            except self.engine.dialect.loaded_dbapi.Error:
+                pass
 
     @contextmanager
     def _batched(self):
-        """A transaction for `end_episodes`' writes, as a function `write(name, rows)` that runs each one
+        """A transaction for an episode's writes, as a function `write(name, rows)` that runs each one
         (`_WRITES`) compiled once, on the driver's cursor (none of SQLAlchemy's work per statement). On
         PostgreSQL (psycopg) the statements go in one pipeline, so an episode's writes cost one round trip
-        and COMMIT another, not one each; their errors are raised when the block ends, before the commit
-        (nothing is kept)."""
+        and COMMIT another, not one each (in `holding`, one for both); an error in any of them is raised
+        before the commit completes, so nothing of the transaction is kept."""
         writes = _compiled_writes(self.engine.dialect)
 
         def write(cursor, name: str, rows: list[dict]) -> None:
+            if name == "ledger":
+                for start in range(0, len(rows), LEDGER_AT_ONCE):
+                    part = rows[start:start + LEDGER_AT_ONCE]
+                    sql, order = _ledger_insert(self.engine.dialect, len(part))
+                    values = {f"{k}_m{i}": row[k] for i, row in enumerate(part) for k in LEDGER_ROWS}
+                    cursor.execute(sql, values if order is None else tuple(values[k] for k in order))
+                return
             sql, fixed, order = writes[name]
             if order is None:
                 cursor.executemany(sql, [{**fixed, **row} for row in rows])
             else:
                 cursor.executemany(sql, [tuple(row[k] if k in row else fixed[k] for k in order) for row in rows])
 
-        with self._transaction() as c:
-            raw = c.connection.driver_connection
-            pipeline = getattr(raw, "pipeline", None) if self.engine.dialect.driver == "psycopg" else None
-            with (pipeline() if pipeline is not None else nullcontext()):
-                cursor = c.connection.cursor()
-                try:
-                    yield lambda name, rows: write(cursor, name, rows)
-                finally:
-                    cursor.close()
+        held = self._held
+        with (nullcontext(held) if held is not None else self.engine.connect()) as c:
+            with c.begin():
+                raw = c.connection.driver_connection
+                with self._pipeline(raw):
+                    cursor = c.connection.cursor()
+                    try:
+                        yield lambda name, rows: write(cursor, name, rows)
+                        if self._pipe is not None:  # COMMIT sent in the pipeline (the block's own commit is then
+                            raw.commit()  # a no-op): an error in any statement is raised here, and rolled back
+                    except BaseException:
+                        self._drain()
+                        raise
+                    finally:
+                        cursor.close()
 
     def warehouse_name(self, case_id: str, episode_id: str) -> str:
         """An episode's warehouse name (sealed with its row; a schema-3 store kept the file there)."""
-        return str(Path("warehouses") / _UNSAFE.sub("_", case_id) / f"{episode_id}.sqlite")
+        return f"warehouses/{_UNSAFE.sub('_', case_id)}/{episode_id}.sqlite"
 
     def _case_text(self, case: Case) -> tuple[str, str]:
         """The case as stored (sorted JSON) and its SHA-256, made once per case object: the agents and
@@ -621,8 +663,8 @@ class RunStore:
     def start_episode(self, start: EpisodeStart) -> dict:
         """Keep an episode's row as it opens (running); returns the row, for `end_episodes`' `announced`."""
         row = self._row(start)
-        with self._transaction() as c:
-            c.execute(_INSERT_EPISODES, row)
+        with self._batched() as write:
+            write("new", [row])
         return row
 
     def end_episode(self, result: EpisodeResult, start: EpisodeStart | None = None) -> None:
@@ -662,8 +704,8 @@ class RunStore:
             elif result.episode_id in rows:
                 row = {**rows[result.episode_id], **end}
                 updates.append({"key": result.episode_id, **end, "seal": self.seal(row)})
-            ledgers += [{"episode_id": result.episode_id, "seq": e["seq"], "entry": json.dumps(e, sort_keys=True)}
-                        for e in result.ledger]
+            ledgers += [{"episode_id": result.episode_id, "seq": e["seq"], "entry": canonical_json(e)}
+                        for e in result.ledger]  # json.dumps(e, sort_keys=True), its encoder built once
         with self._batched() as write:
             for name, batch in (("new", new), ("end", updates), ("ledger", ledgers), ("images", images),
                                 ("logs", logs), ("new", [opened] if opened is not None else [])):

@@ -35,6 +35,18 @@ def test_gate_nightly_html_and_the_scoreboard_page(home, tmp_path, capsys):
     _is_page(home / "scoreboard.html", "night 2:")
 
 
+def test_a_scoreboard_page_that_cannot_be_written_is_one_line_and_the_night_is_kept(home, tmp_path, capsys):
+    """The page's process cannot write GATE_HOME/scoreboard.html (a folder stands there): `gate nightly` says so
+    in one line and exits 2; the night was played, stored and sealed before the page, and verifies."""
+    small = tmp_path / "eval_small.jsonl"
+    write_cases(small, read_cases(EVAL)[:2])
+    (home / "scoreboard.html").mkdir(parents=True)
+    assert main(["nightly", "--cases", str(small), "--agents", "naive", "--json"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the scoreboard page" in err and "cannot write (Is a directory)" in err
+    assert main(["verify"]) == 0 and capsys.readouterr().out.rstrip().endswith("every check holds")
+
+
 def test_gate_run_html_carries_pass_k(tmp_path, capsys):
     from scripted_server import ScriptedServer
     page = tmp_path / "run.html"

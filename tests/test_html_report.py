@@ -130,3 +130,37 @@ def test_a_big_night_charts_the_cases_with_the_largest_revenue_errors(grades):
     assert not any(f"case-{j:03d}" in page for j in range(n) if j not in shown)
     assert charted_cases(grades) == list(range(len(grades["naive"])))  # 32 cases: every one
     assert "cases with the largest errors" not in render_html(grades)
+
+
+def test_a_page_process_writes_the_pages_write_html_writes(grades, tmp_path):
+    """Pages drawn by a `PageProcess` (matplotlib imported there, not here) are write_html's, byte for byte, in
+    the order sent; one that cannot be written raises the OSError writing it raised; a process that is gone
+    leaves its pages to be written here."""
+    import errno
+
+    from gate_pipeline.html_report import PageProcess
+    kw = {"title": "night", "subtitle": "night 3: naive, careful", "tables": [("Tables", "a < b")]}
+    write_html(tmp_path / "here.html", grades, **kw)
+    pages = PageProcess()
+    try:
+        assert pages.write_html(tmp_path / "there.html", grades, **kw) == tmp_path / "there.html"
+        pages.write_html(tmp_path / "there-too.html", grades, title="another")
+        pages.wait()
+        assert (tmp_path / "there.html").read_bytes() == (tmp_path / "here.html").read_bytes()
+        assert (tmp_path / "there-too.html").read_bytes() == render_html(grades, title="another").encode()
+        pages.write_html(tmp_path / "no-such-folder" / "page.html", grades)
+        pages.write_html(tmp_path / "after.html", grades, **kw)
+        with pytest.raises(OSError) as raised:
+            pages.wait()
+        assert raised.value.errno == errno.ENOENT and raised.value.filename == str(tmp_path / "no-such-folder" /
+                                                                                    "page.html")
+        assert (tmp_path / "after.html").read_bytes() == (tmp_path / "here.html").read_bytes()  # written all the same
+        assert pages.proc is not None
+        pages.proc.kill()  # gone (killed, or it could not start): what it was sent is written here
+        pages.proc.wait()
+        pages.write_html(tmp_path / "here-again.html", grades, **kw)
+        pages.wait()
+        assert (tmp_path / "here-again.html").read_bytes() == (tmp_path / "here.html").read_bytes()
+    finally:
+        pages.close()
+    assert pages.proc is None

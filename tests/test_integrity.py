@@ -73,6 +73,31 @@ def test_an_untouched_store_verifies_and_grades_as_played(home, capsys):
     assert code == 0 and "1 episodes checked" in out and "every check holds" in out
 
 
+class ListsALot:
+    """Lists the batches many times over (more ledger entries than one of the store's INSERTs writes), then
+    quarantines nothing and loads everything."""
+
+    def play(self, tools, case=None):
+        from gate_pipeline.store import LEDGER_AT_ONCE
+        for _ in range(2 * LEDGER_AT_ONCE + 5):
+            listing = tools("list_batches")
+        for b in listing:
+            tools("load_batch", batch_id=b["batch_id"])
+        tools("submit_report", loaded=[b["batch_id"] for b in listing], quarantined=[])
+
+
+def test_a_long_ledger_is_stored_whole_in_order_and_verifies(home, capsys):
+    """The store writes an episode's ledger entries several to an INSERT: a ledger longer than one INSERT
+    takes is stored whole, in order, and grades and verifies as played."""
+    from gate_pipeline.store import LEDGER_AT_ONCE
+    store, result = stored_episode(AgentSpec("lists-a-lot", {}, ListsALot, "lists-a-lot"))
+    assert len(result.ledger) > 2 * LEDGER_AT_ONCE
+    assert store.entries(result.episode_id) == result.ledger
+    assert grade_stored(store.load(result.episode_id)) == result.grade
+    code, out = verify(capsys)
+    assert code == 0 and "every check holds" in out
+
+
 def test_cutting_the_ledger_after_the_report_is_caught(home, capsys):
     spec = AgentSpec("loads-after-reporting", {}, LoadsAfterReporting, "loads-after-reporting")
     store, result = stored_episode(spec)

@@ -126,10 +126,34 @@ def test_gate_nightly_checks_its_case_file_once(tmp_path, monkeypatch, capsys):
     night = json.loads(capsys.readouterr().out)
     assert checked == []  # every step found the cases the command had checked
     assert collecting and all(collecting) and gc.isenabled()  # played with it on; on when the command is done
+    assert gc.get_freeze_count() == 0  # nothing left frozen: main() was given its arguments, the process goes on
     assert main(["report", "--cases", str(path), "--agents", "naive,careful", "--json"]) == 0
     reported = json.loads(capsys.readouterr().out)["agents"]
     assert {a: s["reward"] for a, s in night["agents"].items()} == \
         {a: sum(g["reward"] for g in gs) / len(gs) for a, gs in reported.items()}
+
+
+@pytest.mark.slow
+def test_gate_nightly_draws_its_page_in_a_process_of_its_own_and_freezes_its_heap_to_end(tmp_path):
+    """The command's own process never imports matplotlib (its page process does, and draws the page), and, about
+    to end, freezes its heap so that the interpreter does not walk it again while tearing it down."""
+    import os
+    import subprocess
+    import sys
+    path = write_cases(tmp_path / "two.jsonl", read_cases(EVAL)[:2])
+    code = ("import gc, sys\n"
+            "from gate_pipeline.cli.main import main\n"
+            "sys.argv = ['gate', 'nightly', '--cases', sys.argv[1], '--agents', 'naive,careful', '--json']\n"
+            "code = main()\n"
+            "print(code, 'matplotlib' in sys.modules, gc.get_freeze_count() > 0)\n")
+    env = {**os.environ, "GATE_HOME": str(tmp_path / "gate")}
+    env.pop("GATE_DB_URL", None)
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, env=env,
+                         cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines()[-1] == "0 False True"
+    page = (tmp_path / "gate" / "scoreboard.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and page.count('<svg class="chart"') == 2 and "night 1:" in page
 
 
 def test_a_nights_steps_share_one_checked_store(tmp_path):

@@ -86,6 +86,39 @@ def test_every_episode_lives_in_the_database_and_another_machine_verifies_it(db_
     assert grade_stored(RunStore().load(naive)).reward == 0.0
 
 
+def test_a_write_that_fails_in_a_held_pipeline_keeps_nothing_and_the_next_is_kept(db_url):
+    """In `holding` (a night's chunk) each transaction's statements and COMMIT go to the server in one pipeline:
+    a write that fails raises, keeps nothing of its transaction (the episode opening with it neither), and the
+    connection goes on: the next transaction is kept."""
+    from gate_pipeline.kernel.engine import EpisodeStart, Sink, play, prepare
+
+    class Starts(Sink):
+        wants_warehouse = True
+
+        def __init__(self):
+            self.seen: list[EpisodeStart] = []
+
+        def start(self, episode: EpisodeStart) -> None:
+            self.seen.append(episode)
+
+    cases = read_cases(EVAL)[:2]
+    store = RunStore()
+    starts = Starts()
+    with store.holding():
+        first = play(prepare(cases[0]), "naive", sinks=[StoreSink(store, batch=1)], run_id="held")
+        second = play(prepare(cases[1]), "careful", sinks=[starts], run_id="held")  # not stored yet
+        with pytest.raises(psycopg.errors.UniqueViolation):  # the first's ledger again: its keys are taken
+            store.end_episodes([(first, starts.seen[0])], opening=starts.seen[0])
+        assert sql(db_url, "SELECT COUNT(*) FROM episodes")[0][0] == 1  # the opening episode was not kept
+        store.end_episodes([(second, starts.seen[0])])  # the same connection, the next transaction
+    rows = {r["episode_id"]: r for r in store.episodes(run_id="held")}
+    assert set(rows) == {first.episode_id, second.episode_id}
+    assert sql(db_url, "SELECT COUNT(*) FROM ledger_entries")[0][0] == len(first.ledger) + len(second.ledger)
+    for r in (first, second):
+        assert grade_stored(store.load(r.episode_id)) == r.grade
+    store.dispose()
+
+
 NIGHTLY = """
 import sys
 import dagster as dg

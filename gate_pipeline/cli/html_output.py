@@ -19,11 +19,16 @@ def html_target(path: str | None) -> Path | None:
     return target
 
 
-def save_html(target: Path | None, grades: dict, **kw) -> None:
+def save_html(target: Path | None, grades: dict, pages=None, **kw) -> None:
+    """Write the page to --html's target (by `pages`, a `html_report.PageProcess`, when given)."""
     if target is None:
         return
     from ..html_report import write_html
     try:
-        write_html(target, grades, **kw)
+        if pages is None:
+            write_html(target, grades, **kw)
+        else:
+            pages.write_html(target, grades, **kw)
+            pages.wait()
     except OSError as exc:
         raise UsageError(f"--html {target}: cannot write ({exc.strerror or exc})") from None

@@ -61,9 +61,9 @@ def cmd_nightly(a, settings: Settings) -> int:
 
 
 def _night(a, settings: Settings, collecting: bool) -> int:
+    from ..html_report import PageProcess
     from ..kernel.cases import cases_of_text, read_case_text, suite_of_cases
-    from ..kernel.records import Grade
-    from .html_output import html_target, save_html
+    from .html_output import html_target
     target = html_target(a.html)
     cases_file = str(cases_arg(a, settings))
     text = read_case_text(cases_file)
@@ -71,9 +71,8 @@ def _night(a, settings: Settings, collecting: bool) -> int:
     agents = agent_list(a.agents, list(suite_of_cases(cases).report_agents))
     options = _options(a.agent_options) or {}
     resolve_agents(agents, settings, options)  # an unknown agent is one line, before Dagster starts
-    episodes = len(cases) * len(agents)
-    from ..store import COMPLETE, ENDED, STOPPED, RunStore, hold_lock, process_name
-    store = RunStore(settings)
+    from ..store import RunStore
+    store = RunStore(settings, once=True)  # the night's steps share its engine (`once`)
     for run_id, closed in store.close_dead_runs():  # a night whose process died: closed before this one starts
         print(f"gate: closed night {run_id}, whose process died: {len(closed)} episode(s) abandoned "
               f"(graded 0; `gate verify` reports them)", file=sys.stderr)
@@ -85,31 +84,48 @@ def _night(a, settings: Settings, collecting: bool) -> int:
         raise UsageError(f"agent {unlisted[0]!r} is not one this process's Dagster code location lists; name it in "
                          f"GATE_AGENTS")
 
+    # the page's process: it imports matplotlib while this one loads Dagster and plays, then draws the page
+    pages = PageProcess()
+    try:
+        return _play_night(a, settings, collecting, store, cases_file, text, cases, agents, options, target, pages)
+    finally:
+        pages.close()
+
+
+def _play_night(a, settings: Settings, collecting: bool, store, cases_file: str, text: str, cases: list,
+                agents: list[str], options: dict, target, pages) -> int:
     import dagster as dg
 
     from ..dagster_defs.definitions import defs
     from ..dagster_defs.jobs import nightly_run_config, nightly_tags
-    from ..dagster_defs.scoreboard import remember_cases
+    from ..dagster_defs.scoreboard import draw_pages_in, remember_cases
+    from ..kernel.records import Grade
+    from ..store import COMPLETE, ENDED, STOPPED, RunStore, hold_lock, process_name
+    from .html_output import save_html
     remember_cases(cases_file, text, cases)  # checked once: the night's plan reads the same file
 
     config = {**nightly_run_config(cases_file, agents, options or None, a.chunk_size),
               "loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
+    episodes = len(cases) * len(agents)
     ended_before = store.count_episodes(ENDED)
     run_id = str(uuid.uuid4())
     lock = store.run_lock(run_id)
+    instance = dg.DagsterInstance.ephemeral()  # its storages' modules imported while the collector is paused too
     # what the imports made (Dagster, the code location's definitions) is never garbage: out of the
     # collector's way while the night plays, so each full collection does not walk it again
     gc.freeze()
     if collecting:
         gc.enable()
+    draw_pages_in(pages)
     try:
-        with hold_lock(lock, process_name("gate nightly")), dg.DagsterInstance.ephemeral() as instance, \
+        with instance, hold_lock(lock, process_name("gate nightly")), \
                 polled_progress(episodes, "episodes", lambda: store.count_episodes(ENDED) - ended_before,
                                 enabled=not a.json):
             result = defs.resolve_job_def("nightly_benchmark").execute_in_process(
                 run_config=config, instance=instance, raise_on_error=False, run_id=run_id,
                 tags={"gate/trigger": "cli", **nightly_tags(cases_file, agents)})
     finally:
+        draw_pages_in(None)
         gc.unfreeze()
         manifest = store.manifest(run_id)
         if manifest is not None and manifest["status"] != COMPLETE:
@@ -126,13 +142,19 @@ def _night(a, settings: Settings, collecting: bool) -> int:
         raise UsageError(failures[0] if failures else "the nightly run failed")
     board = result.output_for_node("scoreboard")
     grades = {agent: [Grade.from_dict(g) for g in gs] for agent, gs in board["grades"].items()}
-    save_html(target, grades, title="gate nightly scoreboard",
+    try:
+        pages.wait()  # the scoreboard's page, sent when the scoreboard was made
+    except OSError as exc:
+        raise UsageError(f"the scoreboard page {exc.filename}: cannot write ({exc.strerror or exc})") from None
+    except ValueError as exc:  # what drawing it raised (drawn in this process, it failed the scoreboard's step)
+        raise UsageError(f"the scoreboard page: {exc}") from None
+    save_html(target, grades, pages, title="gate nightly scoreboard",
               subtitle=f"{Path(cases_file).name}: {', '.join(grades)}", tables=[("Tables", board["tables"])])
     if a.json:
         print(json.dumps(board["summary"]))
         return 0
     print(board["tables"])
-    history = RunStore(settings).nightly_history(5)
+    history = RunStore(settings, once=True).nightly_history(5)
     print("\nnightly history (mean reward):")
     for night in history:
         s = night["summary"]

@@ -23,12 +23,12 @@ episodes count for the run it re-executes); `gate verify` checks the store again
 agents a run's config may name are the ones the code location lists (`catalog.AgentName`).
 """
 
-import gc
 from pathlib import Path
 
 import dagster as dg
 from pydantic import Field
 
+from ..html_report import PageProcess, write_html
 from ..kernel.agents import AgentOptionError, UnknownAgent, resolve_agent
 from ..kernel.cases import Case, CaseError, cases_of_text, read_case_text, split_of, suite_of_cases
 from ..kernel.engine import play_cases
@@ -66,6 +66,7 @@ MIN_CHUNK, AUTO_STEPS = 8, 8  # chunk_size 0: at least MIN_CHUNK cases a step, a
 # the case file this process read last, with its text: every step of a night reads the same file, and
 # checking its cases is most of the cost of reading it; a file whose text changed is checked again
 _READ: dict[str, tuple[str, list[Case]]] = {}
+_PAGES: list[PageProcess] = []  # draw_pages_in
 
 
 def chunk_size_for(cases: int) -> int:
@@ -215,17 +216,17 @@ def regressions(previous: dict | None, current: dict) -> list[str]:
             if a in previous["agents"] and s["reward"] < previous["agents"][a]["reward"]]
 
 
+def draw_pages_in(pages: PageProcess | None) -> None:
+    """The process that draws the scoreboard's page for the nights this process plays (`gate nightly`
+    starts one before Dagster loads, and waits for its pages when the night is done); None: drawn here."""
+    _PAGES[:] = [pages] if pages is not None else []
+
+
 def _write_page(path: Path, grades: dict, tables: str, night, figures: dict) -> Path:
     """The scoreboard as the self-contained HTML page (charts and tables) beside the run store."""
-    collecting = gc.isenabled()
-    gc.disable()  # matplotlib's import makes long-lived objects, not garbage: no collections while it runs
-    try:
-        from ..html_report import write_html
-    finally:
-        if collecting:
-            gc.enable()
-    return write_html(path, grades, title="gate nightly scoreboard",
-                      subtitle=f"night {night}: {', '.join(grades)}", tables=[("Tables", tables)], figures=figures)
+    write = _PAGES[0].write_html if _PAGES else write_html
+    return write(path, grades, title="gate nightly scoreboard", subtitle=f"night {night}: {', '.join(grades)}",
+                 tables=[("Tables", tables)], figures=figures)
 
 
 @dg.op(out=dg.Out(io_manager_key=STEP_OUTPUTS),
