@@ -261,3 +261,20 @@ def test_vacuum_is_refused_the_same_way_on_a_borrowed_database_and_on_its_own(qu
                                                                         "truncated": False}
         assert "syntax error" in s.call("run_sql", {"query": "vacuumed"})["error"]
         s.finish()
+
+
+def test_the_correct_mart_is_computed_before_the_first_episode_loads_and_is_the_same_after():
+    case = CASES["v2-eval-late-dimension-0"]
+    prepared = prepare(case)
+    assert "correct_mart" not in vars(prepared)
+    first = Session(prepared)  # its query's temporary index never comes on top of an episode's loads
+    assert "correct_mart" in vars(prepared)
+    for bid in prepared.order:
+        first.call("load_batch", {"batch_id": bid})
+    late = prepare(case)
+    late.open_db = lambda: (late.build(), False)  # an episode on a database of its own: computed at the grade
+    second = Session(late)
+    for bid in late.order:
+        second.call("load_batch", {"batch_id": bid})
+    assert "correct_mart" not in vars(late)
+    assert second.finish().grade.correct_revenue == first.finish().grade.correct_revenue == prepared.correct_mart

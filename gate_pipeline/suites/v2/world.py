@@ -170,6 +170,9 @@ class PreparedCaseV2(PreparedCase):
         """(connection, borrowed): the prepared database inside a transaction when no episode holds it,
         else a database of the episode's own."""
         if not self._db_busy and self._db is not None:
+            # the grade's correct mart, computed before the first episode loads anything: the temporary index
+            # its query builds then never comes on top of an episode's loads and their rollback journal
+            self.correct_mart  # noqa: B018 (a cached property)
             self._db_busy = True
             self._db.execute("BEGIN")
             return self._db, True
