@@ -263,18 +263,22 @@ def test_vacuum_is_refused_the_same_way_on_a_borrowed_database_and_on_its_own(qu
         s.finish()
 
 
-def test_the_correct_mart_is_computed_before_the_first_episode_loads_and_is_the_same_after():
+def test_the_correct_mart_is_computed_before_the_first_load_and_is_the_same_after():
     case = CASES["v2-eval-late-dimension-0"]
     prepared = prepare(case)
+    first = Session(prepared)
+    first.call("run_sql", {"query": "SELECT COUNT(*) FROM wh_orders"})
     assert "correct_mart" not in vars(prepared)
-    first = Session(prepared)  # its query's temporary index never comes on top of an episode's loads
-    assert "correct_mart" in vars(prepared)
-    for bid in prepared.order:
+    count = "SELECT COUNT(*) FROM wh_customers"
+    before = first.episode.world.conn.execute(count).fetchone()
+    first.call("load_batch", {"batch_id": prepared.order[0]})  # its query's temporary tables never come on top of
+    assert "correct_mart" in vars(prepared)  # a load and its rollback journal
+    for bid in prepared.order[1:]:
         first.call("load_batch", {"batch_id": bid})
-    late = prepare(case)
-    late.open_db = lambda: (late.build(), False)  # an episode on a database of its own: computed at the grade
-    second = Session(late)
-    for bid in late.order:
-        second.call("load_batch", {"batch_id": bid})
+    assert first.episode.world.conn.execute(count).fetchone() != before
+    late = prepare(case)  # an episode that loads nothing: computed when it is graded
+    assert late.order and "correct_mart" not in vars(late)
+    quiet = Session(late)
+    quiet.call("submit_report", {"loaded": [], "quarantined": []})
     assert "correct_mart" not in vars(late)
-    assert second.finish().grade.correct_revenue == first.finish().grade.correct_revenue == prepared.correct_mart
+    assert quiet.finish().grade.correct_revenue == first.finish().grade.correct_revenue == prepared.correct_mart

@@ -170,9 +170,6 @@ class PreparedCaseV2(PreparedCase):
         """(connection, borrowed): the prepared database inside a transaction when no episode holds it,
         else a database of the episode's own."""
         if not self._db_busy and self._db is not None:
-            # the grade's correct mart, computed before the first episode loads anything: the temporary index
-            # its query builds then never comes on top of an episode's loads and their rollback journal
-            self.correct_mart  # noqa: B018 (a cached property)
             self._db_busy = True
             self._db.execute("BEGIN")
             return self._db, True
@@ -329,6 +326,9 @@ class WorldV2(World):
         """Rows of an orders batch, held rows aside, whose customer (the file's second column, where the
         loader puts customer_id) is not in wh_customers right now."""
         prepared = self.prepared
+        # a load is coming (a load's entry counts its orphans first): the grade's correct mart is computed before
+        # it, so the temporary tables of its query never come on top of the loads and their rollback journal
+        prepared.correct_mart  # noqa: B018 (a cached property)
         if prepared.batches[batch_id].table != "orders":
             return 0
         header = prepared.headers[batch_id]
