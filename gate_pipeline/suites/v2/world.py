@@ -164,7 +164,7 @@ class PreparedCaseV2(PreparedCase):
 
     @staticmethod
     def database_bytes(conn: sqlite3.Connection) -> int:
-        return conn.execute("PRAGMA page_count").fetchone()[0] * conn.execute("PRAGMA page_size").fetchone()[0]
+        return conn.execute("SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()").fetchone()[0]
 
     def open_db(self) -> tuple[sqlite3.Connection, bool]:
         """(connection, borrowed): the prepared database inside a transaction when no episode holds it,
