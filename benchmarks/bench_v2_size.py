@@ -26,8 +26,9 @@ measured in a fresh process (so peak memory is that case's):
 `--parts N` prints instead where the time of careful-v2's most frequent call goes (a page of 50
 rows by rowid from an N-row batch, already looked at): SQLite alone, SQLite with a Python
 authorizer that allows everything, the sandbox's guarded execution, with the result's rows
-shaped, and the whole tool call; then a compile check's round trip to its child for statements
-it has not seen, next to SQLite compiling and running them itself; each the best of 7 passes.
+shaped, and the whole tool call, each the best of 7 passes; then the look check of a read that names a
+batch not yet looked at and reads none of its rows (run again with the batch emptied), and a compile
+check's round trip to its child for statements it has not seen, next to SQLite alone.
 """
 from __future__ import annotations
 
@@ -278,6 +279,27 @@ def parts(rows: int) -> None:
     alone = best["SQLite alone"]
     for name, _, _ in kinds:
         print(f"  {name:<44}{best[name] * 1e6:8.1f}{best[name] / alone - 1:>9.1%}")
+    # the look check: a read that names a batch no read has looked at yet, and reads none of its rows, is run
+    # again with the batch emptied, every time (the batch stays undecided)
+    other = next(prepared.staging[b] for b in prepared.order if prepared.staging[b] != staging)
+    unread = f"SELECT * FROM {other} LIMIT 0"
+    looks = {"SQLite alone": [], "the tool call (run_sql)": []}
+    gc.disable()
+    try:
+        for _ in range(200):
+            for name, call in (("SQLite alone", sqlite_alone),
+                               ("the tool call (run_sql)", lambda q: session.tools("run_sql", query=q))):
+                t = time.perf_counter()
+                call(unread)
+                looks[name].append(time.perf_counter() - t)
+    finally:
+        gc.enable()
+    assert other in session.episode.world.sandbox.pending
+    mid = {name: sorted(times)[len(times) // 2] * 1e6 for name, times in looks.items()}
+    rows = prepared.row_counts[next(b for b in prepared.order if prepared.staging[b] == other)]
+    print(f"the look check: a read that names a batch not yet looked at and reads none of its {rows:,} rows (SELECT * "
+          f"FROM it LIMIT 0), run again with the batch emptied each time, microseconds a call, median of 200: the tool "
+          f"call {mid['the tool call (run_sql)']:.1f}, SQLite alone {mid['SQLite alone']:.1f}")
     session.finish()
     mirror.close()
     # the compile check: statements with a subquery it has not seen, to its child and back
