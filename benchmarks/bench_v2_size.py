@@ -18,7 +18,9 @@ measured in a fresh process (so peak memory is that case's):
   episode loads, pandas and pandera included, is loaded), peak resident memory (VmHWM, reset
   after the warm-up; ru_maxrss where it cannot be reset) above what the process then held, for
   reading the case, preparing it and careful-v2's episode (its DataFrames included), and for
-  the same with the oracle (gate's own part: it reads little); next to the database's size (SQLite pages x page size).
+  the same with the oracle (gate's own part: it reads little); next to the database's size (SQLite pages x page
+  size). For the oracle also: the case's CSV text, the memory after reading the case and after building its
+  database, and the pages its loads added to the database (its rollback journal keeps the pages they changed).
 - **result**: careful-v2's reward (and the oracle's).
 
     .venv/bin/python benchmarks/bench_v2_size.py [--sizes 20,2000,200000] [--families f1,f2]
@@ -189,20 +191,29 @@ def measure_calls(case) -> dict:
 
 
 def measure_memory(path: str, agent: str) -> dict:
+    from gate_pipeline.kernel.agents import resolve_agent
     from gate_pipeline.kernel.cases import read_cases
-    from gate_pipeline.kernel.engine import play, prepare
+    from gate_pipeline.kernel.engine import Session, prepare
     warm_up(agent)  # what any episode loads is loaded before the baseline
     reset_peak()  # the peak from here on, not the warm-up's
     base = rss_mb()
     t = time.perf_counter()
     case = read_cases(path)[0]
     read_s = time.perf_counter() - t
+    read_mb = rss_mb() - base
     t = time.perf_counter()
     prepared = prepare(case)
     build_s = time.perf_counter() - t
-    result = play(prepared, agent)
+    built_mb = rss_mb() - base
+    session = Session(prepared, agent)  # play(prepared, agent), with a look at the database before it is given back
+    played = resolve_agent(agent).build()
+    played.play(session.tools, case.data if getattr(played, "oracle", False) else None)
+    loaded_mb = prepared.database_bytes(session.episode.world.conn) / 1e6 - prepared.db_bytes / 1e6
+    result = session.finish()
+    text_mb = (sum(len(t) for t in case.data["warehouse"].values()) + sum(len(b.data["csv"]) for b in case.batches)) / 1e6
     return {"read_s": read_s, "build_s": build_s, "db_mb": prepared.db_bytes / 1e6, "peak_mb": peak_mb() - base,
-            "reward": result.grade.reward}
+            "reward": result.grade.reward, "text_mb": text_mb, "read_mb": read_mb, "built_mb": built_mb,
+            "loaded_mb": loaded_mb}
 
 
 def worker(mode: str, path: str) -> None:
@@ -387,6 +398,7 @@ def main() -> int:
             totals = {"build": 0.0, "insert": 0.0, "gate": 0.0, "sqlite": 0.0}
             worst_peak = worst_gate = 0.0
             rewards = []
+            parts_of_gate = []
             for fi, family in enumerate(FAMILIES):
                 if family not in families:
                     continue
@@ -404,6 +416,7 @@ def main() -> int:
                 worst_peak = max(worst_peak, mem["peak_mb"] / mem["db_mb"])
                 worst_gate = max(worst_gate, own["peak_mb"] / own["db_mb"])
                 rewards.append(mem["reward"])
+                parts_of_gate.append((family, own))
                 overhead = calls["gate_s"] / calls["sqlite_s"] - 1
                 print(f"{family:<20}{mem['db_mb']:>9.1f}{calls['build_s']:>10.3f}{calls['insert_s']:>10.3f}"
                       f"{calls['build_s'] / calls['insert_s']:>9.2f}x{calls['run_sql_calls']:>10}{overhead:>9.1%}"
@@ -412,11 +425,16 @@ def main() -> int:
             print(f"{'all':<20}{'':>9}{totals['build']:>10.3f}{totals['insert']:>10.3f}"
                   f"{totals['build'] / totals['insert']:>9.2f}x{'':>10}{totals['gate'] / totals['sqlite'] - 1:>9.1%}"
                   f"{'':>9}{worst_peak:>7.2f}x{'':>9}{worst_gate:>7.2f}x{min(rewards):>11.4f}")
+            print(f"gate's part (the oracle), over the database: {'text':>8}{'read':>8}{'built':>8}{'loaded':>8}{'peak':>8}")
+            for family, own in parts_of_gate:
+                print(f"  {family:<44}" + "".join(f"{own[k] / own['db_mb']:>7.2f}x"
+                                                  for k in ("text_mb", "read_mb", "built_mb", "loaded_mb", "peak_mb")))
     print("\nbuild/ins: prepare(case) over SQLite's own bulk insert of the same rows (goal <= 1.5x); overhead: "
           "careful-v2's run_sql calls through gate over SQLite's own time for the same queries (goal <= 10 %); "
           "peak/db: peak memory over the database's size, reading the case and playing careful-v2 (gate/db: "
           "the oracle, gate's own part) (goal <= 2x); the 'all' row sums times and shows the worst ratio and "
-          "the lowest reward.")
+          "the lowest reward. gate's part: the case's CSV text (which the caller holds), the memory after reading the "
+          "case and after building its database, the pages the oracle's loads added to it, and the peak.")
     return 0
 
 
