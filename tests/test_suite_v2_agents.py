@@ -317,23 +317,52 @@ def test_a_fourth_reviews_shape_guesses_stay_within_the_shortcuts_bound(split, g
     assert scored <= min(0.85, mean(grades["careful-v2"]) - 0.10), scored
 
 
-def test_careful_v2s_frame_of_columns_is_the_frame_of_its_rows():
-    """careful-v2 keeps a batch's values by column; the frame built from them is the one its rows give
-    (duplicate column names, no rows, NULLs and text alike)."""
+def test_careful_v2s_frame_of_column_chunks_holds_its_rows_and_is_judged_as_they_are():
+    """careful-v2 keeps a batch's values by column, in chunks (text as pandas' string dtype, anything else as it
+    is): the frame built from them holds the values its rows give (duplicate column names, no rows, NULLs and
+    text alike), and the contract's checks find on it exactly what they find on the frame of the rows."""
     import random
 
     import pandas as pd
 
-    from gate_pipeline.suites.v2.schemas import frame_of
+    from gate_pipeline.kernel.contract import load_contract
+    from gate_pipeline.suites.v2.contract import COLUMNS_V2
+    from gate_pipeline.suites.v2.schemas import column_chunk, findings, frame_of
+
+    def chunked(column: list, draw: random.Random) -> list:
+        out, at = [], 0
+        while at < len(column):
+            step = draw.choice([1, 2, 5, 50])
+            out.append(column_chunk(column[at:at + step]))
+            at += step
+        return out
+
     draw = random.Random(3)
     for columns in (["a", "b", "c"], ["a", "a", "b"], ["x"], ["order_id", "customer_id", "amount", "note"]):
         for n in (0, 1, 7, 120):
             rows = [tuple(draw.choice(["", "1", " x ", None, "é", "2.50", "a,b"]) for _ in columns) for _ in range(n)]
-            values = [list(c) for c in zip(*rows)] if rows else [[] for _ in columns]
-            by_rows = pd.DataFrame(rows, columns=list(columns), dtype=object)
-            by_columns = frame_of(columns, values, n)
-            pd.testing.assert_frame_equal(by_rows, by_columns, check_exact=True)
-            assert by_rows.columns.dtype == by_columns.columns.dtype and by_rows.index.equals(by_columns.index)
+            by_columns = frame_of(columns, [chunked(list(c), draw) for c in zip(*rows)] if rows else [[] for _ in columns], n)
+            assert list(by_columns.columns) == columns and by_columns.index.equals(pd.RangeIndex(n))
+            assert [tuple(None if v is None else v for v in r) for r in by_columns.itertuples(index=False)] == rows
+    contract = load_contract("v2")
+    pools = {"customers": {"customer_id": ["C1", "C2", "C3", "C1", " "], "email": ["a@b.co", "", "no-at", " x@y.z", "é@x.io"],
+                           "country": ["US", "DE", "Deutschland", "", "us"], "signup_date": ["2026-01-01", "2027-12-31", "x"]},
+             "orders": {"order_id": ["O1", "O2", "O1", "O3"], "customer_id": ["C1", "C9", ""],
+                        "amount": ["12.50", "", "  ", "1,5", "-3.00", "60000", "0", "7"], "currency": ["USD", "EUR", ""],
+                        "status": ["placed", "refunded", "lost", ""], "order_date": ["2026-10-01", "2026-12-31", "2020-01-01"],
+                        "note": ["", "gift, please", "é"]}}
+    keys = {"existing_keys": {"C2", "O3"}, "missing_customers": {"C9"}}
+    for table, pool in pools.items():
+        header = list(COLUMNS_V2[table])
+        for n in (0, 3, 40, 200):
+            rows = [tuple(draw.choice(pool[c]) for c in header) for _ in range(n)]
+            chunks = [chunked(list(c), draw) for c in zip(*rows)] if rows else [[] for _ in header]
+            as_rows = pd.DataFrame(rows, columns=header, dtype=object) if rows else \
+                pd.DataFrame({c: pd.Series([], dtype=object) for c in header})
+            for accepted in ({}, {"country": {"Deutschland"}, "currency": {"EUR"}}):
+                found = [findings(contract, table, header, df, keys, None, (), accepted).failures
+                         for df in (frame_of(header, chunks, n), as_rows)]
+                assert found[0] == found[1], (table, n)
 
 
 def test_the_checks_strings_go_to_the_system_allocator_unless_told_otherwise():

@@ -146,6 +146,32 @@ def test_an_oracle_whose_looks_read_no_row_earns_no_inspected_credit(name):
         assert result.grade.inspected == 0.0 and result.grade.reward == pytest.approx(0.85), (name, case.case_id)
 
 
+def test_after_gates_own_writes_changed_the_schema_a_read_of_no_row_is_still_no_look():
+    """Rows held back and their batch loaded (gate's temporary table of held keys, made inside the episode's
+    transaction: each look check's rollback then makes SQLite read the schema again) change nothing a look
+    compares: a read of no row is no look for either batch it names, run after run, and a read of the rows is."""
+    s = Session(prepare(CASES[CASE]))
+    t, u = tables(s)
+    customers = next(b for b in CASES[CASE].batches if b.table == "customers")
+    key = s.call("run_sql", {"query": f"SELECT customer_id FROM {u} LIMIT 1"})["rows"][0][0]
+    assert u in s.episode.ledger.seal()[-1]["args"]["looked_at"]
+    sandbox = s.episode.world.sandbox
+    sandbox.pending.add(u)  # undecided again, so that each read below checks both batches
+    s.call("quarantine_rows", {"batch_id": customers.batch_id, "keys": [key], "column": "customer_id",
+                               "defect_type": "duplicate_key"})
+    assert s.call("load_batch", {"batch_id": customers.batch_id})["rows_held_back"] == 1
+    for _ in range(2):
+        for name, template in NOT_LOOKS.items():
+            if name == "the other batch":  # that one reads the other's rows
+                continue
+            result, entry = read(s, template.replace("{t}", "{t}, {u}", 1) if name == "WHERE 0" else template)
+            assert "error" not in result and entry["args"]["looked_at"] == [], (name, entry["args"])
+    assert sandbox.pending == {t, u}
+    result, entry = read(s, "SELECT COUNT(*) FROM {t}, {u}")
+    assert entry["args"]["looked_at"] == sorted([t, u])
+    s.finish()
+
+
 def test_a_batch_once_looked_at_is_never_checked_again():
     s = Session(prepare(CASES[CASE]))
     sandbox = s.episode.world.sandbox

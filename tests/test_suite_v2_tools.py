@@ -242,3 +242,43 @@ def test_ledger_entries_of_the_new_tools_chain_and_grade_from_a_replay():
     assert all("error" not in r for r in results)
     assert chain_intact(episode.ledger) and episode.grade.reward == 1.0
     assert json.loads(json.dumps(episode.ledger)) == episode.ledger
+
+
+@pytest.mark.parametrize("query", ["VACUUM", "vacuum;", "  VaCuUm main", "/* tidy */ -- up\n VACUUM",
+                                   "VACUUM INTO 'copy.db'", "\tvacuum/*x*/"])
+def test_vacuum_is_refused_the_same_way_on_a_borrowed_database_and_on_its_own(query, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # VACUUM INTO would write a file: none is written
+    prepared = prepare(CASES["v2-eval-partial-defect-0"])
+    borrowed, own = Session(prepared), Session(prepared)
+    assert borrowed.episode.world._borrowed and not own.episode.world._borrowed
+    answers = [s.call("run_sql", {"query": query}) for s in (borrowed, own)]
+    assert answers == [{"error": "not authorized"}] * 2
+    entries = [last(s) for s in (borrowed, own)]
+    assert entries[0] == entries[1] and (entries[0]["executed"], entries[0]["note"]) == (False, "DatabaseError")
+    assert not list(tmp_path.iterdir())
+    for s in (borrowed, own):  # a word that only starts like it, or VACUUM later in the text, is SQLite's to answer
+        assert s.call("run_sql", {"query": "SELECT 1 AS vacuum"}) == {"columns": ["vacuum"], "rows": [[1]],
+                                                                        "truncated": False}
+        assert "syntax error" in s.call("run_sql", {"query": "vacuumed"})["error"]
+        s.finish()
+
+
+def test_the_correct_mart_is_computed_before_the_first_load_and_is_the_same_after():
+    case = CASES["v2-eval-late-dimension-0"]
+    prepared = prepare(case)
+    first = Session(prepared)
+    first.call("run_sql", {"query": "SELECT COUNT(*) FROM wh_orders"})
+    assert "correct_mart" not in vars(prepared)
+    count = "SELECT COUNT(*) FROM wh_customers"
+    before = first.episode.world.conn.execute(count).fetchone()
+    first.call("load_batch", {"batch_id": prepared.order[0]})  # its query's temporary tables never come on top of
+    assert "correct_mart" in vars(prepared)  # a load and its rollback journal
+    for bid in prepared.order[1:]:
+        first.call("load_batch", {"batch_id": bid})
+    assert first.episode.world.conn.execute(count).fetchone() != before
+    late = prepare(case)  # an episode that loads nothing: computed when it is graded
+    assert late.order and "correct_mart" not in vars(late)
+    quiet = Session(late)
+    quiet.call("submit_report", {"loaded": [], "quarantined": []})
+    assert "correct_mart" not in vars(late)
+    assert quiet.finish().grade.correct_revenue == first.finish().grade.correct_revenue == prepared.correct_mart

@@ -75,12 +75,16 @@ class PreparedCase:
         self.suite: Suite = suites.get(case.suite)
         self.case_id: str = case.case_id
         self.contract: dict = case.contract  # type: ignore[assignment]
-        self.contract_json = json.dumps(self.contract)
         self.batches = {b.batch_id: b for b in case.batches}
         self.order = [b.batch_id for b in case.batches]
         self.staging = {bid: staging_table(bid) for bid in self.order}
         self.truth = {bid: b.truth for bid, b in self.batches.items()}
         self._profiles: dict[str, dict] = {}
+
+    @cached_property
+    def contract_json(self) -> str:
+        """The contract as `read_contract` answers it (a fresh copy of this each call), made at the first call."""
+        return json.dumps(self.contract)
 
     @cached_property
     def listing(self) -> list[dict]:

@@ -38,26 +38,29 @@ def _query(tools: Tools, query: str) -> dict:
     return result
 
 
-SHARED = 4096  # distinct values per column kept once (a column of few values holds each once, not per row)
-
-
 def fetch_rows(tools: Tools, staging: str) -> tuple[list[str], list[list], int]:
-    """(the file's columns, each column's values in row order, the number of rows), fifty rows a call, by
-    rowid (no OFFSET: each page is a seek); a value seen before in its column is the one object kept for
-    it (up to SHARED a column). Kept by column, not as a tuple a row (a tuple costs 56 bytes and a pointer a
-    value; a column, the pointer)."""
+    """(the file's columns, each column's values in row order as chunks, the number of rows), fifty rows a
+    call, by rowid (no OFFSET: each page is a seek). Every CHUNK_ROWS rows, each column's values become one
+    chunk (`schemas.column_chunk`: text in pandas' string dtype, with pyarrow one Arrow array), so the batch
+    is never held as a Python object a value: at most a chunk's rows are."""
+    from .schemas import CHUNK_ROWS, column_chunk  # pandas: only here
     columns = _query(tools, f"SELECT * FROM {staging} LIMIT 0")["columns"]
-    values: list[list] = [[] for _ in columns]
+    chunks: list[list] = [[] for _ in columns]
+    pending: list[list] = [[] for _ in columns]
     count = last = 0
-    seen: list[dict] = [{} for _ in columns]
     while True:
         page = _query(tools, f"SELECT rowid, * FROM {staging} WHERE rowid > {last} ORDER BY rowid LIMIT {PAGE}")["rows"]
         if page:
-            for known, kept, column in zip(seen, values, list(zip(*page))[1:]):
-                kept.extend([known.setdefault(v, v) if len(known) < SHARED else known.get(v, v) for v in column])
+            for kept, column in zip(pending, list(zip(*page))[1:]):
+                kept.extend(column)
         count += len(page)
-        if len(page) < PAGE:
-            return columns, values, count
+        done = len(page) < PAGE
+        if page and (done or len(pending[0]) >= CHUNK_ROWS):
+            for kept, values in zip(chunks, pending):
+                kept.append(column_chunk(values))
+                values.clear()
+        if done:
+            return columns, chunks, count
         last = page[-1][0]
 
 
@@ -169,7 +172,7 @@ class CarefulV2:
             moved = next((c for i, c in enumerate(expected) if i >= len(columns) or columns[i] != c), expected[-1])
             return "quarantine", [(moved, "schema_drift")], []
         df = frame_of(columns, values, count)
-        del values  # the frame holds them
+        del values  # the frame holds its chunks
         stated = {r.key for r in rules_for(contract, table, self.without)}
         key = KEY_COLUMNS[table]
         keys: dict[str, set] = {}

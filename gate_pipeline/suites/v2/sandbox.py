@@ -5,7 +5,9 @@ Everything the classic sandbox refuses is refused here, with the same texts (`sa
 also refuses what would let a query's result change without its rows changing: `random()`,
 `changes()`, `total_changes()`, `last_insert_rowid()` and gate's own SQL functions, and reads of
 SQLite's internal tables (`dbstat`, `sqlite_dbpage`, `sqlite_stmt`, the temporary schema);
-table-valued `pragma_*` functions are refused as any pragma is. 'now' (in `date('now')`,
+table-valued `pragma_*` functions are refused as any pragma is. `VACUUM` is refused before SQLite sees it,
+as `not authorized` (SQLite asks no authorizer about it: it would answer one way on the database an episode
+borrows, inside a transaction, and another on a database of the episode's own). 'now' (in `date('now')`,
 `julianday()`, `CURRENT_TIMESTAMP`...) is the night's load time (`world.clock_functions`), the same
 on every run. The step and time budgets grow with the rows in the database (2,000,000 steps plus
 100 per row; 2.0 s plus 10 microseconds per row), so the same checks run on a 200,000-row night as
@@ -29,6 +31,7 @@ no earlier read looked at are tested, and a batch once looked at is never tested
 """
 from __future__ import annotations
 
+import re
 import sqlite3
 import time
 
@@ -46,6 +49,9 @@ INTERNAL_TABLES = frozenset({"dbstat", "sqlite_dbpage", "sqlite_stmt", "sqlite_t
 
 
 SCHEMA_NOW = "SELECT 1 FROM main.sqlite_master, temp.sqlite_master WHERE 0"
+# VACUUM as SQLite reads it: its white space and comments first, the keyword in any ASCII case, then no more of a word
+_VACUUM = re.compile(r"(?:[ \t\n\f\r]|--[^\n]*(?:\n|\Z)|/\*.*?(?:\*/|\Z))*[vV][aA][cC][uU][uU][mM](?![0-9A-Za-z_$\x80-\U0010ffff])",
+                     re.DOTALL)
 
 
 def budgets(total_rows: int) -> tuple[int, float]:
@@ -85,11 +91,16 @@ class SandboxV2(Sandbox):
         """The kernel's guarded execution, its steps counted every `fine` steps when the read may decide a
         look (the look check compares them), else every INTERVAL steps as any read's. Counted finely, the
         schema is read first, unguarded: a statement that has to read it again (after gate's own writes
-        changed it) would count the steps of that reading too, and two runs of one query would differ."""
+        changed it) would count the steps of that reading too, and two runs of one query would differ. The
+        look check's own runs (`interval` given) need no such read: each follows the agent's run of the same
+        text, with at most the look check's own DELETE, compiled unguarded, between them."""
+        if _VACUUM.match(query):  # SQLite asks no authorizer about it
+            raise sqlite3.DatabaseError("not authorized")
         self.counted = interval is not None or self.may_look(query)
         if not self.counted:
             return super().execute(query)
-        self.conn.execute(SCHEMA_NOW).close()
+        if interval is None:
+            self.conn.execute(SCHEMA_NOW).close()
         return super().execute(query, self.fine if interval is None else interval)
 
     def _rerun_empty(self, query: str, table: str, steps_left: int, deadline: float) -> tuple[list[tuple], int] | None:

@@ -166,7 +166,7 @@ def history_schema(contract: dict, table: str, without: Iterable[str] = ()) -> p
 
 def median_of_amounts(values) -> float | None:
     """The median of the amounts written as plain decimal numbers (what the unit_shift rule compares)."""
-    s = pd.Series(list(values), dtype=object)
+    s = values if isinstance(values, pd.Series) else pd.Series(list(values), dtype=object)
     plain = _str(s)[_decimal(s)]
     return float(statistics.median(pd.to_numeric(plain).tolist())) if len(plain) else None
 
@@ -245,13 +245,32 @@ def disposition(contract: dict, found: Findings) -> str:
     return "quarantine"
 
 
+CHUNK_ROWS = 500  # rows careful-v2 holds as Python values before each column's become one chunk (`column_chunk`)
+
+
+def column_chunk(values: list):
+    """Some consecutive values of a file's column as a frame keeps them: text in pandas' string dtype (with
+    pyarrow, one Arrow array: no Python object a value), any other values (a NULL, a number) as they are."""
+    if all(type(v) is str for v in values):
+        return pd.array(values, dtype="str")
+    return list(values)
+
+
 def frame_of(columns: list[str], values: list[list], rows: int) -> pd.DataFrame:
-    """A file's rows as a DataFrame of strings, its header as columns: `values`, each column's values in
-    row order (`rows` of them)."""
-    df = pd.DataFrame(dict(enumerate(values)), index=pd.RangeIndex(rows), dtype=object)
+    """A file's rows as a DataFrame, its header as columns: `values`, each column's chunks in row order
+    (`column_chunk`'s, `rows` values in all). A column whose chunks are all text is pandas' string dtype,
+    its chunks joined without a copy; any other is object. The checks read either alike (each reads a column
+    as text first, `_str`), as gate's side reads its frames from the file (`gold.staged_frame`)."""
+    data = {}
+    for i, chunks in enumerate(values):
+        if chunks and not any(isinstance(c, list) for c in chunks):
+            data[i] = pd.Series(type(chunks[0])._concat_same_type(chunks))
+        else:
+            data[i] = pd.Series([v for c in chunks for v in c], dtype=object)
+    df = pd.DataFrame(data, index=pd.RangeIndex(rows))
     df.columns = list(columns)
     return df
 
 
-__all__ = ["KEY_COLUMNS", "Findings", "HistoryFigures", "contract_columns", "disposition", "findings", "frame_of",
-           "header_drifted", "header_schema", "history_schema", "median_of_amounts", "row_schema"]
+__all__ = ["CHUNK_ROWS", "KEY_COLUMNS", "Findings", "HistoryFigures", "column_chunk", "contract_columns", "disposition",
+           "findings", "frame_of", "header_drifted", "header_schema", "history_schema", "median_of_amounts", "row_schema"]
