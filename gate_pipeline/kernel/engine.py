@@ -129,7 +129,7 @@ class Session:
         self.episode_id = os.urandom(16).hex()  # 128 random bits, as 32 hex digits
         self.started_at = time.time()
         self._t0 = time.perf_counter()
-        # with nobody watching entries as they are written, the chain is hashed once, at the end
+        # with nobody watching entries as they are written, the chain is hashed once, when first read
         self.watchers = tuple(sink for sink in self.sinks if sink.wants_entries)
         self.episode = prepared.suite.episode(prepared, self._to_sinks if self.watchers else None,
                                               deferred_ledger=not self.watchers)

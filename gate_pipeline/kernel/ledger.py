@@ -76,9 +76,10 @@ class Ledger:
 
     `listener`, when given, is called with each entry as soon as it is appended (before the
     call's effect, and before the agent sees the result), hashed. Without a listener the chain
-    may be `deferred`: entries are hashed together when the ledger is sealed (the engine seals it
-    when the episode ends, before anyone reads it), so each entry is hashed once, not once when
-    written and again when the grader checks a chain nobody else could have touched."""
+    may be `deferred`: entries are hashed together when the ledger is sealed (when an ended
+    episode's entries are first read, `records.EpisodeResult.ledger`), so each entry is hashed
+    once, not once when written and again when the grader checks a chain nobody else could have
+    touched, and not at all by a run that reads only grades."""
 
     __slots__ = ("entries", "listener", "deferred", "_sealed")
 
