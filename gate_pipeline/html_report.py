@@ -282,7 +282,8 @@ class PageProcess:
         self.proc: subprocess.Popen | None
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", "from gate_pipeline.html_report import serve_pages; serve_pages()"],
+                [sys.executable, "-P", "-c",  # -P: never import from the directory gate runs in
+                 "from gate_pipeline.html_report import serve_pages; serve_pages()"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         except OSError:  # no process can start here: `wait` writes the pages in this one
             self.proc = None

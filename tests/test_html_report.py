@@ -164,3 +164,21 @@ def test_a_page_process_writes_the_pages_write_html_writes(grades, tmp_path):
     finally:
         pages.close()
     assert pages.proc is None
+
+
+def test_a_page_process_imports_nothing_from_the_directory_gate_runs_in(grades, tmp_path, monkeypatch):
+    """The process is started with the interpreter's safe path: a module named like one it imports, in the
+    folder `gate nightly` runs from, is never imported (here it would leave a file behind)."""
+    from gate_pipeline.html_report import PageProcess
+    marker = tmp_path / "imported"
+    for name in ("json", "subprocess", "matplotlib"):
+        (tmp_path / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write({name!r})\n")
+    monkeypatch.chdir(tmp_path)
+    pages = PageProcess()
+    try:
+        pages.write_html(tmp_path / "page.html", grades, title="night")
+        pages.wait()
+    finally:
+        pages.close()
+    assert not marker.exists()
+    assert (tmp_path / "page.html").read_bytes() == render_html(grades, title="night").encode()

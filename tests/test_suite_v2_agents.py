@@ -379,3 +379,36 @@ def test_the_checks_strings_go_to_the_system_allocator_unless_told_otherwise():
         out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=run_env, cwd=ROOT,
                              timeout=120, check=True)
         assert out.stdout.split()[-1] == expected, out
+
+
+@pytest.mark.parametrize("rows", [0, 49, 50, 100, 499, 500, 550, 1000, 1001])
+def test_careful_v2_reads_every_row_of_a_batch_whatever_its_length(rows):
+    """A batch of a multiple of 50 rows ends with a full page, then an empty one: the rows read before it are
+    kept all the same (they once were not, and the frame was padded with missing values)."""
+    import sqlite3
+
+    from gate_pipeline.suites.v2.agents import fetch_rows
+    from gate_pipeline.suites.v2.schemas import frame_of
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE stg (order_id TEXT, amount TEXT)")
+    conn.executemany("INSERT INTO stg VALUES (?, ?)", [(f"O-{k}", f"{k}.50") for k in range(rows)])
+
+    def tools(tool, query):
+        cur = conn.execute(query)
+        return {"columns": [d[0] for d in cur.description], "rows": [list(r) for r in cur.fetchall()]}
+
+    columns, chunks, count = fetch_rows(tools, "stg")
+    df = frame_of(columns, chunks, count)
+    assert count == rows and list(df.columns) == ["order_id", "amount"]
+    assert df["order_id"].tolist() == [f"O-{k}" for k in range(rows)] and not df.isna().any().any()
+    with pytest.raises(ValueError, match="do not hold"):  # a column read short is an error, never padded
+        frame_of(columns, chunks, count + 1)
+
+
+def test_careful_v2_scores_1_on_cases_whose_batches_hold_multiples_of_50_rows(tmp_path):
+    assert main(["cases", "generate", "--suite", "v2", "--rows", "100", "--split", "eval", "--out",
+                 str(tmp_path)]) == 0
+    cases = read_cases(tmp_path / "eval_curated.jsonl")
+    assert any(b["row_count"] % 50 == 0 for c in cases for b in c.data["batches"])
+    results = play_cases(cases, ["careful-v2"])["careful-v2"]
+    assert [r.grade.reward for r in results] == [1.0] * len(cases)

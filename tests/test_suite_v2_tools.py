@@ -9,6 +9,7 @@ import pytest
 
 from gate_pipeline.kernel.cases import load_case, read_cases
 from gate_pipeline.kernel.engine import Session, prepare
+from gate_pipeline.kernel.ledger import chain_intact
 
 ROOT = Path(__file__).resolve().parent.parent
 V2_EVAL = ROOT / "cases" / "v2" / "eval_curated.jsonl"
@@ -222,7 +223,6 @@ def test_the_profile_is_sqlites_and_counts_as_looking():
 
 def test_ledger_entries_of_the_new_tools_chain_and_grade_from_a_replay():
     from gate_pipeline.kernel.engine import replay
-    from gate_pipeline.kernel.ledger import chain_intact
     case = CASES["v2-eval-multi-defect-0"]  # orders: blank amounts and foreign currencies, the whole batch;
     # customers: a customer the warehouse holds already, held back by rows
     orders = next(b for b in case.data["batches"] if b["table"] == "orders")
@@ -245,7 +245,8 @@ def test_ledger_entries_of_the_new_tools_chain_and_grade_from_a_replay():
 
 
 @pytest.mark.parametrize("query", ["VACUUM", "vacuum;", "  VaCuUm main", "/* tidy */ -- up\n VACUUM",
-                                   "VACUUM INTO 'copy.db'", "\tvacuum/*x*/"])
+                                   "VACUUM INTO 'copy.db'", "\tvacuum/*x*/", ";VACUUM", "/**/;VACUUM", "; vacuum",
+                                   ";;\n;VACUUM"])
 def test_vacuum_is_refused_the_same_way_on_a_borrowed_database_and_on_its_own(query, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # VACUUM INTO would write a file: none is written
     prepared = prepare(CASES["v2-eval-partial-defect-0"])
@@ -282,3 +283,24 @@ def test_the_correct_mart_is_computed_before_the_first_load_and_is_the_same_afte
     quiet.call("submit_report", {"loaded": [], "quarantined": []})
     assert "correct_mart" not in vars(late)
     assert quiet.finish().grade.correct_revenue == first.finish().grade.correct_revenue == prepared.correct_mart
+
+
+def test_the_ledger_keeps_the_keys_a_call_named_whatever_the_caller_does_with_its_list_later():
+    """A list passed to a tool is copied before the ledger keeps it: the caller changing its list after the
+    call (before or after the episode ends and its chain is hashed) changes nothing stored or graded."""
+    orders = batch_of("v2-eval-partial-defect-0", "orders")
+    bad = sorted({k for d in orders["truth"]["defects"] for k in d["keys"]})
+    kept = []
+    for when in ("before", "after"):
+        s = session("v2-eval-partial-defect-0")
+        keys = list(bad)
+        s.call("quarantine_rows", {"batch_id": orders["batch_id"], "keys": keys, "column": "amount",
+                                   "defect_type": "missing_value"})
+        if when == "before":
+            keys[:] = ["O-other"]
+        result = s.finish()
+        keys[:] = ["O-something-else"]
+        entry = result.ledger[0]
+        assert entry["args"]["keys"] == bad and chain_intact(result.ledger)
+        kept.append(entry["hash"])
+    assert kept[0] == kept[1]

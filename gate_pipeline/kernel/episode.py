@@ -118,6 +118,8 @@ class Episode:
         if problem:
             self.ledger.append(tool, {"sent": ledger_repr(args)}, False, "bad arguments")
             return {"error": problem}
+        if tool not in shape.strings:  # a list the caller may change later: the ledger keeps a copy of it
+            args = {name: list(value) if type(value) is list else value for name, value in args.items()}
         return getattr(self, tool)(**args)
 
     def refuse(self, action: Action):

@@ -55,7 +55,7 @@ def fetch_rows(tools: Tools, staging: str) -> tuple[list[str], list[list], int]:
                 kept.extend(column)
         count += len(page)
         done = len(page) < PAGE
-        if page and (done or len(pending[0]) >= CHUNK_ROWS):
+        if pending[0] and (done or len(pending[0]) >= CHUNK_ROWS):  # done may come with an empty page
             for kept, values in zip(chunks, pending):
                 kept.append(column_chunk(values))
                 values.clear()

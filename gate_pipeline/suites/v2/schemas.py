@@ -267,6 +267,9 @@ def frame_of(columns: list[str], values: list[list], rows: int) -> pd.DataFrame:
             data[i] = pd.Series(type(chunks[0])._concat_same_type(chunks))
         else:
             data[i] = pd.Series([v for c in chunks for v in c], dtype=object)
+    short = [columns[i] for i, series in data.items() if len(series) != rows]
+    if short:  # never padded with missing values: a column read short is the reader's error, not the batch's
+        raise ValueError(f"frame_of: {len(short)} column(s) ({short[0]} first) do not hold {rows} values")
     df = pd.DataFrame(data, index=pd.RangeIndex(rows))
     df.columns = list(columns)
     return df
