@@ -150,7 +150,8 @@ class ClassicPreparedCase(PreparedCase):
                 conn.execute(ddl)
                 conn.executemany(_insert_sql(name, COLUMNS[batch.table]), list(map(_ROW[batch.table], batch.data["rows"])))
         except BaseException:
-            conn.execute("ROLLBACK")
+            if conn.in_transaction:  # SQLite may have rolled back itself (out of memory): its error is the one raised
+                conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
         return conn.serialize()
