@@ -342,3 +342,33 @@ def test_a_classic_episode_is_given_its_databases_catalogue_as_sqlite_keeps_it(p
         assert ep.world.sandbox._catalogue == catalogue(ep.world.conn) != p.catalogue
     finally:
         ep.close()
+
+
+def test_a_compile_check_interrupted_while_it_waits_never_hands_its_answer_to_the_next_statement():
+    """An exception raised while the check waits for the child's answer (here a signal's) ends that child:
+    the answer to the interrupted statement is never read as the next one's."""
+    import signal
+
+    from gate_pipeline.kernel.compile_check import CompileCheck
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupt(signum, frame):
+        raise Interrupted
+
+    check = CompileCheck()
+    db = _db({"wh_orders": "order_id TEXT, amount REAL"})
+    before = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        assert check.compiles_within(db, "SELECT (SELECT 1)", 5.0)  # the child started and answered
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(Interrupted):
+            check.compiles_within(db, HEAVY_TO_COMPILE["doubling CTEs"], 30.0)
+        assert check._child is None
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        assert not check.compiles_within(db, HEAVY_TO_COMPILE["doubling CTEs"], 0.2)  # its own answer: none
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+        check.close()

@@ -194,6 +194,9 @@ class CompileCheck:
                 return True
         except OSError:
             pass
+        except BaseException:  # interrupted (a signal's exception) with the answer perhaps still to come: the
+            self.close()  # child goes with it, so no later statement reads this one's answer as its own
+            raise
         self.close()
         return False
 
