@@ -264,7 +264,7 @@ def frame_of(columns: list[str], values: list[list], rows: int) -> pd.DataFrame:
     data = {}
     for i, chunks in enumerate(values):
         if chunks and not any(isinstance(c, list) for c in chunks):
-            data[i] = pd.Series(type(chunks[0])._concat_same_type(chunks))
+            data[i] = pd.concat([pd.Series(c, copy=False) for c in chunks], ignore_index=True)
         else:
             data[i] = pd.Series([v for c in chunks for v in c], dtype=object)
     short = [columns[i] for i, series in data.items() if len(series) != rows]
