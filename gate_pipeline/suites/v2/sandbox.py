@@ -49,9 +49,9 @@ INTERNAL_TABLES = frozenset({"dbstat", "sqlite_dbpage", "sqlite_stmt", "sqlite_t
 
 
 SCHEMA_NOW = "SELECT 1 FROM main.sqlite_master, temp.sqlite_master WHERE 0"
-# VACUUM as SQLite reads it: white space, comments and empty statements (";") first, the keyword in any ASCII
-# case, then no more of a word
-_VACUUM = re.compile(r"(?:[ \t\n\f\r;]|--[^\n]*(?:\n|\Z)|/\*.*?(?:\*/|\Z))*[vV][aA][cC][uU][uU][mM](?![0-9A-Za-z_$\x80-\U0010ffff])",
+# VACUUM as SQLite reads it: white space (U+FEFF, the byte-order mark, too), comments and empty statements (";")
+# first, the keyword in any ASCII case, then no more of a word
+_VACUUM = re.compile(r"(?:[ \t\n\f\r;\ufeff]|--[^\n]*(?:\n|\Z)|/\*.*?(?:\*/|\Z))*[vV][aA][cC][uU][uU][mM](?![0-9A-Za-z_$\x80-\ufefe\uff00-\U0010ffff])",
                      re.DOTALL)
 
 
