@@ -19,9 +19,13 @@ import gc
 import html
 import io
 import json
+import os
 import re
+import select
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -275,10 +279,15 @@ class PageProcess:
     """A process that imports matplotlib as it starts, then writes each page it is sent with `write_html`,
     in order. `write_html` here returns at once; `wait` returns when every page sent is written, and
     raises what writing one raised there (an OSError with its errno, a ValueError), or, if the process
-    is gone, writes the pages it had not written here. `close` ends it."""
+    is gone or has not answered within PAGE_SECONDS, ends it and writes the pages it had not written
+    here. `close` ends it. Each page's grades go to it in a file of their own, and only that file's name
+    through its input, so sending never waits on a process that is busy, or stuck, drawing."""
+
+    PAGE_SECONDS = 300.0  # the longest `wait` waits for one page's answer
 
     def __init__(self):
-        self.sent: list[tuple[Path, dict, dict]] = []
+        self.sent: list[tuple[Path, dict, dict, str]] = []
+        self._answers = b""  # read from the process, not yet a whole line
         self.proc: subprocess.Popen | None
         try:
             self.proc = subprocess.Popen(
@@ -290,24 +299,50 @@ class PageProcess:
 
     def write_html(self, path: str | Path, grades: dict[str, list], **kw) -> Path:
         path = Path(path)
-        self.sent.append((path, grades, kw))
         job = {"path": str(path), "grades": {a: [g.as_dict() for g in gs] for a, gs in grades.items()}, "kw": kw}
+        job_file = ""
         try:
             assert self.proc is not None and self.proc.stdin is not None
-            self.proc.stdin.write(json.dumps(job) + "\n")
+            fd, job_file = tempfile.mkstemp(prefix="gate-page-", suffix=".json")
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(job, fh)
+            self.proc.stdin.write(job_file + "\n")
             self.proc.stdin.flush()
-        except (OSError, ValueError, AssertionError):  # gone: `wait` writes it here
+        except (OSError, ValueError, AssertionError):  # gone (or no file to hand it): `wait` writes it here
             pass
+        self.sent.append((path, grades, kw, job_file))
         return path
+
+    def _answer(self) -> str:
+        """The process's next answer line; "" when it is gone or has not answered within PAGE_SECONDS. Read
+        from its pipe directly (no buffer of Python's between the pipe and the wait for it)."""
+        proc = self.proc
+        if proc is None or proc.stdout is None:
+            return ""
+        fd = proc.stdout.fileno()
+        deadline = time.monotonic() + self.PAGE_SECONDS
+        while b"\n" not in self._answers:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                proc.kill()  # stuck: what it has not written is written here
+                return ""
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return ""
+            self._answers += chunk
+        line, _, self._answers = self._answers.partition(b"\n")
+        return line.decode()
 
     def wait(self) -> None:
         sent, self.sent = self.sent, []
         failed: Exception | None = None
-        for k, (path, grades, kw) in enumerate(sent):
-            line = self.proc.stdout.readline() if self.proc is not None and self.proc.stdout is not None else ""
-            if not line:  # the process is gone (it could not start, or was killed): this one and the rest here
+        for k, (path, _, _, _) in enumerate(sent):
+            line = self._answer()
+            if not line:  # the process is gone (it could not start, was killed, or is stuck): the rest here
                 self.close()
-                for path, grades, kw in sent[k:]:
+                for path, grades, kw, job_file in sent[k:]:
+                    if job_file:
+                        Path(job_file).unlink(missing_ok=True)
                     write_html(path, grades, **kw)
                 break
             answer = json.loads(line)
@@ -336,12 +371,16 @@ class PageProcess:
 
 def serve_pages() -> None:
     """A `PageProcess`'s side: load what drawing a page needs (matplotlib, the suites that order the families),
-    then write the page of each line read (JSON: path, grades, keywords) and answer a line (an empty object, or
-    the error) until the input ends."""
+    then, for each line read (the name of a file of JSON: path, grades, keywords), read and remove that file,
+    write the page and answer a line (an empty object, or the error) until the input ends."""
     load_matplotlib()
     suites.all()
     for line in sys.stdin:
-        job = json.loads(line)
+        job_file = Path(line.rstrip("\n"))
+        try:
+            job = json.loads(job_file.read_text(encoding="utf-8"))
+        finally:
+            job_file.unlink(missing_ok=True)
         grades = {a: [Grade.from_dict(g) for g in gs] for a, gs in job["grades"].items()}
         kw = job["kw"]
         if "tables" in kw:

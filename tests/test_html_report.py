@@ -182,3 +182,37 @@ def test_a_page_process_imports_nothing_from_the_directory_gate_runs_in(grades, 
         pages.close()
     assert not marker.exists()
     assert (tmp_path / "page.html").read_bytes() == render_html(grades, title="night").encode()
+
+
+def test_a_page_process_that_is_stuck_never_holds_the_caller(grades, tmp_path, monkeypatch):
+    """A page process that stops answering (here: stopped by a signal, mid-night) costs the caller at most
+    PAGE_SECONDS: sending never waits on it (each page's grades go in a file of its own, however many
+    episodes), `wait` ends it and writes the pages here, and no file handed to it is left behind."""
+    import signal
+    import tempfile
+    import time
+
+    from gate_pipeline.html_report import PageProcess
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(jobs))
+    many = {agent: gs * 40 for agent, gs in grades.items()}  # far more than a pipe holds
+    pages = PageProcess()
+    pages.PAGE_SECONDS = 2.0
+    try:
+        pages.write_html(tmp_path / "first.html", grades, title="night")
+        pages.wait()  # drawn there: the process is up
+        assert pages.proc is not None
+        pages.proc.send_signal(signal.SIGSTOP)
+        start = time.monotonic()
+        pages.write_html(tmp_path / "stuck.html", many, title="night")
+        pages.write_html(tmp_path / "stuck-too.html", many, title="night 2")
+        assert time.monotonic() - start < 1.0
+        pages.wait()
+        assert time.monotonic() - start < 10.0 and pages.proc is None
+    finally:
+        pages.close()
+    assert (tmp_path / "stuck.html").read_bytes() == render_html(many, title="night").encode()
+    assert (tmp_path / "stuck-too.html").read_bytes() == render_html(many, title="night 2").encode()
+    assert (tmp_path / "first.html").read_bytes() == render_html(grades, title="night").encode()
+    assert not list(jobs.iterdir())
