@@ -149,6 +149,22 @@ def test_text_calls_in_the_common_shapes_and_hostile_text():
     assert len(parse_text_calls("<tool_call>{}</tool_call>" * 1000)[0]) == 64  # at most MAX_CALLS a reply
 
 
+def test_a_reply_that_opens_a_fence_and_runs_on_whitespace_is_read_in_the_time_of_its_length():
+    # a degenerate generation: a fence opened, then whitespace to the limit; the fence was matched by a pattern
+    # whose lazy body tried every split of the whitespace (20,000 newlines: 9 s; 199,000: about 16 minutes)
+    import time
+    for fill in (" ", "\n", "\t"):
+        started = time.perf_counter()
+        for reply in ("```json\n" + fill * 199_000 + "x", "```" + fill * 199_000 + "```x", "```json" + fill * 199_990):
+            assert parse_text_calls(reply) == ([], reply)
+        assert time.perf_counter() - started < 5  # the old pattern: hundreds of seconds for each
+    # what a fence holds is still read, whatever its language tag and the space around it
+    assert parse_text_calls('```\n{"name": "read_contract"}```') == ([("read_contract", "")], None)
+    assert parse_text_calls('  ```tool_code  \n\n {"name": "list_batches"} \n```  ') == ([("list_batches", "")], None)
+    assert parse_text_calls('```json{"name": "read_contract"}```') == ([("read_contract", "")], None)
+    assert parse_text_calls("``````")[0] == [] and parse_text_calls("`````")[0] == []
+
+
 def test_a_broken_text_call_is_answered_as_invalid_json_and_the_run_goes_on(server, tmp_path, prepared):
     from gate_pipeline.kernel import engine
     from gate_pipeline.model_agent.agent import Conversation, ModelAgent, _with_text_calls

@@ -17,7 +17,7 @@ import json
 import re
 
 HERMES = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.S)
-FENCE = re.compile(r"\A```[A-Za-z0-9_-]*\s*\n?(.*?)\n?```\Z", re.S)
+FENCE_TAG = re.compile(r"[A-Za-z0-9_-]*")  # the language named after a code fence's opening ```
 NAME = re.compile(r'"name"\s*:\s*"([^"\\]{1,200})"')
 MAX_TEXT = 200_000  # a reply longer than this is not searched for calls
 MAX_CALLS = 64
@@ -58,9 +58,10 @@ def parse_text_calls(content) -> tuple[list[tuple[str, str]], str | None]:
         rest = HERMES.sub("", content).strip()
         return calls, rest or None
     text = content.strip()
-    fenced = FENCE.match(text)
-    if fenced:
-        text = fenced.group(1).strip()
+    if len(text) >= 6 and text.startswith("```") and text.endswith("```"):  # one fenced block: what it holds
+        inner = text[3:-3]  # (sliced, not matched by a pattern: a reply's length in time, whatever it holds)
+        tag = FENCE_TAG.match(inner)
+        text = inner[tag.end() if tag else 0:].strip()
     if not text.startswith("{"):
         return [], content
     value, why = _decode(text)
