@@ -152,6 +152,54 @@ def test_an_idle_websocket_session_is_closed_and_says_why():
 
 
 @pytest.mark.slow
+def test_a_client_that_never_reads_is_cut_off_and_holds_no_other_session_open():
+    """A client that sends steps with large answers and never reads them (its connection's buffers fill, so a
+    send to it waits for ever), then goes quiet: the reaper closed every idle session through it, so one
+    such client turned the idle timeout off for the whole server. Now it is cut off, and the others reaped."""
+    import socket
+
+    from websockets.sync.client import connect as connect_sync
+    proc, url, err = start_server("--cases", str(EVAL), "--idle-timeout", "1", "--max-sessions", "2")
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    big = ("WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r WHERE x < 60), t(y) AS (SELECT 1 "
+           "UNION ALL SELECT y + 1 FROM t WHERE y < 20), w(v) AS (SELECT group_concat('aaaaaaaaaa', '') FROM t) "
+           "SELECT " + ", ".join(f"v AS c{i}" for i in range(64)) + " FROM r, w")  # an answer of ~600 KB
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((host, int(port)))
+    stuck = connect_sync(ws_url(url), sock=sock, max_queue=1, max_size=None, open_timeout=10)
+    try:
+        stuck.send(json.dumps({"type": "reset", "data": {"case_id": CASES[0].case_id, "max_turns": 1024}}))
+        for _ in range(200):
+            stuck.send(json.dumps({"type": "step", "data": {"tool": "run_sql", "args": {"query": big}}}))
+
+        async def idle():
+            ws, first = await ws_reset(url, CASES[1].case_id)
+            assert first["type"] == "observation"
+            t = time.monotonic()
+            notice = json.loads(await asyncio.wait_for(ws.recv(), 15))
+            return notice, time.monotonic() - t
+
+        notice, after = asyncio.run(idle())
+        assert notice["data"]["code"] == "SESSION_IDLE" and after < 8, (notice, after)  # the old server: never
+
+        async def both_places():  # --max-sessions 2: the stuck client's place is given back too
+            deadline = time.monotonic() + 15
+            while True:
+                opened = [await ws_reset(url, CASES[k].case_id) for k in (2, 3)]
+                for ws, _ in opened:
+                    await ws.close()
+                if all(first["type"] == "observation" for _, first in opened) or time.monotonic() > deadline:
+                    return [first["type"] for _, first in opened]
+                await asyncio.sleep(0.5)
+
+        assert asyncio.run(both_places()) == ["observation", "observation"]
+    finally:
+        sock.close()
+        stopped_cleanly(proc, err)
+
+
+@pytest.mark.slow
 def test_the_per_client_cap_counts_mcp_and_websocket_sessions_alike():
     proc, url, err = start_server("--cases", str(EVAL), "--max-sessions", "5", "--max-per-client", "2",
                                   "--idle-timeout", "60")

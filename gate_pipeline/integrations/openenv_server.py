@@ -78,6 +78,8 @@ DEFAULT_MAX_SESSIONS = 64
 DEFAULT_IDLE_TIMEOUT = 300.0  # seconds without a message before a session is closed
 STEP_THREADS = 8  # threads at normal priority for steps, resets and closes (openenv_lanes.py)
 SLOW_THREADS = 8  # the slow lane's threads, at the lowest priority; their queries take turns on one baton
+REAP_SECONDS = 2.0  # what telling an idle WebSocket client its session is closed may take: one that does not read
+# (its connection's buffers full) is cut off after it, so no client holds the reaper, which closes every session
 SLICE_S = 0.02  # CPU seconds a call may use before it moves to the slow lane
 WS_MAX_BYTES = 1 << 20  # one message; far more than a tool call needs (the sandbox refuses queries over 10,000 characters)
 HTTP_MAX_BYTES = 1 << 20  # one HTTP request body
@@ -334,6 +336,8 @@ class ServedSession:
     busy: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     on_reap: Callable[[], Any] | None = None  # a WebSocket's: closes the connection
+    task: asyncio.Task | None = None  # a WebSocket's: the task serving it (cancelled when it cannot be closed)
+    cut_off: bool = False  # the reaper cancelled `task`: a client that did not read what it was sent
 
 
 class Sessions:
@@ -376,12 +380,21 @@ class Sessions:
             await asyncio.sleep(interval)
             for session in self.idle(time.monotonic()):
                 self.reaped += 1
-                if session.on_reap is not None:
-                    try:
-                        await session.on_reap()
-                    except Exception:  # noqa: BLE001  (the connection is gone already)
-                        pass
-                await self.close(session)
+                await self.reap(session)
+
+    async def reap(self, session: ServedSession) -> None:
+        """Close an idle session: its WebSocket client told so, within REAP_SECONDS; a client that does not
+        read (a send to it waits for ever) is cut off, the task serving it cancelled."""
+        if session.on_reap is not None:
+            try:
+                await asyncio.wait_for(session.on_reap(), REAP_SECONDS)
+            except asyncio.TimeoutError:
+                if session.task is not None and not session.task.done():
+                    session.cut_off = True
+                    session.task.cancel()
+            except Exception:  # noqa: BLE001  (the connection is gone already)
+                pass
+        await self.close(session)
 
 
 # -- MCP's JSON-RPC ---------------------------------------------------------------------------------
@@ -749,7 +762,7 @@ def create_gate_app(pool: CasePool, config: ServeConfig | None = None):
                                                       "message", "SESSION_IDLE"))
                 await websocket.close(code=1000, reason="idle")
 
-        session.on_reap = on_reap
+        session.on_reap, session.task = on_reap, asyncio.current_task()
         try:
             while True:
                 message = await websocket.receive()
@@ -768,12 +781,18 @@ def create_gate_app(pool: CasePool, config: ServeConfig | None = None):
                     break
         except (WebSocketDisconnect, RuntimeError):  # the client hung up, or the reaper closed it
             pass
+        except asyncio.CancelledError:
+            if not session.cut_off:  # the server stopping
+                raise
+            current = asyncio.current_task()
+            if current is not None:
+                current.uncancel()  # the reaper's cut: this connection ends here, the server goes on
         finally:
             await gate.sessions.close(session)
             if websocket.client_state == WebSocketState.CONNECTED:
-                try:
-                    await websocket.close()
-                except (RuntimeError, WebSocketDisconnect):  # the client hung up first
+                try:  # a client that does not read is not waited for
+                    await asyncio.wait_for(websocket.close(), REAP_SECONDS)
+                except (RuntimeError, WebSocketDisconnect, asyncio.TimeoutError):  # the client hung up first
                     pass
 
     async def frame(session: ServedSession, message: dict) -> tuple[str | None, bool]:
