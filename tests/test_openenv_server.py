@@ -514,3 +514,24 @@ def test_suite_v2_cases_are_served_and_grade_as_in_process():
                     assert env.state().grade == engine.play(prepare(case), name).grade.as_dict(), (case.case_id, name)
     finally:
         assert stop_server(proc) == 0, "".join(err)[-2000:]
+
+
+def test_a_session_closed_while_its_step_runs_answers_the_step():
+    """openenv/session/close (or the reaper) ends a session while a tools/call on it still runs: the step read
+    the session again after playing and found none (AttributeError, an HTTP 500). It answers from the session
+    it played, and the close abandons the episode after it."""
+    import threading
+
+    from gate_pipeline.integrations.openenv_server import GateServerEnv
+    from gate_pipeline.kernel.pool import CasePool
+    env = GateServerEnv(CasePool(read_cases(EVAL)[:1]))
+    env.reset()
+    session = env.session
+    answers: list = []
+    stepping = threading.Thread(target=lambda: answers.append(env.step({"tool": "run_sql", "args": {"query": SLOW_SQL}})))
+    stepping.start()
+    time.sleep(0.5)
+    env.close()  # while the query runs
+    stepping.join(30)
+    assert len(answers) == 1 and json.loads(answers[0].result) == {"error": "interrupted"} and answers[0].turn == 1
+    assert env.session is None and session is not None and session.done  # abandoned once the step was over

@@ -186,16 +186,16 @@ class GateServerEnv(Environment[GateAction, GateObservation, GateState]):
     def step(self, action, timeout_s: float | None = None, **kwargs: Any) -> GateObservation:
         """One tool call (a `GateAction`, or the action itself in any spelling of the one parser).
         Never raises: a malformed action, a step before reset or after the end is an error result."""
-        if self.session is None:
+        session = self.session  # the one this step plays: a close() while it runs takes it from self.session
+        if session is None:
             return GateObservation(result=_text({"error": NO_EPISODE}), turn=0, done=False, reward=0.0)
         with self.busy:
-            step = self.session.step(action.action if isinstance(action, GateAction) else action)
+            step = session.step(action.action if isinstance(action, GateAction) else action)
         self.parts = step.parts
         self.terminated = self.terminated or step.terminated
         self.truncated = self.truncated or step.truncated
-        return GateObservation(prompt=self.session.prepared.case.prompt, result=_text(step.result),
-                               turn=self.session.turn, done=step.terminated or step.truncated,
-                               reward=float(step.reward))
+        return GateObservation(prompt=session.prepared.case.prompt, result=_text(step.result), turn=session.turn,
+                               done=step.terminated or step.truncated, reward=float(step.reward))
 
     # -- state, metadata, close -----------------------------------------------------------------
     @property
