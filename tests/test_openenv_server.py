@@ -535,3 +535,17 @@ def test_a_session_closed_while_its_step_runs_answers_the_step():
     stepping.join(30)
     assert len(answers) == 1 and json.loads(answers[0].result) == {"error": "interrupted"} and answers[0].turn == 1
     assert env.session is None and session is not None and session.done  # abandoned once the step was over
+
+
+def test_an_answer_that_echoes_a_lone_surrogate_is_json_not_an_error(server):
+    """A JSON-RPC id and an initialize's protocol version are echoed; a lone surrogate in them (valid JSON: a
+    \\ud800 escape) could not be written as UTF-8, and the request failed with an HTTP 500."""
+    status, body = http(server, "/mcp", {"jsonrpc": "2.0", "method": "ping", "id": "\ud800"})
+    assert status == 200 and body == {"jsonrpc": "2.0", "result": {}, "id": "\ud800"}
+    status, body = http(server, "/mcp", {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                                         "params": {"protocolVersion": "\udfff"}})
+    assert status == 200 and body["result"]["protocolVersion"] == "\udfff"
+    status, body = http(server, "/mcp", {"jsonrpc": "2.0", "method": "nope", "id": "\udfff"})
+    assert status == 200 and body["error"]["code"] == -32601 and body["id"] == "\udfff"
+    status, body = http(server, "/reset", {"case_id": "\ud800"})
+    assert status == 422 and "no case '\\ud800'" in body["detail"]

@@ -124,6 +124,15 @@ def _short(value) -> str:
     return text if len(text) <= 120 else text[:120] + "..."
 
 
+class AsciiJSONResponse(JSONResponse):
+    """JSON with every non-ASCII character escaped, as `json.dumps` writes it by default (and the WebSocket's
+    frames are): text a client sent and an answer echoes (a JSON-RPC id, a protocol version) may hold a lone
+    surrogate, which UTF-8 cannot encode, so JSONResponse's UTF-8 body failed with an HTTP 500."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
 class GateServerEnv(Environment[GateAction, GateObservation, GateState]):
     """One OpenEnv session: one gate episode at a time over the server's case pool."""
 
@@ -658,11 +667,12 @@ def create_gate_app(pool: CasePool, config: ServeConfig | None = None):
 
     info = metadata()
     app = FastAPI(title="gate (OpenEnv)", version=info.version or "0", description=info.description,
-                  lifespan=lifespan, openapi_url="/openapi.json", docs_url=None, redoc_url=None)
+                  lifespan=lifespan, openapi_url="/openapi.json", docs_url=None, redoc_url=None,
+                  default_response_class=AsciiJSONResponse)
     app.state.gate = gate
 
     def refused(message: str, status: int = 422) -> JSONResponse:
-        return JSONResponse(status_code=status, content={"detail": message})
+        return AsciiJSONResponse(status_code=status, content={"detail": message})
 
     async def body_of(request: Request, what: str) -> dict:
         raw = await bounded_body(request, what)
@@ -739,7 +749,7 @@ def create_gate_app(pool: CasePool, config: ServeConfig | None = None):
         except BadRequest as exc:
             return rpc_error(RPC_PARSE, str(exc))
         answer = await gate.rpc(message, client)
-        return answer if answer is not None else JSONResponse(status_code=202, content=None)
+        return answer if answer is not None else AsciiJSONResponse(status_code=202, content=None)
 
     @app.websocket("/ws")
     async def ws(websocket: WebSocket):
