@@ -122,6 +122,32 @@ def test_setup_state_opens_an_engine_session_and_cleanup_grades_it():
         asyncio.run(env.setup_state({"info": {"case_id": "nope"}}))
 
 
+def test_calls_after_an_accepted_report_in_the_same_reply_are_refused_and_not_graded():
+    """A reply [submit_report, load_batch, ...]: the loads after the accepted report reached the warehouse and the
+    grade (0.65 where the report alone earns 0.15), where gate run, gate serve and the gymnasium env refuse them."""
+    import json
+    from types import SimpleNamespace
+
+    env = load_environment(num_cases=1)
+
+    def episode(after_report: bool) -> tuple[list, dict]:
+        state = asyncio.run(env.setup_state({"info": {"case_id": env.pool.ids[0]}}))
+        batches = [b["batch_id"] for b in state["gate_session"].step({"tool": "list_batches"}).result]
+        calls = [SimpleNamespace(id="r", name="submit_report",
+                                 arguments=json.dumps({"loaded": [], "quarantined": batches}))]
+        calls += [SimpleNamespace(id=b, name="load_batch", arguments=json.dumps({"batch_id": b}))
+                  for b in batches] if after_report else []
+        answers = asyncio.run(env.env_response([SimpleNamespace(tool_calls=calls)], state))
+        asyncio.run(env.grade_and_close(state))
+        return [json.loads(m.content) for m in answers[1:]], state["gate_grade"]
+
+    alone, graded_alone = episode(False)
+    refused, graded = episode(True)
+    assert refused and all("over" in answer["error"] for answer in refused), refused
+    assert [e["action"] for e in graded["ledger"]] == ["list_batches", "submit_report"]
+    assert graded["reward"] == graded_alone["reward"] < 1.0
+
+
 def test_vf_eval_finds_load_environment_by_the_package_name():
     """`vf-eval gate-pipeline` and `vf-eval gate_pipeline`: verifiers imports the package and calls load_environment."""
     from verifiers.legacy.utils.env_utils import load_environment as vf_load

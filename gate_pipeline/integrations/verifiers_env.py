@@ -72,7 +72,7 @@ class GateEnv(vf.MultiTurnEnv):
         case_id = info.get("case_id") if isinstance(info, dict) else None
         if case_id not in self.pool:
             raise vf.Error(f"no gate case {case_id!r} in this environment")
-        state["gate_session"] = Session(self.pool.prepared(case_id), "verifiers")
+        state["gate_session"] = Session(self.pool.prepared(case_id), "verifiers", stop_at_report=True)
         state["gate_counts"] = {"tool_calls": 0, "tool_errors": 0, "nudges": 0}
         return state
 
