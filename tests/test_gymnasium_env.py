@@ -8,6 +8,7 @@ import sys
 from dataclasses import dataclass
 
 import gymnasium
+import numpy as np
 import pytest
 from conftest import EVAL, TRAIN
 from gymnasium.utils.seeding import np_random
@@ -178,7 +179,10 @@ MALFORMED = [None, 5, "run_sql", [1, 2, 3], {"args": {}}, {"tool": 3}, {"tool": 
              {"tool": "submit_report", "args": {"loaded": "all", "quarantined": []}},
              '{"tool": "list_batches"', '"list_batches"', "[]", '{"tool": "list_batches", "argz": {}}',
              {"tool": "list_batches", "args": {}, "extra": 1}, ["run_sql", "[1, 2]"], object(), b"bytes",
-             "[" * 100_000]
+             "[" * 100_000,
+             # arrays (a vector env's actions): their == is element by element, not a truth value
+             {"type": np.array(["function", "x"]), "function": {"name": "list_batches"}},
+             {"tool": "list_batches", "args": np.array([1, 2])}, ["profile_batch", np.array([1, 2])]]
 
 
 @pytest.mark.parametrize("mode", ["terminal", "dense"])

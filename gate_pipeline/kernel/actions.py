@@ -78,7 +78,8 @@ def parse_action(value) -> Action:
             return Action(None, value, f"action is {why}", INVALID_JSON)
         value = decoded
     if isinstance(value, dict) and "tool" not in value:
-        if "function" in value and value.keys() <= TOOL_CALL_KEYS and value.get("type", "function") == "function":
+        kind = value.get("type", "function")  # compared as text only: an array's == is not a truth value
+        if "function" in value and value.keys() <= TOOL_CALL_KEYS and isinstance(kind, str) and kind == "function":
             value = value["function"]
             if not isinstance(value, dict):
                 return Action(None, value, "a tool call's 'function' must be an object with 'name' and 'arguments'",

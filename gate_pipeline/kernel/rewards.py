@@ -257,7 +257,7 @@ POTENTIAL_TERMS = ("disposition", "evidence", "inspected")
 def call_key(tool, args) -> str:
     """A tool's repeat key text: its name with its arguments as canonical JSON (anything an agent
     made up, a bounded preview of it, so the key costs the same whatever was sent)."""
-    if args == {}:
+    if type(args) is dict and not args:  # (not `args == {}`: an array an agent sent compares element by element)
         return f"{tool}{{}}"
     if not (isinstance(args, dict) and all(isinstance(k, str) and isinstance(v, str) and len(v) <= 1000
                                            for k, v in args.items())):
