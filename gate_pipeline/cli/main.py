@@ -54,7 +54,9 @@ def _main(argv: list[str] | None) -> int:
         if not hasattr(args, "fn"):  # `gate` or `gate cases` alone: what there is to run
             reached.print_help()
             return 0
-        return args.fn(args, checked_settings())
+        from ..kernel.engine import fewer_collections
+        with fewer_collections():  # a command reads and plays many objects: the collector need not walk them as often
+            return args.fn(args, checked_settings())
     except GateError as exc:
         print(f"gate: error: {exc}", file=sys.stderr)
         return 2

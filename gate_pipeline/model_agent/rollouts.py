@@ -22,7 +22,6 @@ handled as Ctrl-C (`gate run`): the rollouts in flight are recorded as cut off.
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import os
 import re
@@ -34,7 +33,7 @@ from typing import Callable
 
 from ..kernel.agents import AgentSpec
 from ..kernel.cases import Case
-from ..kernel.engine import play_async
+from ..kernel.engine import fewer_collections, play_async
 from ..kernel.errors import GateError
 from ..kernel.files import read_text
 from ..kernel.grading import grade_stored
@@ -51,24 +50,6 @@ STORE_BATCH, STORE_EVERY_S = 16, 1.0  # ended episodes are written 16 to a trans
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 # settings that change what a rollout means: a resumed run must not mix them
 BINDING = ("model", "base_url", "temperature", "max_turns", "max_tokens", "tool_choice", "text_tool_calls")
-
-
-# concurrent model rollouts allocate many short-lived objects (messages, requests, rows): at CPython's
-# default of a young-generation collection every 700 allocations the collector took ~0.15-0.45 ms of CPU
-# per rollout, against ~0.05 ms at 10000 (benchmarks/bench_rollouts.py)
-GEN0_THRESHOLD = 10_000
-
-
-@contextmanager
-def fewer_collections():
-    """Young-generation collections at most every GEN0_THRESHOLD allocations while a run plays; the
-    process's thresholds are put back after."""
-    before = gc.get_threshold()
-    gc.set_threshold(max(before[0], GEN0_THRESHOLD), *before[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*before)
 
 
 class RunError(GateError, ValueError):
