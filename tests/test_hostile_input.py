@@ -267,3 +267,29 @@ def test_cases_generate_out_errors_are_one_line(tmp_path, capsys, out):
     assert main(["cases", "generate", "--out", str(target)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"gate: error: --out {target}: ")
+
+
+def test_a_case_file_is_read_in_the_memory_it_needs_not_its_limit(tmp_path):
+    """A case file was read with read(limit + 1): Python allocates that buffer first, 4 GiB, so every command
+    failed with a MemoryError traceback in a process whose address space is limited (a container, ulimit -v)."""
+    import resource
+    one = tmp_path / "one.jsonl"
+    one.write_text(EVAL.read_text().splitlines()[0] + "\n")
+
+    def limited():  # 3 GB of address space: gate and its imports fit many times over, a 4 GiB buffer does not
+        resource.setrlimit(resource.RLIMIT_AS, (3 * 10**9, 3 * 10**9))
+
+    p = subprocess.run([sys.executable, "-m", "gate_pipeline.cli.main", "report", "--cases", str(one), "--agents",
+                        "naive", "--json"], capture_output=True, text=True, timeout=120, preexec_fn=limited)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert len(json.loads(p.stdout)["agents"]["naive"]) == 1
+
+
+def test_a_file_that_grows_while_it_is_read_is_read_on_to_its_limit():
+    import io
+
+    from gate_pipeline.kernel.files import _read_up_to
+    assert _read_up_to(io.BytesIO(b"abc"), 3, 10) == b"abc"
+    assert _read_up_to(io.BytesIO(b"ab"), 3, 10) == b"ab"  # shrank
+    assert _read_up_to(io.BytesIO(b"abcdef"), 3, 10) == b"abcdef"  # grew: read on
+    assert _read_up_to(io.BytesIO(b"x" * 50), 3, 10) == b"x" * 11  # grew past the limit: one byte over, refused

@@ -24,6 +24,25 @@ def _size(n: int) -> str:
     return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
 
 
+PIECE = 2**20  # what a file that grew while it is read is read on in
+
+
+def _read_up_to(fh, size: int, limit: int) -> bytes:
+    """At most `limit` + 1 bytes of `fh`: the `size` fstat gave (and one more), then, only if the file grew, on in
+    pieces. (Never `read(limit + 1)`: Python allocates a buffer of that size first, 4 GiB for a case file.)"""
+    data = fh.read(size + 1)
+    if len(data) <= size:
+        return data
+    parts, total = [data], len(data)
+    while total <= limit:
+        part = fh.read(min(PIECE, limit + 1 - total))
+        if not part:
+            break
+        parts.append(part)
+        total += len(part)
+    return b"".join(parts)
+
+
 def read_bytes(path: str | Path, what: str, limit: int | None, error: type[GateError] = GateError) -> bytes:
     """The bytes of the regular file at `path`, at most `limit` of them (None: no limit); anything else is
     `error` with one line naming the file and `what` it should have been."""
@@ -43,9 +62,11 @@ def read_bytes(path: str | Path, what: str, limit: int | None, error: type[GateE
         if limit is not None and mode.st_size > limit:
             raise error(f"{path}: is {_size(mode.st_size)}; a {what} is read up to {_size(limit)}")
         try:
-            data = fh.read() if limit is None else fh.read(limit + 1)
+            data = fh.read() if limit is None else _read_up_to(fh, mode.st_size, limit)
         except OSError as exc:
             raise error(f"{path}: cannot read the {what} ({exc.strerror or exc})") from None
+        except MemoryError:
+            raise error(f"{path}: the {what} ({_size(mode.st_size)}) does not fit in this process's memory") from None
     if limit is not None and len(data) > limit:  # it grew while it was read
         raise error(f"{path}: is more than {_size(limit)}; a {what} is read up to {_size(limit)}")
     return data
