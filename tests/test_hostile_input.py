@@ -293,3 +293,20 @@ def test_a_file_that_grows_while_it_is_read_is_read_on_to_its_limit():
     assert _read_up_to(io.BytesIO(b"ab"), 3, 10) == b"ab"  # shrank
     assert _read_up_to(io.BytesIO(b"abcdef"), 3, 10) == b"abcdef"  # grew: read on
     assert _read_up_to(io.BytesIO(b"x" * 50), 3, 10) == b"x" * 11  # grew past the limit: one byte over, refused
+
+
+@pytest.mark.parametrize("where", ["--cases", "--key-file", "GATE_HOME", "GATE_STORE_KEY_FILE", "GATE_CASES_DIR"])
+def test_a_symlink_loop_is_one_line(tmp_path, monkeypatch, capsys, where):
+    """A path that is a loop of links: Path.resolve raised RuntimeError, a traceback."""
+    from gate_pipeline.cli.main import main
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    loop = str(tmp_path / "loop1")
+    monkeypatch.setenv("GATE_HOME", str(tmp_path / "home"))
+    args = {"--cases": ["report", "--cases", loop], "--key-file": ["verify", "--key-file", loop]}.get(
+        where, ["verify"] if where != "GATE_CASES_DIR" else ["report"])
+    if where.startswith("GATE_"):
+        monkeypatch.setenv(where, loop)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gate: error: ") and err.count("\n") == 1 and "loop1" in err, err

@@ -115,7 +115,7 @@ def cases_arg(a, settings: Settings) -> Path:
         return path
     path = Path(a.cases)
     if not path.exists():
-        where = "" if path.is_absolute() else f" (looked for {path.resolve()}, from {Path.cwd()})"
+        where = "" if path.is_absolute() else f" (looked for {path.absolute()}, from {Path.cwd()})"
         raise UsageError(f"--cases {a.cases}: no such case file{where}")
     return path
 

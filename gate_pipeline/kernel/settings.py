@@ -36,6 +36,15 @@ VARIABLES = ("GATE_HOME", "GATE_DB_URL", "GATE_CASES_DIR", "GATE_CONTRACTS", "GA
 DEFAULT_CELERY_BROKER = "redis://127.0.0.1:6379/0"
 
 
+def _resolved(path: Path) -> Path:
+    """`path` made absolute, its links followed where they can be: a link that loops is left as it is (what
+    reads or writes it then says so in one line), not a RuntimeError."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError):
+        return path.absolute()
+
+
 @dataclass(frozen=True)
 class Settings:
     home: Path
@@ -56,7 +65,7 @@ class Settings:
 
         def path(name: str, default):
             value = (env.get(name) or "").strip()
-            return Path(value).expanduser().resolve() if value else default
+            return _resolved(Path(value).expanduser()) if value else default
 
         return cls(home=path("GATE_HOME", Path(".gate").resolve()),
                    db_url=(env.get("GATE_DB_URL") or "").strip() or None,
