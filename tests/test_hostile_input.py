@@ -310,3 +310,29 @@ def test_a_symlink_loop_is_one_line(tmp_path, monkeypatch, capsys, where):
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("gate: error: ") and err.count("\n") == 1 and "loop1" in err, err
+
+
+@pytest.mark.parametrize("command", [["report", "--agents", "naive", "--html"], ["nightly", "--agents", "naive", "--html"],
+                                     ["cases", "export", "--format", "jsonl-chat", "--run", "RUN"]])
+def test_an_output_that_is_a_fifo_or_a_file_gate_did_not_write_is_refused_before_any_work(tmp_path, monkeypatch,
+                                                                                           capsys, command):
+    """--html FIFO (and export's OUT) waited for a reader for ever; --html naming the run store overwrote it."""
+    from gate_pipeline.cli.main import main
+    monkeypatch.setenv("GATE_HOME", str(tmp_path / "home"))
+    one = tmp_path / "one.jsonl"
+    one.write_text(EVAL.read_text().splitlines()[0] + "\n")
+    (tmp_path / "RUN").mkdir()
+    fifo, store = tmp_path / "out.fifo", tmp_path / "runs.db"
+    os.mkfifo(fifo)
+    store.write_bytes(b"SQLite format 3\x00" + bytes(100))
+    cases = ["--cases", str(one)] if command[0] != "cases" else []
+    for target, words in ((fifo, "is not a regular file"), (store, "a file is there that gate did not write")):
+        args = [a if a != "RUN" else str(tmp_path / "RUN") for a in command] + [str(target)] + cases
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("gate: error: ") and words in err and err.count("\n") == 1, err
+    assert store.read_bytes().startswith(b"SQLite format 3")  # left as it was
+    if command[0] == "report":  # a page gate wrote is written over
+        page = tmp_path / "page.html"
+        assert main(command + [str(page)] + cases) == 0 and main(command + [str(page)] + cases) == 0
+        assert page.read_text().startswith("<!DOCTYPE html>")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import stat
 from pathlib import Path
 
 from ..kernel.settings import Settings
@@ -118,6 +119,35 @@ def cases_arg(a, settings: Settings) -> Path:
         where = "" if path.is_absolute() else f" (looked for {path.absolute()}, from {Path.cwd()})"
         raise UsageError(f"--cases {a.cases}: no such case file{where}")
     return path
+
+
+def output_file(flag: str, path: str | Path, starts: bytes) -> Path:
+    """An output file checked before any work is done: not a folder, in a folder that exists, and, when something
+    is there already, a regular file that is empty or begins as what gate writes there (`starts`): a FIFO nobody
+    reads would hold the write for ever, and a run store, its key or a case file named by mistake is not
+    overwritten. `flag` names the argument in the one-line error (none: a positional one)."""
+    target = Path(path)
+    name = f"{flag} {path}" if flag else str(path)
+    if target.is_dir():
+        raise UsageError(f"{name}: is a directory; give a file name")
+    if not target.parent.is_dir():
+        raise UsageError(f"{name}: folder {target.parent} does not exist")
+    if not target.exists():  # (a link to nowhere: writing creates what it names)
+        return target
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except OSError as exc:
+        raise UsageError(f"{name}: cannot write there ({exc.strerror or exc})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UsageError(f"{name}: is not a regular file (a FIFO, a device or a socket); give a file name")
+        head = os.read(fd, len(starts))
+    finally:
+        os.close(fd)
+    if head and head.lower() != starts.lower():
+        raise UsageError(f"{name}: a file is there that gate did not write (it does not begin "
+                         f"{starts.decode()!r}); remove it or give another name")
+    return target
 
 
 def workers_for(requested: int | None, episodes: int) -> int:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..kernel.settings import Settings
 from ..kernel.suite import suites
+from .common import output_file
 from .errors import UsageError
 
 FORMATS = ("hf", "jsonl-chat")
@@ -149,8 +150,7 @@ def cmd_cases_export(a, settings: Settings) -> int:
         return 0
     if not a.run:
         raise UsageError("--format jsonl-chat exports transcripts: name a run directory with --run runs/RUN_ID")
-    if out.is_dir():
-        raise UsageError(f"{out} is a directory (--format jsonl-chat writes one file)")
+    out = output_file("", out, b'{"')  # one conversation a line, a JSON object
     try:
         written, left = export_chat(settings, out, a.run, a.min_reward)
     except OSError as exc:

@@ -4,19 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .common import output_file
 from .errors import UsageError
 
 
 def html_target(path: str | None) -> Path | None:
-    """Check an --html path before any work is done: its folder must exist and it must not be a folder."""
-    if path is None:
-        return None
-    target = Path(path)
-    if target.is_dir():
-        raise UsageError(f"--html {path}: is a directory; give a file name")
-    if not target.parent.is_dir():
-        raise UsageError(f"--html {path}: folder {target.parent} does not exist")
-    return target
+    """Check an --html path before any work is done (`common.output_file`: a page, or nothing, may be there)."""
+    return None if path is None else output_file("--html", path, b"<!DOCTYPE html")
 
 
 def save_html(target: Path | None, grades: dict, pages=None, **kw) -> None:
