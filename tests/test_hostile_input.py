@@ -336,3 +336,29 @@ def test_an_output_that_is_a_fifo_or_a_file_gate_did_not_write_is_refused_before
         page = tmp_path / "page.html"
         assert main(command + [str(page)] + cases) == 0 and main(command + [str(page)] + cases) == 0
         assert page.read_text().startswith("<!DOCTYPE html>")
+
+
+@pytest.mark.parametrize("char", ["\u2028", "\u2029", "\x85"])
+def test_json_lines_are_split_at_newlines_only(tmp_path, char):
+    """A JSON string may hold U+2028, U+0085 ... as they are; str.splitlines split a valid line there, and the
+    case file or trajectory was refused as broken JSON ("Unterminated string starting at at column ...")."""
+    from gate_pipeline.kernel.actions import parse_trajectories
+    case = json.loads(EVAL.read_text().splitlines()[0])
+    case["prompt"] += f" ({char})"
+    path = tmp_path / "cases.jsonl"
+    path.write_text(json.dumps(case, ensure_ascii=False) + "\n", encoding="utf-8")
+    assert char in path.read_text(encoding="utf-8") and read_cases(path)[0].prompt == case["prompt"]
+    line = json.dumps({"case_id": case["case_id"], "calls": [{"tool": "run_sql", "args": {"query": f"SELECT '{char}'"}}]},
+                      ensure_ascii=False)
+    assert parse_trajectories(line + "\n", "t.jsonl")[0][1][0]["args"]["query"] == f"SELECT '{char}'"
+    path.write_text('{"case_id": "x", "prompt": "unterminated\n', encoding="utf-8")
+    with pytest.raises(Exception, match=r"Unterminated string starting at column \d+"):
+        read_cases(path)
+
+
+def test_the_replay_help_describes_the_trajectory_the_parser_reads(capsys):
+    from gate_pipeline.cli.main import main
+    with pytest.raises(SystemExit):
+        main(["replay", "--help"])
+    text = capsys.readouterr().out
+    assert '"calls": [' in text and '"actions"' not in text.replace("\n", "")

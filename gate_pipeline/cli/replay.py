@@ -44,7 +44,7 @@ def cmd_replay(a, settings: Settings) -> int:
 
 def register(subparsers) -> None:
     rp = subparsers.add_parser("replay", help="apply recorded tool calls to fresh episodes",
-                               description="Replay trajectories (JSON lines: {\"case_id\": ..., \"actions\": [{\"tool\": ...,"
+                               description="Replay trajectories (JSON lines: {\"case_id\": ..., \"calls\": [{\"tool\": ...,"
                                            " \"args\": {...}}, ...]}; docs/task.md) and grade them.",
                                epilog="example:\n  gate replay --trajectories my_trajectories.jsonl --reward dense --json")
     rp.add_argument("--cases", default=None, help=CASES_HELP)

@@ -20,6 +20,7 @@ import json
 from typing import NamedTuple
 
 from .errors import GateError
+from .files import json_lines
 
 ACTION_KEYS = frozenset({"tool", "args"})
 TOOL_CALL_KEYS = frozenset({"id", "type", "function"})  # a chat-completions tool call
@@ -149,7 +150,7 @@ def parse_trajectories(text: str, where: str) -> list[tuple[str, list]]:
     Only the line's shape is checked here; each action is parsed when it is replayed, exactly as
     the episode API parses it (a malformed action is a refused call, not a bad file)."""
     out = []
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in enumerate(json_lines(text), 1):
         if not line.strip():
             continue
         value, why = _decode(line)

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping
 
 from .contract import ContractError
 from .errors import GateError
-from .files import read_text
+from .files import json_lines, read_text
 from .suite import Suite, UnknownSuite, suites
 
 MAX_ID_CHARS = 200  # a case id or batch id (tools refuse longer arguments)
@@ -179,11 +179,11 @@ def write_cases(path: str | Path, cases: Iterable) -> Path:
 
 
 def parse_cases(text: str, where: str) -> list[Case]:
-    return parse_lines(text.splitlines(), where)
+    return parse_lines(json_lines(text), where)
 
 
 def parse_lines(lines: list[str], where: str) -> list[Case]:
-    """The cases of a case file's lines (`str.splitlines`), each checked. The list is emptied as it is
+    """The cases of a case file's lines (`files.json_lines`), each checked. The list is emptied as it is
     read: a line is let go once its case is parsed, so a file's text is not held twice over."""
     cases: list[Case] = []
     ids: set[str] = set()
@@ -194,7 +194,8 @@ def parse_lines(lines: list[str], where: str) -> list[Case]:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise CaseError(f"{where}:{lineno}: not JSON ({exc.msg} at column {exc.colno})") from None
+            at = "" if exc.msg.endswith(" at") else " at"  # ("Unterminated string starting at", at column N)
+            raise CaseError(f"{where}:{lineno}: not JSON ({exc.msg}{at} column {exc.colno})") from None
         except ValueError as exc:  # e.g. an integer of more digits than Python converts
             raise CaseError(f"{where}:{lineno}: not a case ({exc})") from None
         except RecursionError:
@@ -229,7 +230,7 @@ def read_cases(path: str | Path) -> list[Case]:
     file's text is split into lines and let go, and each line once its case is parsed: at most about
     twice the file's size is held while it is read (its text and its lines, or its lines and its cases)."""
     where = str(Path(path))
-    return _some(parse_lines(read_case_text(path).splitlines(), where), where)
+    return _some(parse_lines(json_lines(read_case_text(path)), where), where)
 
 
 def procedural_draws(seed: int, count: int, families) -> list[tuple[int, str, int, int]]:

@@ -72,6 +72,12 @@ def read_bytes(path: str | Path, what: str, limit: int | None, error: type[GateE
     return data
 
 
+def json_lines(text: str) -> list[str]:
+    """The lines of a JSON Lines text: split at "\n" only. (`str.splitlines` also splits at U+2028, U+0085 and
+    other characters a JSON string holds as they are, so a valid line was read as two broken ones.)"""
+    return text.split("\n")
+
+
 def read_text(path: str | Path, what: str, limit: int | None, error: type[GateError] = GateError) -> str:
     """`read_bytes` decoded as UTF-8 (text that is not is `error` too)."""
     try:

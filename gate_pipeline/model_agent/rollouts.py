@@ -35,7 +35,7 @@ from ..kernel.agents import AgentSpec
 from ..kernel.cases import Case
 from ..kernel.engine import fewer_collections, play_async
 from ..kernel.errors import GateError
-from ..kernel.files import read_text
+from ..kernel.files import json_lines, read_text
 from ..kernel.grading import grade_stored
 from ..kernel.pool import CasePool
 from ..kernel.records import ABANDONED, API_ERROR, TIMEOUT, EpisodeResult, Grade
@@ -126,7 +126,7 @@ def read_transcripts(path: Path) -> list[dict]:
     """Every transcript line (the export); a torn last line (the process died mid-write) is skipped."""
     if not path.exists():
         return []
-    lines = read_text(path, "transcript file", None, RunError).splitlines()
+    lines = json_lines(read_text(path, "transcript file", None, RunError))
     records = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -148,7 +148,7 @@ def _lines_of(path: Path) -> list[tuple[str, dict | None]]:
     if not path.exists():
         return []
     out: list[tuple[str, dict | None]] = []
-    for line in read_text(path, "transcript file", None, RunError).splitlines():
+    for line in json_lines(read_text(path, "transcript file", None, RunError)):
         if not line.strip():
             continue
         try:
