@@ -362,3 +362,61 @@ def test_the_replay_help_describes_the_trajectory_the_parser_reads(capsys):
         main(["replay", "--help"])
     text = capsys.readouterr().out
     assert '"calls": [' in text and '"actions"' not in text.replace("\n", "")
+
+
+def _workers_of(proc, count=2, seconds=60):
+    """The pids of `proc`'s worker processes once `count` of them run."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        found = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        if len(found) >= count:
+            time.sleep(0.5)  # playing
+            return [int(pid) for pid in found]
+        time.sleep(0.1)
+    raise AssertionError("the workers did not start")
+
+
+def _gone(pids, seconds=10):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{pid}") and
+                                              "Z" not in open(f"/proc/{pid}/stat").read().split(")")[-1][:3]
+                                              for pid in pids):
+        time.sleep(0.1)
+    return not any(os.path.exists(f"/proc/{pid}") and "Z" not in open(f"/proc/{pid}/stat").read().split(")")[-1][:3]
+                   for pid in pids)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pgrep, /proc and the parent-death signal")
+@pytest.mark.parametrize("how", ["a worker killed", "SIGINT to gate alone", "SIGTERM to gate"])
+def test_workers_never_outlive_or_hang_gate(how):
+    """`gate report --workers 2`: a worker killed ended gate with a BrokenProcessPool traceback; SIGINT to gate
+    alone waited for the workers' chunks; SIGTERM to gate left both workers (and their compile-check children)
+    playing on for nobody."""
+    import signal
+    v2 = ROOT / "cases" / "v2" / "train_procedural.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "gate_pipeline.cli.main", "report", "--cases", str(v2),
+                             "--workers", "2", "--json"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        workers = _workers_of(proc)
+        started = time.monotonic()
+        if how == "a worker killed":
+            os.kill(workers[0], signal.SIGKILL)
+        else:
+            proc.send_signal(signal.SIGINT if how.startswith("SIGINT") else signal.SIGTERM)
+        err = proc.communicate(timeout=60)[1]
+        assert time.monotonic() - started < 5, err  # not waiting for the other worker's chunks
+        assert _gone(workers), "a worker plays on"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        subprocess.run(["pkill", "-KILL", "-s", str(proc.pid)], check=False)  # strays of a failure: its session
+    assert "Traceback" not in err, err
+    if how == "a worker killed":
+        assert proc.returncode == 2 and err.startswith("gate: error: a worker process playing cases ") and \
+            err.count("\n") == 1, err
+    elif how.startswith("SIGINT"):
+        assert proc.returncode == 130 and err.strip() == "gate: interrupted", err
+    else:
+        assert proc.returncode == -signal.SIGTERM

@@ -19,6 +19,8 @@ import gc
 import hashlib
 import multiprocessing
 import os
+import signal
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,6 +29,7 @@ from typing import Callable, Iterable
 from .actions import parse_action
 from .agents import AgentSpec, AgentUnfinished, resolve_agent
 from .cases import Case
+from .errors import GateError
 from .grading import grade
 from .records import ABANDONED, AGENT_ERROR, NO_REPORT, REPORTED, EpisodeResult, Grade
 from .rewards import REWARD_MODES, make_shaper
@@ -394,22 +397,53 @@ def _play_chunk(job: int, start: int, stop: int) -> dict[str, list[EpisodeResult
     return play_cases(cases[start:stop], specs, reward=reward, run_id=run_id)
 
 
+class WorkerDied(GateError, RuntimeError):
+    """A worker process playing cases ended without answering (killed, or out of memory)."""
+
+
+def _worker_start() -> None:
+    """A worker ends with the process that forked it (Linux's parent-death signal): a parent stopped by a
+    signal it does not handle (SIGTERM, SIGKILL) leaves no worker playing on for nobody."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the parent went before the signal was asked for
+        os._exit(1)
+
+
 def _play_forked(cases, specs, reward, run_id, progress, workers) -> dict[str, list[EpisodeResult]]:
     from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
     job = id(cases)
     _JOBS[job] = (cases, specs, reward, run_id)
     size = -(-len(cases) // (workers * 4))  # a few chunks per worker, so a slow one does not hold the rest
     bounds = [(start, min(start + size, len(cases))) for start in range(0, len(cases), size)]
     out: dict[str, list[EpisodeResult]] = {spec.identity: [] for spec in specs}
+    before = set(multiprocessing.active_children())
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_worker_start)
     try:
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-            futures = [pool.submit(_play_chunk, job, start, stop) for start, stop in bounds]
-            for (start, stop), future in zip(bounds, futures):
+        futures = [pool.submit(_play_chunk, job, start, stop) for start, stop in bounds]
+        for (start, stop), future in zip(bounds, futures):
+            try:
                 part = future.result()
-                for identity, results in part.items():
-                    out[identity].extend(results)
-                for _ in range(stop - start) if progress is not None else ():
-                    progress()
+            except BrokenProcessPool:
+                raise WorkerDied(f"a worker process playing cases {start + 1}-{stop} ended without answering "
+                                 "(killed, or out of memory); nothing of this batch is kept") from None
+            for identity, results in part.items():
+                out[identity].extend(results)
+            for _ in range(stop - start) if progress is not None else ():
+                progress()
+    except BaseException:  # interrupted, or a worker gone: the others are stopped, not waited for
+        pool.shutdown(wait=False, cancel_futures=True)
+        for child in set(multiprocessing.active_children()) - before:
+            child.terminate()
+        raise
+    else:
+        pool.shutdown()
     finally:
         del _JOBS[job]
     return out
