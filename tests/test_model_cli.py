@@ -126,11 +126,16 @@ def test_gate_run_episodes_are_in_the_run_store_and_grade_as_their_replay(server
 
 
 @pytest.mark.parametrize("flags,needle", [
-    (["-r", "0"], "-r must be at least 1"),
+    (["-r", "0"], "-r must be from 1 to 10,000, not 0"),
+    (["-r", "99999999999999999999"], "-r must be from 1 to 10,000"),  # was allocated before anything was asked
+    (["-c", "100000"], "-c must be from 1 to 4,096"),
+    (["--max-tokens", "10000000000"], "--max-tokens must be from 1 to 10,000,000"),
+    (["--base-url", "http://[::1"], "base_url 'http://[::1' is not a URL"),  # was the HTTP client's traceback
+    (["--base-url", "http://127.0.0.1:99999/v1"], "a port from 1 to 65535"),
     (["-c", "many"], "-c must be a whole number"),
     (["-n", "-1"], "-n must be at least 1"),
     (["--timeout", "nan"], "--timeout must be more than 0"),
-    (["--max-turns", "0"], "--max-turns must be at least 1"),
+    (["--max-turns", "0"], "--max-turns must be from 1 to 1,024"),
     (["--run-id", "../escape"], "run id '../escape'"),
     (["--api-key-env", "GATE_SURELY_UNSET_VAR"], "GATE_SURELY_UNSET_VAR: that environment variable is not set"),
     (["--cases", "/nonexistent/cases.jsonl"], "cases.jsonl"),

@@ -79,6 +79,11 @@ async def _until_sigterm(coro):
         loop.remove_signal_handler(signal.SIGTERM)
 
 
+# the most a run may ask for: beyond these a run is a typo (a billion rollouts were allocated before the endpoint was
+# asked whether it is there)
+MAX_ROLLOUTS, MAX_CONCURRENCY, MAX_TURNS, MAX_TOKENS = 10_000, 4_096, 1_024, 10_000_000
+
+
 def _settings(a):
     from ..model_agent.agent import ModelSettings
     key_env = a.api_key_env or DEFAULT_KEY_ENV
@@ -205,14 +210,14 @@ def register(subparsers) -> None:
                                                      "http://127.0.0.1:8000/v1")
     p.add_argument("--cases", default=None, help=CASES_HELP)
     p.add_argument("-n", type=int_arg("-n"), default=None, help="only the first N cases (default: all)")
-    p.add_argument("-r", "--rollouts", type=int_arg("-r"), default=1, help="rollouts per case (pass^k uses k = this)")
-    p.add_argument("-c", "--concurrency", type=int_arg("-c"), default=8, help="rollouts in flight at once")
+    p.add_argument("-r", "--rollouts", type=int_arg("-r", 1, MAX_ROLLOUTS), default=1, help="rollouts per case (pass^k uses k = this)")
+    p.add_argument("-c", "--concurrency", type=int_arg("-c", 1, MAX_CONCURRENCY), default=8, help="rollouts in flight at once")
     p.add_argument("--run-id", default=None, help="runs/<run-id>/; the same id resumes (default: time-model)")
     p.add_argument("--runs-dir", default="runs", help="where run directories go, from the working directory")
     p.add_argument("--api-key-env", default=None, help=f"variable holding the key (default {DEFAULT_KEY_ENV}; "
                                                         "unset is fine for local servers)")
-    p.add_argument("--max-turns", type=int_arg("--max-turns"), default=30, help="model turns per episode")
-    p.add_argument("--max-tokens", type=int_arg("--max-tokens"), default=None,
+    p.add_argument("--max-turns", type=int_arg("--max-turns", 1, MAX_TURNS), default=30, help="model turns per episode")
+    p.add_argument("--max-tokens", type=int_arg("--max-tokens", 1, MAX_TOKENS), default=None,
                    help="the most tokens a reply may have (default: the server's)")
     p.add_argument("--tool-choice", choices=("auto", "required", "none"), default=None,
                    help="the API's tool_choice (default: not sent, the server decides; required makes a server that "

@@ -67,6 +67,13 @@ class ModelSettings:
             bad("model must be a non-empty name")
         if not isinstance(self.base_url, str) or not self.base_url.startswith(("http://", "https://")):
             bad(f"base_url must start with http:// or https://, not {self.base_url!r}")
+        import httpx  # (the client's own URL type; imported with the client anyway)
+        try:  # read as the client reads it: a bad port or bracket is this one line, not the client's traceback
+            url = httpx.URL(self.base_url)
+        except (httpx.InvalidURL, ValueError) as exc:
+            bad(f"base_url {self.base_url[:200]!r} is not a URL ({exc})")
+        if not url.host or (url.port is not None and not 0 < url.port < 65536):
+            bad(f"base_url {self.base_url[:200]!r} needs a host and a port from 1 to 65535")
         if not isinstance(self.api_key_env, str) or not self.api_key_env:
             bad("api_key_env must name an environment variable")
         for name in ("temperature", "timeout"):
