@@ -420,3 +420,22 @@ def test_workers_never_outlive_or_hang_gate(how):
         assert proc.returncode == 130 and err.strip() == "gate: interrupted", err
     else:
         assert proc.returncode == -signal.SIGTERM
+
+
+@pytest.mark.parametrize("key,value", [("case_id", "evil\nTraceback (most recent call last):"), ("case_id", "\x1b[2Jx"),
+                                       ("case_id", "a\u2028b"), ("batch_id", "B-1\x85"), ("batch_id", "B\x7f")])
+def test_an_id_that_is_not_printable_is_refused_in_one_line(tmp_path, key, value):
+    """An id is printed in tables, errors and verify's lines: a newline in one forged lines of gate's output (a
+    three-line 'gate: error:'), an escape sequence cleared the terminal."""
+    from gate_pipeline.kernel.cases import CaseError
+    case = json.loads(EVAL.read_text().splitlines()[0])
+    if key == "case_id":
+        case["case_id"] = value
+    else:
+        case["batches"][0]["batch_id"] = value
+    path = tmp_path / "cases.jsonl"
+    path.write_text(json.dumps(case) + "\n")
+    with pytest.raises(CaseError) as caught:
+        read_cases(path)
+    assert f"'{key}' must be a non-empty string of at most 200 printable characters" in str(caught.value)
+    assert "\n" not in str(caught.value) and "\x1b" not in str(caught.value)

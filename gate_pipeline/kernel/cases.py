@@ -25,6 +25,15 @@ MAX_ID_CHARS = 200  # a case id or batch id (tools refuse longer arguments)
 MAX_CASE_FILE_BYTES = 4 * 2**30  # a case file is read whole: at most this (a v2 file of 32 cases at ~300,000 rows)
 MAX_VALUE_CHARS = 20_000  # a cell or a text (the sandbox's string length limit)
 _NOT_IDENT = re.compile(r"[^a-z0-9_]")
+# what an id may not hold: C0 and C1 controls, DEL, and the line and paragraph separators (an id is printed in
+# tables, errors and verify's lines: a newline there forges a line, an escape sequence clears a terminal)
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def bad_id(value) -> bool:
+    """Whether a case or batch id is unusable: not text, empty, too long, not valid Unicode or unprintable."""
+    return (not isinstance(value, str) or not value or len(value) > MAX_ID_CHARS or bad_text(value) is not None
+            or _UNPRINTABLE.search(value) is not None)
 
 
 class CaseError(GateError, ValueError):
@@ -119,8 +128,8 @@ def load_case(obj, where: str = "case", checked_contract: Mapping | None = None)
     if missing:
         raise fail(where, f"case lacks key(s) {missing}")
     cid = obj["case_id"]
-    if not isinstance(cid, str) or not cid or len(cid) > MAX_ID_CHARS or bad_text(cid):
-        raise fail(where, f"'case_id' must be a non-empty string of at most {MAX_ID_CHARS} characters")
+    if bad_id(cid):
+        raise fail(where, f"'case_id' must be a non-empty string of at most {MAX_ID_CHARS} printable characters")
     where = f"{where} ({cid})"
     if checked_contract is None or obj["contract"] != checked_contract:
         try:
@@ -143,8 +152,8 @@ def load_case(obj, where: str = "case", checked_contract: Mapping | None = None)
         if missing:
             raise fail(bw, f"batch lacks key(s) {missing}")
         bid = batch["batch_id"]
-        if not isinstance(bid, str) or not bid or len(bid) > MAX_ID_CHARS or bad_text(bid):
-            raise fail(bw, f"'batch_id' must be a non-empty string of at most {MAX_ID_CHARS} characters")
+        if bad_id(bid):
+            raise fail(bw, f"'batch_id' must be a non-empty string of at most {MAX_ID_CHARS} printable characters")
         name = staging_table(bid)
         if name in staged:
             other = staged[name]
