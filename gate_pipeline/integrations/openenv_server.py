@@ -791,19 +791,19 @@ def create_gate_app(pool: CasePool, config: ServeConfig | None = None):
                     break
         except (WebSocketDisconnect, RuntimeError):  # the client hung up, or the reaper closed it
             pass
-        except asyncio.CancelledError:
-            if not session.cut_off:  # the server stopping
-                raise
-            current = asyncio.current_task()
-            if current is not None:
-                current.uncancel()  # the reaper's cut: this connection ends here, the server goes on
+        except asyncio.CancelledError:  # the reaper's cut, or the server stopping while a send to a client that
+            current = asyncio.current_task()  # does not read waits: this connection ends here, quietly (not as
+            if current is not None:  # an "Exception in ASGI application" traceback)
+                current.uncancel()
         finally:
-            await gate.sessions.close(session)
-            if websocket.client_state == WebSocketState.CONNECTED:
-                try:  # a client that does not read is not waited for
+            try:
+                await gate.sessions.close(session)
+                if websocket.client_state == WebSocketState.CONNECTED:  # a client that does not read: not waited for
                     await asyncio.wait_for(websocket.close(), REAP_SECONDS)
-                except (RuntimeError, WebSocketDisconnect, asyncio.TimeoutError):  # the client hung up first
-                    pass
+            except (RuntimeError, WebSocketDisconnect, asyncio.TimeoutError):  # the client hung up first
+                pass
+            except asyncio.CancelledError:  # the server stopping past its grace period: its threads are gone
+                pass
 
     async def frame(session: ServedSession, message: dict) -> tuple[str | None, bool]:
         """(the answer, whether the session ends) of one WebSocket frame; never raises."""
