@@ -97,6 +97,8 @@ CONNECT_TIMEOUT_S = 10  # an unreachable database server is one error after this
 RUNNING, ENDED = "running", "ended"
 NEVER_ENDED = "the episode never ended"
 OPEN, COMPLETE, STOPPED, DIED = "open", "complete", "stopped", "died"  # a sealed run's status
+CONTINUATION, API = "continuation", "api"  # manifest kinds besides a night's, a `gate run`'s, a Dagster case's
+MAX_SLOTS = 10_000_000  # episodes a manifest may ask for (cases x agents x rollouts): more is not a manifest gate wrote
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 _meta = MetaData()
@@ -264,19 +266,62 @@ def sha256(data: bytes | str) -> str:
     return hashlib.sha256(data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data).hexdigest()
 
 
-def read_mart(image: bytes | None, name: str, expected_sha256: str | None = None, sql: str = MART_SQL) -> float:
-    """The revenue mart of a stored warehouse image (checked against its hash when one is given),
-    read from an in-memory copy; StoreError if it is missing, altered or unreadable."""
+MART_STEP_BUDGET = 50_000_000  # virtual-machine steps one read of a stored warehouse may take (a real mart: thousands)
+MART_TIME_BUDGET_S = 5.0  # and seconds, compiling included
+_MART_INTERVAL = 1000  # steps between two checks of the budget
+
+
+def read_mart(image: bytes | None, name: str, expected_sha256: str | None, sql: str = MART_SQL) -> float:
+    """The revenue mart of a stored warehouse image, read from an in-memory copy only once the image is
+    the one recorded (its SHA-256, which must be recorded: an image without one is not queried), and
+    under a budget (MART_STEP_BUDGET steps, MART_TIME_BUDGET_S seconds; reads only, none of the functions
+    agent SQL may not call): an image is stored data, and stored data can be hostile (a view over an
+    endless recursive query). StoreError if it is missing, altered, unreadable or over the budget;
+    KeyboardInterrupt if Ctrl-C came while it was read."""
     if image is None:
         raise StoreError(f"warehouse {name} is missing from the run store")
-    if expected_sha256 is not None and sha256(image) != expected_sha256:
+    if not expected_sha256:
+        raise StoreError(f"warehouse {name} has no SHA-256 recorded: it is not read")
+    if sha256(image) != expected_sha256:
         raise StoreError(f"warehouse {name} was altered (its SHA-256 differs from the one recorded)")
-    conn = sqlite3.connect(":memory:")
+    from .kernel.sandbox import ALLOWED_ACTIONS, DENIED_FUNCTIONS
+    deadline = time.monotonic() + MART_TIME_BUDGET_S
+    # why the query was stopped, when these callbacks stopped it; an exception raised in one of them (Ctrl-C:
+    # Python raises KeyboardInterrupt in whatever Python code runs next) is swallowed by SQLite, which stops
+    # the query: a stop these callbacks did not decide is taken to be that, and raised again once it has stopped
+    state = {"steps": 0, "over": False, "denied": False}
+
+    def progress() -> int:
+        state["steps"] += _MART_INTERVAL
+        if state["steps"] > MART_STEP_BUDGET or time.monotonic() > deadline:
+            state["over"] = True
+            return 1
+        return 0
+
+    def authorize(action, _arg1, arg2, _db, _trigger) -> int:
+        if time.monotonic() > deadline:  # compiling is not stepped: bounded here
+            state["over"] = True
+            return sqlite3.SQLITE_DENY
+        if action not in ALLOWED_ACTIONS or (action == sqlite3.SQLITE_FUNCTION
+                                             and str(arg2).lower() in DENIED_FUNCTIONS):
+            state["denied"] = True
+            return sqlite3.SQLITE_DENY
+        return sqlite3.SQLITE_OK
+
+    conn = sqlite3.connect(":memory:", cached_statements=0)
     try:
         conn.deserialize(image)
+        conn.set_authorizer(authorize)
+        conn.set_progress_handler(progress, _MART_INTERVAL)
         return mart_revenue(conn, sql)
-    except sqlite3.Error as exc:
-        raise StoreError(f"warehouse {name} is unreadable ({exc})") from None
+    except (sqlite3.Error, TypeError, ValueError, OverflowError, MemoryError) as exc:
+        text = str(exc).lower()
+        if not (state["over"] or state["denied"]) and ("interrupted" in text or "not authorized" in text):
+            raise KeyboardInterrupt from None
+        if state["over"]:
+            raise StoreError(f"warehouse {name} is unreadable (its mart did not finish within "
+                             f"{MART_STEP_BUDGET:,} steps or {MART_TIME_BUDGET_S:g} s)") from None
+        raise StoreError(f"warehouse {name} is unreadable ({_first_line(exc)})") from None
     finally:
         conn.close()
 
@@ -406,7 +451,9 @@ class RunStore:
 
     def __init__(self, settings: Settings | None = None, check_key: bool = True, once: bool = False):
         """Open (or create) the store. With `check_key` (every writer) a key other than the one the store
-        was sealed with is a StoreError; without it (`gate verify`) `key_problem` says so. With `once`,
+        was sealed with is a StoreError; without it (`gate verify`) the store is opened to be read only:
+        nothing is created, migrated or recorded (a store that lacks a table or a column, needs migrating
+        or has no key file is one StoreError), and `key_problem` says if the key is not the store's. With `once`,
         a store this process has already opened with the same key is not checked again (its tables,
         schema and key), and the stores opened `once` share one engine and its connections (which
         `dispose` leaves open): the Dagster resource opens its store at every step and step output."""
@@ -441,14 +488,22 @@ class RunStore:
                 while len(_ENGINES) >= SHARED_ENGINES:  # a process plays a store or two: the oldest's pool closed
                     _ENGINES.pop(next(iter(_ENGINES))).dispose()
                 _ENGINES[shared] = self.engine
-        self.key, self.key_source, key_file = store_key(settings)
         database = _sqlite_file(url)
+        if not check_key and not (settings.store_key or settings.store_key_file is not None
+                                  or (settings.home / KEY_FILE).exists()):  # a reader makes no key
+            raise StoreError(f"run store {self.url}: no store key at {settings.home / KEY_FILE} (nor GATE_STORE_KEY, "
+                             f"GATE_STORE_KEY_FILE, --key-file): its seals cannot be checked")
+        self.key, self.key_source, key_file = store_key(settings)
+        if not check_key:
+            self._check_readable(database)
         # a key that whoever can rewrite the database can rewrite too proves nothing against them
         self.key_beside = key_file if (key_file is not None and database is not None
                                        and database.parent in key_file.resolve().parents) else None
         ready = (settings.store_url, key_id(self.key))
         if once and check_key and ready in _READY:  # this process made or checked the tables and the key
             self.key_problem = None
+        elif not check_key:  # read only: the tables were checked above, the key's id is only compared
+            self.key_problem = self._compare_key()
         else:
             self._create()
             self.key_problem = self._check_key(check_key)
@@ -457,6 +512,50 @@ class RunStore:
         self._cases: dict[int, tuple[Case, str, str]] = {}
         self._held: Connection | None = None  # the connection `holding` took
         self._pipe = None  # its psycopg pipeline, on PostgreSQL
+
+    def _check_readable(self, database: Path | None) -> None:
+        """For a reader that changes nothing (`gate verify`): the store exists, at this schema, with every
+        table and column this gate reads; else one StoreError."""
+        where = f"run store {self.url}"
+        if database is not None and not database.is_file():
+            raise StoreError(f"no {where}: nothing was stored under it yet")
+        try:
+            with self.engine.connect() as c:
+                have = set(inspect(c).get_table_names())
+                missing = [t.name for t in _meta.sorted_tables if t.name not in have]
+                if missing:
+                    raise StoreError(f"{where} lacks the table{'s' if len(missing) > 1 else ''} "
+                                     f"{', '.join(missing)}: it is not a gate run store of schema {SCHEMA_VERSION} "
+                                     f"(a reader changes nothing; a command that writes would create {'them' if len(missing) > 1 else 'it'})")
+                version = c.execute(select(store_meta.c.value).where(store_meta.c.key == "schema")).scalar()
+                if version in MIGRATES_FROM:
+                    raise StoreError(f"{where} has schema {version}: the first command that writes to it (gate "
+                                     f"nightly, gate run) migrates it to {SCHEMA_VERSION}; a reader changes nothing")
+                if version != SCHEMA_VERSION:
+                    raise StoreError(f"{where} has schema {version}; this gate reads {SCHEMA_VERSION}")
+                for table in _meta.sorted_tables:
+                    columns = {col["name"] for col in inspect(c).get_columns(table.name)}
+                    lacking = [col.name for col in table.columns if col.name not in columns]
+                    if lacking:
+                        raise StoreError(f"{where}: its table {table.name} lacks the column {lacking[0]}: it is not "
+                                         f"a gate run store of schema {SCHEMA_VERSION}")
+        except SQLAlchemyError as exc:
+            raise StoreError(f"{where}: {_first_line(exc)}") from None
+
+    def _compare_key(self) -> str | None:
+        """What is wrong with the key for a reader (None: it is the store's); nothing is recorded."""
+        try:
+            with self.engine.connect() as c:
+                kept = c.execute(select(store_meta.c.value).where(store_meta.c.key == "key_id")).scalar()
+        except SQLAlchemyError as exc:
+            raise StoreError(f"run store {self.url}: {_first_line(exc)}") from None
+        if kept is None:
+            return (f"{self.url} records no id of the key it was sealed with (every store that gate writes records "
+                    f"one): whether the store key ({self.key_source}) is its key cannot be told")
+        if kept == key_id(self.key):
+            return None
+        return (f"the store key ({self.key_source}) is not the key {self.url} was sealed with: every seal it "
+                f"checks fails")
 
     def _check_key(self, strict: bool) -> str | None:
         """Record the key's id in a store that has none; say (or raise, when `strict`) if it is another key."""
@@ -902,11 +1001,18 @@ class RunStore:
             return int(result.inserted_primary_key[0])
 
     def nightly_history(self, limit: int = 30) -> list[dict]:
-        """The last `limit` nightly summaries, oldest first: {night, run_id, at, summary}."""
+        """The last `limit` nightly summaries that are readable, oldest first: {night, run_id, at, summary}. A
+        kept summary is a cache: one that does not parse, or is not the shape the scoreboard writes, is
+        skipped (`gate verify` names it), never an error."""
+        kept: list[dict] = []
         with self.engine.connect() as c:
-            rows = c.execute(select(nightly).order_by(nightly.c.night_seq.desc()).limit(limit)).mappings().all()
-        return [{"night": r["night_seq"], "run_id": r["run_id"], "at": r["at"],
-                 "summary": json.loads(r["summary"])} for r in reversed(rows)]
+            for r in c.execute(select(nightly).order_by(nightly.c.night_seq.desc())).mappings():
+                summary = _json_or_none(r["summary"])
+                if summary_problem(summary) is None:
+                    kept.append({"night": r["night_seq"], "run_id": r["run_id"], "at": r["at"], "summary": summary})
+                    if len(kept) >= limit:
+                        break
+        return kept[::-1]
 
 
     def nights(self) -> list[dict]:
@@ -938,7 +1044,10 @@ class RunStore:
             with self.engine.begin() as c:
                 c.execute(insert(manifests).values(**row, seal=self._manifest_seal(row)))
         except IntegrityError:
-            pass
+            if kind not in (API, CONTINUATION):  # a run whose episodes were stored before it was sealed (through
+                with self.engine.begin() as c:  # the API, `seal_api_run`): its manifest is now the real one
+                    c.execute(update(manifests).where(manifests.c.run_id == run_id, manifests.c.kind == API)
+                              .values(**row, seal=self._manifest_seal(row)))
         return self.manifest(run_id)  # type: ignore[return-value]
 
     def manifest(self, run_id: str) -> dict | None:
@@ -958,9 +1067,18 @@ class RunStore:
         return [self._manifest_of(dict(r)) for r in rows]
 
     def _manifest_of(self, row: dict) -> dict:
-        sealed = bool(row["seal"]) and hmac.compare_digest(row["seal"], self._manifest_seal(row))
-        return {**row, "body": _json_or_none(row["body"]), "episodes": _json_or_none(row["episodes"]),
-                "sealed": sealed}
+        """A manifest row as read: its body and episodes parsed and their shape checked once, here (a row
+        can be hostile, sealed or not). `problem` says what is wrong with one that is not readable; its
+        body and episodes are then None."""
+        try:
+            sealed = bool(row["seal"]) and hmac.compare_digest(str(row["seal"]), self._manifest_seal(row))
+        except (TypeError, ValueError):
+            sealed = False
+        body, chosen = _json_or_none(row["body"]), _json_or_none(row["episodes"])
+        problem = manifest_problem(row["kind"], body, row["status"], chosen)
+        if problem is not None:
+            body = chosen = None
+        return {**row, "body": body, "episodes": chosen, "sealed": sealed, "problem": problem}
 
     def _set_run(self, run_id: str, values: dict, unless: tuple[str, ...]) -> bool:
         with self.engine.begin() as c:
@@ -981,10 +1099,18 @@ class RunStore:
         """Seal an open run as ended without completing (STOPPED: its process stopped it; DIED: it died)."""
         return self._set_run(run_id, {"status": status, "closed_at": time.time()}, unless=(COMPLETE, STOPPED, DIED))
 
+    def seal_api_run(self, run_id: str) -> None:
+        """Record that run `run_id` exists, when nothing sealed it as a night or a run before its first episode
+        (an episode stored through the Python API, `StoreSink`): its manifest lists no episodes (which it
+        must produce is the caller's), but an episode of it whose manifest is gone is then a deletion."""
+        if self.manifest(run_id) is None:
+            from . import __version__
+            self.seal_run(run_id, API, {"gate_version": __version__, "process": process_name("the Python API")})
+
     def continue_run(self, run_id: str, of: str) -> None:
         """Record that run `run_id` re-executes run `of` (a Dagster re-execution): its episodes count for `of`."""
         if run_id != of:
-            self.seal_run(run_id, "continuation", {"of": of})
+            self.seal_run(run_id, CONTINUATION, {"of": of})
 
     def run_lock(self, run_id: str) -> Path:
         """The lock a process holds on this machine while it plays run `run_id` (`hold_lock`)."""
@@ -1058,6 +1184,62 @@ def manifest_body(cases: list[Case], cases_file: str | Path | None, agents: list
             "rollouts": rollouts, "gate_version": __version__, "process": process}
 
 
+def _text(x) -> bool:
+    return isinstance(x, str)
+
+
+def _count(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def manifest_problem(kind, body, status, chosen) -> str | None:
+    """What makes a stored manifest (its kind, parsed body, status and chosen episodes) other than the shape
+    `manifest_body`, `continue_run`, `seal_api_run` and `complete_run` write, or None."""
+    if status not in (OPEN, COMPLETE, STOPPED, DIED):
+        return "its status is not one gate writes"
+    if not isinstance(body, dict):
+        return "its body is not a JSON object"
+    if kind == CONTINUATION:
+        return None if _text(body.get("of")) and body["of"] else "it continues no run (its `of` is not a run id)"
+    if kind == API:
+        return None if chosen is None else "an API run lists no episodes"
+    cases, agents, rollouts = body.get("cases"), body.get("agents"), body.get("rollouts")
+    if not (isinstance(cases, list) and all(_text(c) for c in cases)):
+        return "its cases are not a list of case ids"
+    if not (isinstance(agents, list) and all(
+            isinstance(a, dict) and _text(a.get("identity")) and _text(a.get("name"))
+            and isinstance(a.get("options"), dict) and isinstance(a.get("deterministic"), bool) for a in agents)):
+        return "its agents are not a list of {identity, name, options, deterministic}"
+    if len({a["identity"] for a in agents}) != len(agents):
+        return "it lists an agent twice"
+    if not (_count(rollouts) and 1 <= rollouts and len(cases) * len(agents) * rollouts <= MAX_SLOTS):
+        return f"its rollouts are not a count of 1 or more (of at most {MAX_SLOTS:,} episodes in all)"
+    shas = body.get("case_sha256")
+    if not (isinstance(shas, dict) and all(_text(v) for v in shas.values())):
+        return "its case hashes are not a JSON object of texts"
+    for key in ("cases_file", "cases_file_sha256", "process"):
+        if body.get(key) is not None and not _text(body[key]):
+            return f"its {key} is not text"
+    if chosen is not None and not (isinstance(chosen, list) and all(
+            isinstance(i, list) and len(i) == 4 and _text(i[0]) and _text(i[1]) and _count(i[2]) and _text(i[3])
+            for i in chosen)):
+        return "its episodes are not a list of [case id, agent, rollout, episode id]"
+    return None
+
+
+def summary_problem(summary) -> str | None:
+    """What makes a kept nightly summary other than the shape the scoreboard writes, or None."""
+    if not isinstance(summary, dict) or not isinstance(summary.get("agents"), dict):
+        return "it is not a JSON object with agents"
+    for figures in summary["agents"].values():
+        reward = figures.get("reward") if isinstance(figures, dict) else None
+        if not (isinstance(reward, (int, float)) and not isinstance(reward, bool) and reward == reward):
+            return "an agent of it has no reward"
+    if summary.get("cases_file") is not None and not _text(summary["cases_file"]):
+        return "its cases_file is not text"
+    return None
+
+
 def process_name(what: str) -> str:
     """How a manifest names the process playing its run: what, which process, on which machine."""
     return f"{what} (process {os.getpid()} on {socket.gethostname()})"
@@ -1101,8 +1283,12 @@ class StoreSink(Sink):
         self.starts: dict[str, EpisodeStart] = {}
         self.announced: dict[str, dict] = {}  # the rows written as episodes opened, until they end
         self.ended: list[tuple[EpisodeResult, EpisodeStart | None]] = []
+        self.runs: set[str] = set()  # the runs this sink knows to have a manifest
 
     def start(self, episode: EpisodeStart) -> None:
+        if episode.run_id not in self.runs:  # once per run: a night's or a `gate run`'s was sealed before
+            self.store.seal_api_run(episode.run_id)
+            self.runs.add(episode.run_id)
         if not self.announce:
             self.starts[episode.episode_id] = episode
         elif self.ended:

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from . import __version__
 from .kernel.actions import tool_call_action
 from .kernel.agents import AgentOptionError, UnknownAgent, resolve_agent
-from .kernel.cases import MAX_CASE_FILE_BYTES, Case, CaseError, parse_cases
+from .kernel.cases import MAX_CASE_FILE_BYTES, Case, CaseError, parse_cases, printable
 from .kernel.engine import Session, Sink, play, prepare
 from .kernel.errors import GateError
 from .kernel.files import read_bytes
@@ -43,7 +43,20 @@ from .kernel.grading import grade_stored
 from .kernel.ledger import last_hash
 from .kernel.records import ABANDONED, API_ERROR, GRADE_KEYS, TIMEOUT, Grade, StoredEpisode
 from .kernel.settings import Settings
-from .store import COMPLETE, DIED, ENDED, NEVER_ENDED, OPEN, STOPPED, RunStore, StoreError, lock_free, sha256
+from .store import (
+    API,
+    COMPLETE,
+    CONTINUATION,
+    DIED,
+    ENDED,
+    NEVER_ENDED,
+    OPEN,
+    STOPPED,
+    RunStore,
+    StoreError,
+    lock_free,
+    sha256,
+)
 from .tables import summary
 
 COMPARED = (*GRADE_KEYS, "failed")
@@ -61,8 +74,9 @@ class Problem:
     what: str
 
     def line(self) -> str:
-        who = " ".join(x for x in (self.episode_id, self.case_id, self.agent) if x)
-        return f"{who}: {self.what}"
+        """One line: what the store holds (ids, names, errors) is written with its unprintable characters escaped."""
+        who = " ".join(printable(x) for x in (self.episode_id, self.case_id, self.agent) if x)
+        return f"{who}: {printable(self.what)}"
 
 
 def run_problem(run_id: str, what: str) -> Problem:
@@ -125,13 +139,12 @@ def rebuild(stored: StoredEpisode, row: dict) -> str | None:
     return None
 
 
-def _agent_problem(stored: StoredEpisode, row: dict, settings: Settings):
+def _agent_problem(name: str, options: dict, settings: Settings):
     """(spec, None) for an agent that can be played again here, else (None, why not: a note)."""
-    name = row.get("agent_name") or row["agent"]
     if ":" in name and name not in settings.extra_agents:
         return None, f"{name} is a module:Class agent, which `gate verify` imports only when GATE_AGENTS names it"
     try:
-        spec = resolve_agent(name, stored.options, contracts=settings.contracts_dir)
+        spec = resolve_agent(name, options, contracts=settings.contracts_dir)
     except (UnknownAgent, AgentOptionError) as exc:
         return None, str(exc)
     return spec, None
@@ -203,7 +216,17 @@ def _tie(prepared, messages: list, sent: dict, row: dict) -> str | None:
     return None
 
 
-def check_episode(store: RunStore, row: dict, settings: Settings, out: Verification) -> None:
+def _options(row: dict):
+    try:
+        return json.loads(row["agent_options"])
+    except (ValueError, RecursionError, TypeError):
+        return None
+
+
+def check_episode(store: RunStore, row: dict, settings: Settings, out: Verification,
+                  sealed: tuple[str, dict] | None = None) -> None:
+    """One episode's checks; `sealed` is (run id, the agent as the manifest of its run records it: name,
+    identity, options, deterministic) when its run has one that lists its agent."""
     eid, case_id, agent = row["episode_id"], row["case_id"], row["agent"]
 
     def problem(what: str) -> None:
@@ -245,7 +268,25 @@ def check_episode(store: RunStore, row: dict, settings: Settings, out: Verificat
     if row["end_reason"] == ABANDONED:
         out.notes.append(Problem(eid, case_id, agent, f"abandoned: {row['error'] or 'cut off'}"))
         return
-    spec, note = _agent_problem(stored, row, settings)
+    name, options = row.get("agent_name") or agent, stored.options
+    if sealed is not None:  # the agent is the one the run was sealed with: that one is played again
+        run, declared = sealed
+        if (name, _options(row)) != (declared["name"], declared["options"]):
+            problem(f"its agent is {name!r} with options {json.dumps(_options(row), sort_keys=True)[:200]}, but run "
+                    f"{run} was sealed with {declared['name']!r} with options "
+                    f"{json.dumps(declared['options'], sort_keys=True)[:200]} for {agent!r}")
+        name, options = declared["name"], declared["options"]
+    spec, note = _agent_problem(name, options, settings)
+    if spec is None and ":" not in agent:  # its identity may name an agent gate plays again, whatever the name says
+        same, _ = _agent_problem(agent, {}, settings)
+        if same is not None and same.deterministic and same.identity == agent:
+            problem(f"its agent {name!r} cannot be played again here ({note}), but it plays as {agent!r}, an agent "
+                    f"gate plays again")
+            return
+    if sealed is not None and sealed[1]["deterministic"] and (spec is None or not spec.deterministic):
+        problem(f"run {sealed[0]} was sealed with {name!r} as a deterministic agent, but it cannot be played "
+                f"again here ({note or f'{name} does not say it is deterministic here'})")
+        return
     if spec is not None and spec.identity != agent:
         problem(f"its agent {spec.name!r} plays as {spec.identity!r}, not as the stored {agent!r}")
         return
@@ -315,14 +356,16 @@ def check_run(manifest: dict, family: list[dict], out: Verification) -> None:
 
     if not manifest["sealed"]:
         problem("its manifest was altered (its seal does not match)")
-    if not isinstance(body, dict) or not isinstance(body.get("cases"), list) or not isinstance(body.get("agents"), list):
-        problem("its manifest is not readable")
+    if manifest["problem"] is not None:  # its shape was checked where it was read (RunStore.manifests)
+        problem(f"its manifest is not readable ({manifest['problem']})")
         return
-    rollouts = body.get("rollouts") if isinstance(body.get("rollouts"), int) else 1
-    agents = [a.get("identity") for a in body["agents"] if isinstance(a, dict)]
+    if manifest["kind"] == API:  # it lists no episodes: each was checked on its own
+        return
+    rollouts = body["rollouts"]
+    agents = [a["identity"] for a in body["agents"]]
     slots = [(c, a, r) for r in range(rollouts) for c in body["cases"] for a in agents]
     wanted = set(slots)
-    shas = body.get("case_sha256") if isinstance(body.get("case_sha256"), dict) else {}
+    shas = body["case_sha256"]
     on_file, why = _file_cases(body.get("cases_file"), body.get("cases_file_sha256"))
     if why:
         out.notes.append(run_problem(run_id, why))
@@ -343,11 +386,7 @@ def check_run(manifest: dict, family: list[dict], out: Verification) -> None:
             out.problems.append(Problem(row["episode_id"], row["case_id"], row["agent"],
                                         f"its case is not the one in the case file {body.get('cases_file')}"))
     if status == COMPLETE:
-        chosen = manifest["episodes"] if isinstance(manifest["episodes"], list) else []
-        named = {}
-        for item in chosen:
-            if isinstance(item, list) and len(item) == 4:
-                named[(item[0], item[1], item[2])] = item[3]
+        named = {(item[0], item[1], item[2]): item[3] for item in manifest["episodes"] or []}
         for slot in slots:
             rows = by_slot.get(slot, [])
             eid = named.get(slot)
@@ -374,21 +413,39 @@ def check_run(manifest: dict, family: list[dict], out: Verification) -> None:
                                          f"{len(slots)} episodes played"))
 
 
-def check_nights(store: RunStore, manifests: dict[str, dict], roots: dict[str, str], out: Verification) -> None:
+def predates_sealing(rows: list[dict]) -> bool:
+    """Whether episodes were stored before gate sealed runs (schema 4 or older): every one has no agent name.
+    Schema 5 records the agent's name with every episode and seals it with the row, so clearing it breaks the
+    seal; an empty list proves nothing."""
+    return bool(rows) and all(r.get("agent_name") is None for r in rows)
+
+
+def check_nights(store: RunStore, manifests: dict[str, dict], roots: dict[str, str], out: Verification,
+                 by_run: dict[str, list[dict]]) -> None:
     """Each kept nightly summary recomputed from the episodes its night completed with."""
     for night in store.nights():
         n, run_id = night["night"], night["run_id"] or ""
-        manifest = manifests.get(roots.get(run_id, run_id))
+        root = roots.get(run_id, run_id)
+        manifest = manifests.get(root)
         if manifest is None:
-            out.notes.append(run_problem(run_id or "-", f"night {n} predates sealed runs: its summary is not recomputed"))
+            if predates_sealing(by_run.get(run_id, [])):
+                out.notes.append(run_problem(run_id, f"night {n} predates sealed runs (its episodes were stored by "
+                                                     f"a gate before schema 5): its summary is not recomputed"))
+            else:
+                out.problems.append(run_problem(run_id or "-", f"night {n}: its run has no manifest (every night "
+                                                               f"gate plays seals one): its summary cannot be recomputed"))
+            continue
+        if manifest["problem"] is not None or manifest["kind"] in (API, CONTINUATION):
+            out.problems.append(run_problem(run_id, f"night {n}: its summary cannot be recomputed (its run's manifest "
+                                                    f"{'is not readable' if manifest['problem'] else 'is not a night'})"))
             continue
         out.counts["nights"] += 1
-        body = manifest["body"] if isinstance(manifest["body"], dict) else {}
-        named = {(i[0], i[1]): i[3] for i in manifest["episodes"] or [] if isinstance(i, list) and len(i) == 4}
-        agents = [a.get("identity") for a in body.get("agents", []) if isinstance(a, dict)]
+        body = manifest["body"]
+        named = {(i[0], i[1]): i[3] for i in manifest["episodes"] or []}
+        agents = [a["identity"] for a in body["agents"]]
         cases: list[Case] = []
         grades: dict[str, list] = {a: [] for a in agents}
-        for case_id in body.get("cases", []):
+        for case_id in body["cases"]:
             eids = [named.get((case_id, a)) for a in agents]
             if None in eids or any(e not in out.fresh for e in eids):
                 out.problems.append(run_problem(run_id, f"night {n}: its summary cannot be recomputed (an episode of "
@@ -433,28 +490,56 @@ def verify_store(store: RunStore, run_id: str | None = None, settings: Settings 
         out.problems.append(Problem("store", "", "", store.key_problem))
     rows = store.episodes(run_id=run_id)
     out.checked = len(rows)
-    for row in rows:
-        check_episode(store, row, settings, out)
     manifests = {m["run_id"]: m for m in store.manifests()}
-    roots = {rid: m["body"].get("of") for rid, m in manifests.items()
-             if m["kind"] == "continuation" and isinstance(m["body"], dict)}
+    roots = {rid: m["body"]["of"] for rid, m in manifests.items()
+             if m["kind"] == CONTINUATION and m["problem"] is None}
+
+    def root_of(run: str) -> str | None:
+        root = roots.get(run, run)
+        return root if root in manifests and manifests[root]["kind"] != CONTINUATION else None
+
     families: dict[str, list[dict]] = defaultdict(list)
-    loose = 0
+    by_run: dict[str, list[dict]] = defaultdict(list)
+    loose: list[dict] = []
     for row in rows:
-        root = roots.get(row["run_id"], row["run_id"])
-        if root in manifests and manifests[root]["kind"] != "continuation":
-            families[root].append(row)
-        else:
-            loose += 1
+        by_run[row["run_id"]].append(row)
+        root = root_of(row["run_id"])
+        manifest = manifests.get(root) if root is not None else None
+        if manifest is None:
+            loose.append(row)
+            check_episode(store, row, settings, out)
+            continue
+        families[root].append(row)  # type: ignore[index]
+        body = manifest["body"] if manifest["problem"] is None and manifest["kind"] != API else None
+        declared = next((a for a in body["agents"] if a["identity"] == row["agent"]), None) if body else None
+        check_episode(store, row, settings, out, (root, declared) if declared is not None else None)  # type: ignore[arg-type]
     for rid, m in manifests.items():
-        if m["kind"] == "continuation" or (run_id is not None and rid != run_id):
+        if run_id is not None and rid != run_id and roots.get(run_id) != rid:
+            continue
+        if m["kind"] == CONTINUATION:
+            if m["problem"] is not None or not m["sealed"]:
+                out.problems.append(run_problem(rid, "its manifest was altered (its seal does not match)"
+                                                if m["problem"] is None else
+                                                f"its manifest is not readable ({m['problem']})"))
             continue
         check_run(m, families.get(rid, []), out)
+    api = [rid for rid in families if manifests[rid]["kind"] == API]
+    if api:
+        out.notes.append(Problem("store", "", "", f"{sum(len(families[r]) for r in api)} episodes of {len(api)} run(s) "
+                                                  f"stored through the Python API: each was checked on its own (such a "
+                                                  f"run does not list the episodes it must produce)"))
     for (agent, why), n in out.unplayed.items():
         out.notes.append(Problem(agent, "", "", f"{n} episode(s) not played again: {why}"))
-    if loose:
-        out.notes.append(Problem("store", "", "", f"{loose} episodes belong to no sealed run (stored through the API): "
-                                                  f"each was checked on its own"))
+    old = [r for r in loose if predates_sealing([r])]
+    if old:
+        out.notes.append(Problem("store", "", "", f"{len(old)} episodes predate sealed runs (stored by a gate before "
+                                                  f"schema 5): each was checked on its own"))
+    for row in loose:
+        if not predates_sealing([row]):
+            out.problems.append(Problem(row["episode_id"], row["case_id"], row["agent"],
+                                        f"its run {row['run_id']} has no manifest (every run gate stores seals one, "
+                                        f"and its episodes are stored after it): the manifest was deleted, or "
+                                        f"the episode moved to another run"))
     if run_id is None:
         known = {r["episode_id"]: r for r in rows}
         for g in store.all_grades():
@@ -467,7 +552,7 @@ def verify_store(store: RunStore, run_id: str | None = None, settings: Settings 
                 out.problems.append(Problem(g["episode_id"], g["case_id"], g["agent"],
                                             f"a kept grade (row {g['grade_seq']}) names another case or agent than "
                                             f"its episode ({row['case_id']}, {row['agent']})"))
-        check_nights(store, manifests, {k: v for k, v in roots.items() if isinstance(v, str)}, out)
+        check_nights(store, manifests, roots, out, by_run)
     return out
 
 

@@ -358,3 +358,135 @@ def test_a_model_episode_is_tied_to_its_transcript(home, tmp_path, capsys):
     assert code == 1 and f"{second['episode_id']} {second['case_id']} careful: the transcript line's ledger is not " \
                          f"the stored ledger" in out
     assert f"{first['episode_id']} {first['case_id']} careful: the episode has no line in transcripts.jsonl" in out
+
+
+def test_deleting_the_manifests_does_not_make_a_night_or_its_episodes_unchecked(home, night, capsys):
+    """Without the key: delete every manifest, raise the night's summary and delete an episode. A night whose
+    run has no manifest, and episodes that claim a run with none, are failures: only a store whose episodes
+    were stored before gate sealed runs (no agent name, under a seal that holds) may say it predates them."""
+    naive = episode_of(home, "naive", BAD)
+    conn = db(home)
+    conn.execute("DELETE FROM manifests")
+    kept = json.loads(conn.execute("SELECT summary FROM nightly_scores").fetchone()[0])
+    kept["agents"]["naive"]["reward"] = 0.99
+    conn.execute("UPDATE nightly_scores SET summary = ?", (json.dumps(kept),))
+    for table in ("ledger_entries", "warehouses", "episodes"):
+        conn.execute(f"DELETE FROM {table} WHERE episode_id = ?", (naive,))
+    code, out, _ = verify(capsys)
+    assert code == 1 and "predates" not in out and "belong to no sealed run" not in out
+    assert "night 1: its run has no manifest (every night gate plays seals one)" in out
+    assert out.count("has no manifest (every run gate stores seals one") == 7
+    assert "7 episodes checked" in out and "8 with problems (8 in all)" in out
+
+
+@pytest.mark.parametrize("edit", ["name", "options", "manifest"])
+def test_an_episode_plays_the_agent_its_run_was_sealed_with(home, night, tmp_path, capsys, edit):
+    """With the key: careful's ledger and warehouse in naive's episode, its agent renamed to one gate does not
+    know (or given options naive does not take), everything re-sealed. The manifest's agent (its name, its
+    options) is the one played again; one it marks deterministic that cannot be played again is a failure."""
+    naive, careful = episode_of(home, "naive", BAD), episode_of(home, "careful", BAD)
+    conn = db(home)
+    conn.execute("DELETE FROM ledger_entries WHERE episode_id = ?", (naive,))
+    conn.execute("INSERT INTO ledger_entries SELECT ?, seq, entry FROM ledger_entries WHERE episode_id = ?",
+                 (naive, careful))
+    conn.execute("UPDATE warehouses SET image = (SELECT image FROM warehouses WHERE episode_id = ?) "
+                 "WHERE episode_id = ?", (careful, naive))
+    conn.execute("UPDATE episodes SET (ledger_digest, ledger_entries, warehouse_sha256, end_reason) = (SELECT "
+                 "ledger_digest, ledger_entries, warehouse_sha256, end_reason FROM episodes WHERE episode_id = ?) "
+                 "WHERE episode_id = ?", (careful, naive))
+    if edit == "options":
+        conn.execute("UPDATE episodes SET agent_options = ? WHERE episode_id = ?", (json.dumps({"nope": 1}), naive))
+    else:
+        conn.execute("UPDATE episodes SET agent_name = 'zzz' WHERE episode_id = ?", (naive,))
+    if edit == "manifest":  # the forger names 'zzz' in the manifest too: it says naive is deterministic
+        body = json.loads(conn.execute("SELECT body FROM manifests").fetchone()[0])
+        body["agents"] = [{**a, "name": "zzz"} if a["identity"] == "naive" else a for a in body["agents"]]
+        conn.execute("UPDATE manifests SET body = ?", (json.dumps(body, sort_keys=True),))
+    reseal_everything(home, home / "store.key")
+    code, out, _ = verify(capsys)
+    assert code == 1 and "not played again" not in out, out
+    lines = [line for line in out.splitlines() if line.startswith(f"{naive} {BAD} naive: ")]
+    if edit == "name":
+        assert "its agent is 'zzz' with options {}, but run" in lines[0] and "sealed with 'naive'" in lines[0]
+    elif edit == "options":
+        assert "its agent is 'naive' with options {\"nope\": 1}, but run" in lines[0]
+        assert "sealed with 'naive' with options {} for 'naive'" in lines[0]
+    else:
+        assert lines[0].startswith(f"{naive} {BAD} naive: its agent 'zzz' cannot be played again here (unknown agent")
+        assert lines[0].endswith("but it plays as 'naive', an agent gate plays again")
+    if edit != "manifest":  # the manifest's agent is played again: the swapped ledger is named too
+        assert "played again, naive gives another episode" in lines[1]
+
+
+def set_manifest(home, column: str, value) -> None:
+    db(home).execute(f"UPDATE manifests SET {column} = ?", (value if isinstance(value, str) else json.dumps(value),))
+
+
+def with_body(home, **fields) -> dict:
+    body = json.loads(db(home).execute("SELECT body FROM manifests").fetchone()[0])
+    return {**body, **fields}
+
+
+HOSTILE_MANIFESTS = {  # what an edit without the key can make of a manifest row: each must be one line
+    "episodes an int": ("episodes", lambda home: "5", "its episodes are not a list"),
+    "episodes unhashable": ("episodes", lambda home: [[[1], "naive", 0, "x"]], "its episodes are not a list"),
+    "cases unhashable": ("body", lambda home: with_body(home, cases=[[1]]), "its cases are not a list of case ids"),
+    "identity unhashable": ("body", lambda home: with_body(home, agents=[{"identity": [1]}]), "its agents are not"),
+    "agents an int": ("body", lambda home: with_body(home, agents=5), "its agents are not"),
+    "cases_file an int": ("body", lambda home: with_body(home, cases_file=5), "its cases_file is not text"),
+    "cases_file a list": ("body", lambda home: with_body(home, cases_file=[1]), "its cases_file is not text"),
+    "rollouts 10**12": ("body", lambda home: with_body(home, rollouts=10**12), "its rollouts are not a count"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_MANIFESTS))
+def test_a_hostile_manifest_row_is_one_line_never_a_traceback_or_a_hang(home, night, name):
+    """No key needed: a manifest row edited into any JSON is named unreadable, in one line, and verify ends."""
+    import resource
+    import subprocess
+    import sys
+    column, value, needle = HOSTILE_MANIFESTS[name]
+    set_manifest(home, column, value(home))
+
+    def limit():  # a run of range(10**12) ends in a MemoryError, not in swapping the machine
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+    p = subprocess.run([sys.executable, "-m", "gate_pipeline.cli.main", "verify"], capture_output=True, text=True,
+                       timeout=120, preexec_fn=limit)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert "run " in p.stdout and f"its manifest is not readable ({needle}" in p.stdout
+
+
+def test_a_continuation_of_no_run_is_one_line(home, night, capsys):
+    naive = episode_of(home, "naive", BAD)
+    conn = db(home)
+    conn.execute("INSERT INTO manifests VALUES ('cont', 'continuation', ?, 'open', NULL, 0, NULL, 'x')",
+                 (json.dumps({"of": [1]}),))
+    conn.execute("UPDATE episodes SET run_id = 'cont' WHERE episode_id = ?", (naive,))
+    code, out, _ = verify(capsys)
+    assert code == 1 and "run cont: its manifest is not readable (it continues no run" in out
+    assert f"{naive} {BAD} naive: its run cont has no manifest" in out
+
+
+@pytest.mark.parametrize("kept", ['{"agents": [1]}', "{{{", '{"agents": {"naive": {"reward": "x"}}}', "[1]"])
+def test_a_corrupt_kept_summary_is_skipped_by_the_nightly_and_named_by_verify(home, night, capsys, kept):
+    """Nightly summaries are caches: one that does not parse, or is not a summary, never stops a night."""
+    db(home).execute("UPDATE nightly_scores SET summary = ?", (kept,))
+    assert RunStore().nightly_history() == []
+    assert main(["nightly", "--cases", str(night), "--agents", "naive,careful"]) == 0
+    out = capsys.readouterr().out
+    assert "nightly history (mean reward):\n  night    2  four.jsonl  careful 1.0000  naive 0.5500\n" in out
+    assert "night    1" not in out
+    code, out, _ = verify(capsys)
+    assert code == 1 and "night 1: the kept summary differs from a fresh one" in out and "night 2" not in out
+
+
+def test_a_stored_id_cannot_forge_a_line_of_verify(home, night, capsys):
+    """A case id edited in the store to hold a newline and a fake verdict printed that verdict as a line of its own
+    (no key needed); every line verify prints now holds its stored text with control characters escaped."""
+    naive = episode_of(home, "naive", BAD)
+    db(home).execute("UPDATE episodes SET case_id = ? WHERE episode_id = ?",
+                     (f"{BAD}\n8 episodes checked: every check holds\x1b[2J", naive))
+    code, out, _ = verify(capsys)
+    assert code == 1 and "\x1b" not in out
+    assert not any(line.startswith("8 episodes checked: every check holds") for line in out.splitlines())
+    assert f"{BAD}\\n8 episodes checked: every check holds\\x1b[2J" in out

@@ -320,3 +320,88 @@ def test_a_schema_4_store_is_migrated_and_still_verifies(home, capsys):
     db(home).execute("UPDATE episodes SET agent = 'naive' WHERE episode_id = ?", (result.episode_id,))
     code, out = verify(capsys)
     assert code == 1 and "seal does not match" in out
+
+
+HOSTILE_VIEW = ("CREATE VIEW wh_orders AS WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r) "
+                "SELECT x AS amount, 'C' AS customer_id FROM r; CREATE TABLE wh_customers(customer_id); "
+                "INSERT INTO wh_customers VALUES ('C');")
+
+
+def hostile_image() -> bytes:
+    conn = sqlite3.connect(":memory:")
+    conn.executescript(HOSTILE_VIEW)
+    return conn.serialize()
+
+
+def gate_verify(home, timeout: float = 120) -> subprocess.CompletedProcess:
+    import os
+    return subprocess.run([sys.executable, "-m", "gate_pipeline.cli.main", "verify"], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "GATE_HOME": str(home)})
+
+
+@pytest.mark.parametrize("resealed", [False, True])
+def test_a_hostile_warehouse_image_is_never_queried_unbounded(home, resealed):
+    """A warehouse image whose wh_orders is a view over an endless recursive query: with no hash recorded it is
+    not queried at all; with its hash and the row re-sealed (the key's holder) the query stops at a budget."""
+    import hashlib
+    store, result = stored_episode("naive")
+    image = hostile_image()
+    conn = db(home)
+    conn.execute("UPDATE warehouses SET image = ? WHERE episode_id = ?", (image, result.episode_id))
+    conn.execute("UPDATE episodes SET warehouse_sha256 = ? WHERE episode_id = ?",
+                 (hashlib.sha256(image).hexdigest() if resealed else None, result.episode_id))
+    if resealed:
+        conn.execute("UPDATE episodes SET seal = ? WHERE episode_id = ?",
+                     (store.seal(store.episode(result.episode_id)), result.episode_id))
+    store.dispose()
+    p = gate_verify(home)
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert ("did not finish within" if resealed else "has no SHA-256 recorded: it is not read") in p.stdout
+
+
+def test_ctrl_c_stops_reading_a_hostile_warehouse(tmp_path):
+    """SQLite runs the query in C: without a progress handler Python never sees Ctrl-C. With one, Ctrl-C is a
+    KeyboardInterrupt (the CLI's `gate: interrupted`), not an unreadable warehouse."""
+    script = tmp_path / "interrupt.py"
+    script.write_text(
+        "import hashlib, os, signal, sqlite3, threading, time\n"
+        "from gate_pipeline.store import read_mart\n"
+        f"conn = sqlite3.connect(':memory:'); conn.executescript({HOSTILE_VIEW!r}); image = conn.serialize()\n"
+        "threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()\n"
+        "start = time.monotonic()\n"
+        "try:\n"
+        "    read_mart(image, 'w', hashlib.sha256(image).hexdigest())\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted after', round(time.monotonic() - start, 1))\n")
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert p.stdout.startswith("interrupted after 0.3"), (p.stdout, p.stderr[-2000:])
+
+
+def store_bytes(home) -> bytes:
+    conn = db(home)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    return (home / "runs.db").read_bytes()
+
+
+@pytest.mark.parametrize("edit,code,needle", [
+    ("DELETE FROM gate_store WHERE key = 'key_id'", 1, "records no id of the key it was sealed with"),
+    ("UPDATE gate_store SET value = '3' WHERE key = 'schema'", 2, "has schema 3: the first command that writes"),
+    ("DROP TABLE grades", 2, "lacks the table grades"),
+    ("ALTER TABLE episodes DROP COLUMN agent_name", 2, "its table episodes lacks the column agent_name"),
+])
+def test_verify_changes_nothing_in_the_store_it_checks(home, tmp_path, capsys, edit, code, needle):
+    """`gate verify` reads: it records no key id (not another key's), migrates nothing, creates no table;
+    a store it cannot read as it is is one line."""
+    store, _ = stored_episode("careful")
+    store.dispose()
+    db(home).execute(edit)
+    other = tmp_path / "other.key"
+    other.write_text("o" * 64)
+    before = store_bytes(home)
+    assert main(["verify", "--key-file", str(other)]) == code
+    out = capsys.readouterr()
+    assert needle in (out.out if code == 1 else out.err) and "Traceback" not in out.err
+    if code == 2:
+        assert out.err.count("\n") == 1 and out.err.startswith("gate: error: run store")
+    assert store_bytes(home) == before

@@ -159,7 +159,7 @@ def _play_night(a, settings: Settings, collecting: bool, store, cases_file: str,
     for night in history:
         s = night["summary"]
         cells = "  ".join(f"{n} {v['reward']:.4f}" for n, v in s["agents"].items())
-        print(f"  night {night['night']:>4}  {Path(s.get('cases_file', '')).name}  {cells}")
+        print(f"  night {night['night']:>4}  {Path(s.get('cases_file') or '').name}  {cells}")
     for line in board["regressions"]:
         print(f"REGRESSION {line}")
     return 0

@@ -30,6 +30,12 @@ _NOT_IDENT = re.compile(r"[^a-z0-9_]")
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
+def printable(text) -> str:
+    """`text` as a line of gate's output may show it: each character `bad_id` refuses written as an escape
+    (a stored id or name that holds a newline cannot forge a line of its own)."""
+    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))
+
+
 def bad_id(value) -> bool:
     """Whether a case or batch id is unusable: not text, empty, too long, not valid Unicode or unprintable."""
     return (not isinstance(value, str) or not value or len(value) > MAX_ID_CHARS or bad_text(value) is not None
