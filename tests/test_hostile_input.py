@@ -336,6 +336,7 @@ def test_an_output_that_is_a_fifo_or_a_file_gate_did_not_write_is_refused_before
         page = tmp_path / "page.html"
         assert main(command + [str(page)] + cases) == 0 and main(command + [str(page)] + cases) == 0
         assert page.read_text().startswith("<!DOCTYPE html>")
+        assert main(command + [os.devnull] + cases) == 0  # written to be thrown away
 
 
 @pytest.mark.parametrize("char", ["\u2028", "\u2029", "\x85"])
@@ -439,3 +440,29 @@ def test_an_id_that_is_not_printable_is_refused_in_one_line(tmp_path, key, value
         read_cases(path)
     assert f"'{key}' must be a non-empty string of at most 200 printable characters" in str(caught.value)
     assert "\n" not in str(caught.value) and "\x1b" not in str(caught.value)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0 or not Path("/usr/bin/unshare").exists(),
+                    reason="gate as PID 1 needs unshare and root")
+def test_workers_play_when_gate_is_pid_1(tmp_path):
+    """In a container gate is PID 1: each worker's parent is PID 1, and a worker took that for a parent gone."""
+    cases = tmp_path / "four.jsonl"
+    cases.write_text("\n".join(EVAL.read_text().splitlines()[:4]) + "\n")
+    p = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-m", "gate_pipeline.cli.main",
+                        "report", "--cases", str(cases), "--agents", "naive", "--workers", "2", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    if "Operation not permitted" in p.stderr:
+        pytest.skip("no PID namespace here")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert len(json.loads(p.stdout)["agents"]["naive"]) == 4
+
+
+def test_a_failed_export_leaves_the_file_it_names_as_it_was(tmp_path, monkeypatch, capsys):
+    """cases export emptied its OUT (a case file named by mistake) before it found --run had no transcripts."""
+    from gate_pipeline.cli.main import main
+    monkeypatch.setenv("GATE_HOME", str(tmp_path / "home"))
+    out = tmp_path / "mycases.jsonl"
+    out.write_text(EVAL.read_text())
+    assert main(["cases", "export", "--format", "jsonl-chat", "--run", str(tmp_path / "nothing"), str(out)]) == 2
+    assert "no transcripts.jsonl there" in capsys.readouterr().err and out.read_text() == EVAL.read_text()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary file left

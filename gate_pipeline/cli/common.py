@@ -134,6 +134,8 @@ def output_file(flag: str, path: str | Path, starts: bytes) -> Path:
         raise UsageError(f"{name}: folder {target.parent} does not exist")
     if not target.exists():  # (a link to nowhere: writing creates what it names)
         return target
+    if os.path.samefile(target, os.devnull):  # written to be thrown away
+        return target
     try:
         fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
     except OSError as exc:

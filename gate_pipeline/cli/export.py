@@ -19,6 +19,8 @@ episode is missing or does not check is left out and counted, and so is one belo
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from pathlib import Path
 
 from ..kernel.settings import Settings
@@ -94,13 +96,19 @@ def export_chat(settings: Settings, out: Path, runs: list[str], min_reward: floa
     from ..verify import verify_store
     left: dict[str, int] = {"below --min-reward": 0, "not in the run store": 0, "does not check": 0}
     written = 0
+    for run in runs:  # before anything is written
+        if not (Path(run) / TRANSCRIPTS).is_file():
+            raise UsageError(f"--run {run}: no {TRANSCRIPTS} there (a gate run directory holds one)")
+        if out.exists() and os.path.samefile(out, Path(run) / TRANSCRIPTS):
+            raise UsageError(f"{out}: is what --run {run} reads; give another name")
+    # written beside it and put in its place once whole: a failure leaves what was there as it was
+    direct = out.exists() and not out.is_file()  # /dev/null (output_file lets nothing else through)
+    fd, temp = (None, str(out)) if direct else tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
     store = RunStore(settings)
     try:
-        with out.open("w", encoding="utf-8") as fh:
+        with (open(out, "w", encoding="utf-8") if fd is None else os.fdopen(fd, "w", encoding="utf-8")) as fh:
             for run in runs:
                 run_dir = Path(run)
-                if not (run_dir / TRANSCRIPTS).is_file():
-                    raise UsageError(f"--run {run}: no {TRANSCRIPTS} there (a gate run directory holds one)")
                 try:
                     recorded = json.loads((run_dir / TOOLS).read_text(encoding="utf-8"))
                 except (OSError, ValueError):
@@ -119,8 +127,12 @@ def export_chat(settings: Settings, out: Path, runs: list[str], min_reward: floa
                     else:
                         fh.write(json.dumps(_chat_line(line, fresh[eid].reward, recorded), default=str) + "\n")
                         written += 1
+        if not direct:
+            os.replace(temp, out)
     finally:
         store.dispose()
+        if not direct and os.path.exists(temp):
+            os.unlink(temp)
     return written, left
 
 

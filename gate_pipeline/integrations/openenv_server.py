@@ -388,6 +388,8 @@ class Sessions:
         while True:
             await asyncio.sleep(interval)
             for session in self.idle(time.monotonic()):
+                if session.busy or time.monotonic() - session.last <= self.config.idle_timeout:
+                    continue  # active again while an earlier one was being closed (that may take REAP_SECONDS)
                 self.reaped += 1
                 await self.reap(session)
 

@@ -401,7 +401,7 @@ class WorkerDied(GateError, RuntimeError):
     """A worker process playing cases ended without answering (killed, or out of memory)."""
 
 
-def _worker_start() -> None:
+def _worker_start(parent: int) -> None:
     """A worker ends with the process that forked it (Linux's parent-death signal): a parent stopped by a
     signal it does not handle (SIGTERM, SIGKILL) leaves no worker playing on for nobody."""
     if not sys.platform.startswith("linux"):
@@ -411,7 +411,7 @@ def _worker_start() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return
-    if os.getppid() == 1:  # the parent went before the signal was asked for
+    if os.getppid() != parent:  # the parent went before the signal was asked for (not `== 1`: gate may be PID 1)
         os._exit(1)
 
 
@@ -424,7 +424,8 @@ def _play_forked(cases, specs, reward, run_id, progress, workers) -> dict[str, l
     bounds = [(start, min(start + size, len(cases))) for start in range(0, len(cases), size)]
     out: dict[str, list[EpisodeResult]] = {spec.identity: [] for spec in specs}
     before = set(multiprocessing.active_children())
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_worker_start)
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_worker_start,
+                               initargs=(os.getpid(),))
     try:
         futures = [pool.submit(_play_chunk, job, start, stop) for start, stop in bounds]
         for (start, stop), future in zip(bounds, futures):
