@@ -82,9 +82,9 @@ from .kernel.errors import GateError
 from .kernel.files import read_bytes
 from .kernel.ledger import canonical_json, chain_intact, last_hash
 from .kernel.records import ABANDONED, EpisodeResult, Grade, StoredEpisode
+from .kernel.sandbox import CAUGHT, Sandbox
 from .kernel.settings import Settings
 from .kernel.suite import MART_SQL, suites
-from .kernel.world import mart_revenue
 
 SCHEMA_VERSION = "5"
 MIGRATES_FROM = ("3", "4")  # 3: warehouses as files under GATE_HOME; 4: no agent names, transcripts or manifests
@@ -268,14 +268,13 @@ def sha256(data: bytes | str) -> str:
 
 MART_STEP_BUDGET = 50_000_000  # virtual-machine steps one read of a stored warehouse may take (a real mart: thousands)
 MART_TIME_BUDGET_S = 5.0  # and seconds, compiling included
-_MART_INTERVAL = 1000  # steps between two checks of the budget
 
 
 def read_mart(image: bytes | None, name: str, expected_sha256: str | None, sql: str = MART_SQL) -> float:
     """The revenue mart of a stored warehouse image, read from an in-memory copy only once the image is
     the one recorded (its SHA-256, which must be recorded: an image without one is not queried), and
-    under a budget (MART_STEP_BUDGET steps, MART_TIME_BUDGET_S seconds; reads only, none of the functions
-    agent SQL may not call): an image is stored data, and stored data can be hostile (a view over an
+    in the sandbox agent SQL runs in, with a budget of its own (MART_STEP_BUDGET steps, MART_TIME_BUDGET_S
+    seconds): an image is stored data, and stored data can be hostile (a view over an
     endless recursive query). StoreError if it is missing, altered, unreadable or over the budget;
     KeyboardInterrupt if Ctrl-C came while it was read."""
     if image is None:
@@ -284,41 +283,19 @@ def read_mart(image: bytes | None, name: str, expected_sha256: str | None, sql: 
         raise StoreError(f"warehouse {name} has no SHA-256 recorded: it is not read")
     if sha256(image) != expected_sha256:
         raise StoreError(f"warehouse {name} was altered (its SHA-256 differs from the one recorded)")
-    from .kernel.sandbox import ALLOWED_ACTIONS, DENIED_FUNCTIONS
-    deadline = time.monotonic() + MART_TIME_BUDGET_S
-    # why the query was stopped, when these callbacks stopped it; an exception raised in one of them (Ctrl-C:
-    # Python raises KeyboardInterrupt in whatever Python code runs next) is swallowed by SQLite, which stops
-    # the query: a stop these callbacks did not decide is taken to be that, and raised again once it has stopped
-    state = {"steps": 0, "over": False, "denied": False}
-
-    def progress() -> int:
-        state["steps"] += _MART_INTERVAL
-        if state["steps"] > MART_STEP_BUDGET or time.monotonic() > deadline:
-            state["over"] = True
-            return 1
-        return 0
-
-    def authorize(action, _arg1, arg2, _db, _trigger) -> int:
-        if time.monotonic() > deadline:  # compiling is not stepped: bounded here
-            state["over"] = True
-            return sqlite3.SQLITE_DENY
-        if action not in ALLOWED_ACTIONS or (action == sqlite3.SQLITE_FUNCTION
-                                             and str(arg2).lower() in DENIED_FUNCTIONS):
-            state["denied"] = True
-            return sqlite3.SQLITE_DENY
-        return sqlite3.SQLITE_OK
-
     conn = sqlite3.connect(":memory:", cached_statements=0)
+    guard = None
     try:
         conn.deserialize(image)
-        conn.set_authorizer(authorize)
-        conn.set_progress_handler(progress, _MART_INTERVAL)
-        return mart_revenue(conn, sql)
-    except (sqlite3.Error, TypeError, ValueError, OverflowError, MemoryError) as exc:
+        guard = Sandbox(conn, MART_STEP_BUDGET, MART_TIME_BUDGET_S)
+        rows, _, _ = guard.execute(sql)
+        return round(float(rows[0][0]), 2)
+    except (*CAUGHT, TypeError, IndexError) as exc:
         text = str(exc).lower()
-        if not (state["over"] or state["denied"]) and ("interrupted" in text or "not authorized" in text):
+        stopped = "interrupted" in text or "not authorized" in text
+        if stopped and guard is not None and not guard.stopped_itself():
             raise KeyboardInterrupt from None
-        if state["over"]:
+        if "interrupted" in text:
             raise StoreError(f"warehouse {name} is unreadable (its mart did not finish within "
                              f"{MART_STEP_BUDGET:,} steps or {MART_TIME_BUDGET_S:g} s)") from None
         raise StoreError(f"warehouse {name} is unreadable ({_first_line(exc)})") from None

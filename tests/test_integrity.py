@@ -377,6 +377,21 @@ def test_ctrl_c_stops_reading_a_hostile_warehouse(tmp_path):
     assert p.stdout.startswith("interrupted after 0.3"), (p.stdout, p.stderr[-2000:])
 
 
+def test_a_warehouse_image_calling_a_refused_function_is_unreadable_not_an_interrupt():
+    """A view calling a function agent SQL may not call (printf fills a billion characters inside one step)
+    is refused by the sandbox the mart is read in: an unreadable warehouse, not taken for a Ctrl-C."""
+    import hashlib
+
+    from gate_pipeline.store import StoreError, read_mart
+    conn = sqlite3.connect(":memory:")
+    conn.executescript("CREATE VIEW wh_orders AS SELECT length(printf('%.*c', 1000000000, 'x')) AS amount, "
+                       "'C' AS customer_id; CREATE TABLE wh_customers(customer_id); "
+                       "INSERT INTO wh_customers VALUES ('C');")
+    image = conn.serialize()
+    with pytest.raises(StoreError, match=r"warehouse w is unreadable \(not authorized to use function: printf\)"):
+        read_mart(image, "w", hashlib.sha256(image).hexdigest())
+
+
 def store_bytes(home) -> bytes:
     conn = db(home)
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")

@@ -166,6 +166,7 @@ class Sandbox:
         self.steps = 0
         self.deadline = 0.0
         self.compile_over = False
+        self.refused = False  # whether the authorizer refused something in the last execution
         self._compiled: str | None = None  # the last query text the compile check passed
         self.compile_seconds = 0.0  # what compiling that text took in the check
         self._catalogue = catalogue  # the schema as the compile check is given it (None: read it when needed)
@@ -186,12 +187,12 @@ class Sandbox:
         if action == _READ:  # the most frequent: one per column read
             table = str(arg1).lower()
             if table in self.denied_tables or (self.deny_temp and db == "temp"):
+                self.refused = True
                 return _DENY
             self.tables_read.add(table)
             return _OK
-        if action not in ALLOWED_ACTIONS:
-            return _DENY
-        if action == _FUNCTION and str(arg2).lower() in self.denied:
+        if action not in ALLOWED_ACTIONS or (action == _FUNCTION and str(arg2).lower() in self.denied):
+            self.refused = True
             return _DENY
         return _OK
 
@@ -209,7 +210,7 @@ class Sandbox:
         conn = self.conn
         self.steps = 0
         self.deadline = time.monotonic() + self.time_budget
-        self.compile_over = False
+        self.compile_over = self.refused = False
         if may_grow(query) and query != self._compiled:
             check = take()
             try:
@@ -252,6 +253,14 @@ class Sandbox:
                 conn.set_progress_handler(self._progress, INTERVAL)
                 self.interval = INTERVAL
         return fetched, columns, self.steps
+
+    def stopped_itself(self) -> bool:
+        """Whether the last execution's error is the sandbox's own doing (a budget ran out, the authorizer
+        refused). An exception raised inside its callbacks (Ctrl-C: Python raises KeyboardInterrupt in whatever
+        Python code runs next) is swallowed by SQLite, which stops the query with the same errors: a stop the
+        sandbox did not decide is that."""
+        return (self.compile_over or self.refused or self.steps > self.step_budget
+                or time.monotonic() > self.deadline)
 
     def after_read(self, query: str, tables: list[str], fetched: list[tuple]) -> dict:
         """What a suite records of a successful read beyond its tables (fields of its ledger entry)."""
