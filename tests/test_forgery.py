@@ -80,6 +80,19 @@ def reseal_everything(home, key_file: Path) -> None:
     store.dispose()
 
 
+def copy_episode(conn, source: str, target: str) -> None:
+    """The forger's swap: the source episode's ledger, warehouse and what its row records of them put in the
+    target episode (its seal not redone)."""
+    conn.execute("DELETE FROM ledger_entries WHERE episode_id = ?", (target,))
+    conn.execute("INSERT INTO ledger_entries SELECT ?, seq, entry FROM ledger_entries WHERE episode_id = ?",
+                 (target, source))
+    conn.execute("UPDATE warehouses SET image = (SELECT image FROM warehouses WHERE episode_id = ?) "
+                 "WHERE episode_id = ?", (source, target))
+    conn.execute("UPDATE episodes SET (ledger_digest, ledger_entries, warehouse_sha256, end_reason) = (SELECT "
+                 "ledger_digest, ledger_entries, warehouse_sha256, end_reason FROM episodes WHERE episode_id = ?) "
+                 "WHERE episode_id = ?", (source, target))
+
+
 def test_the_key_swap_forgery_is_caught(home, night, tmp_path, capsys):
     """Replace the key, copy careful's ledger and warehouse into naive's episode, re-seal every row: the
     store's own checks pass and naive grades 1.0; played again, naive gives another episode."""
@@ -91,14 +104,7 @@ def test_the_key_swap_forgery_is_caught(home, night, tmp_path, capsys):
     naive, careful = episode_of(home, "naive", BAD), episode_of(home, "careful", BAD)
     conn = db(home)
     before = grade_stored(RunStore().load(naive)).reward
-    conn.execute("DELETE FROM ledger_entries WHERE episode_id = ?", (naive,))
-    conn.execute("INSERT INTO ledger_entries SELECT ?, seq, entry FROM ledger_entries WHERE episode_id = ?",
-                 (naive, careful))
-    conn.execute("UPDATE warehouses SET image = (SELECT image FROM warehouses WHERE episode_id = ?) "
-                 "WHERE episode_id = ?", (careful, naive))
-    conn.execute("UPDATE episodes SET (ledger_digest, ledger_entries, warehouse_sha256) = (SELECT ledger_digest, "
-                 "ledger_entries, warehouse_sha256 FROM episodes WHERE episode_id = ?) WHERE episode_id = ?",
-                 (careful, naive))
+    copy_episode(conn, careful, naive)
     forged_key = tmp_path / "forged.key"
     forged_key.write_text("f" * 64)
     reseal_everything(home, forged_key)
@@ -386,14 +392,7 @@ def test_an_episode_plays_the_agent_its_run_was_sealed_with(home, night, tmp_pat
     options) is the one played again; one it marks deterministic that cannot be played again is a failure."""
     naive, careful = episode_of(home, "naive", BAD), episode_of(home, "careful", BAD)
     conn = db(home)
-    conn.execute("DELETE FROM ledger_entries WHERE episode_id = ?", (naive,))
-    conn.execute("INSERT INTO ledger_entries SELECT ?, seq, entry FROM ledger_entries WHERE episode_id = ?",
-                 (naive, careful))
-    conn.execute("UPDATE warehouses SET image = (SELECT image FROM warehouses WHERE episode_id = ?) "
-                 "WHERE episode_id = ?", (careful, naive))
-    conn.execute("UPDATE episodes SET (ledger_digest, ledger_entries, warehouse_sha256, end_reason) = (SELECT "
-                 "ledger_digest, ledger_entries, warehouse_sha256, end_reason FROM episodes WHERE episode_id = ?) "
-                 "WHERE episode_id = ?", (careful, naive))
+    copy_episode(conn, careful, naive)
     if edit == "options":
         conn.execute("UPDATE episodes SET agent_options = ? WHERE episode_id = ?", (json.dumps({"nope": 1}), naive))
     else:
