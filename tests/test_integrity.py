@@ -392,6 +392,22 @@ def test_a_warehouse_image_calling_a_refused_function_is_unreadable_not_an_inter
         read_mart(image, "w", hashlib.sha256(image).hexdigest())
 
 
+def test_a_stored_warehouse_is_read_as_gate_computed_its_mart():
+    """Agent SQL's limits are not verify's: a value longer than a query of the agent's may produce (a customer
+    id of 30,000 characters) is read, and the mart is what the engine's own read of the same database gives."""
+    import hashlib
+
+    from gate_pipeline.kernel.world import mart_revenue
+    from gate_pipeline.store import read_mart
+    conn = sqlite3.connect(":memory:")
+    conn.executescript("CREATE TABLE wh_orders(order_id, customer_id, amount); CREATE TABLE wh_customers(customer_id);")
+    conn.execute("INSERT INTO wh_customers VALUES (?)", ("C" * 30_000,))
+    conn.executemany("INSERT INTO wh_orders VALUES (?, ?, ?)", [("o1", "C" * 30_000, 12.5), ("o2", "D", 4.0)])
+    conn.commit()
+    image = conn.serialize()
+    assert read_mart(image, "w", hashlib.sha256(image).hexdigest()) == mart_revenue(conn) == 12.5
+
+
 def store_bytes(home) -> bytes:
     conn = db(home)
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")

@@ -157,9 +157,11 @@ class Sandbox:
     deny_temp = False  # whether a read of the temporary schema is refused
 
     def __init__(self, conn: sqlite3.Connection, step_budget: int = STEP_BUDGET, time_budget: float = TIME_BUDGET_S,
-                 catalogue: list[tuple[str, str]] | None = None):
+                 catalogue: list[tuple[str, str]] | None = None, limits: tuple[tuple[int, int], ...] = _AGENT_LIMITS):
         """`catalogue`: the connection's schema as `compile_check.catalogue` reads it, when the caller knows it
-        already (a copy of a prepared database); it is read from the connection when first needed otherwise."""
+        already (a copy of a prepared database); it is read from the connection when first needed otherwise.
+        `limits`: SQLite's limits while a query runs (agent SQL's by default; gate's own reads of stored data
+        take none, as when it made it: a limit on a value's length refuses reading a longer value)."""
         self.conn = conn
         self.guard = False
         self.tables_read: set[str] = set()
@@ -171,6 +173,7 @@ class Sandbox:
         self.compile_seconds = 0.0  # what compiling that text took in the check
         self._catalogue = catalogue  # the schema as the compile check is given it (None: read it when needed)
         self.step_budget, self.time_budget = step_budget, time_budget
+        self.limits = limits
         self.interval = INTERVAL
         self._defaults = tuple((lid, conn.getlimit(lid)) for lid, _ in LIMITS.values())  # restored after agent SQL
         conn.set_authorizer(self._authorize)
@@ -230,7 +233,7 @@ class Sandbox:
         if interval != INTERVAL:
             conn.set_progress_handler(self._progress, interval)
         self.interval = interval
-        for lid, value in _AGENT_LIMITS:
+        for lid, value in self.limits:
             conn.setlimit(lid, value)
         self.guard = True
         try:
