@@ -424,10 +424,12 @@ def test_workers_never_outlive_or_hang_gate(how):
 
 
 @pytest.mark.parametrize("key,value", [("case_id", "evil\nTraceback (most recent call last):"), ("case_id", "\x1b[2Jx"),
-                                       ("case_id", "a\u2028b"), ("batch_id", "B-1\x85"), ("batch_id", "B\x7f")])
+                                       ("case_id", "a\u2028b"), ("batch_id", "B-1\x85"), ("batch_id", "B\x7f"),
+                                       ("case_id", "abc\u202egnp.exe"), ("batch_id", "B-1\u200b")])
 def test_an_id_that_is_not_printable_is_refused_in_one_line(tmp_path, key, value):
     """An id is printed in tables, errors and verify's lines: a newline in one forged lines of gate's output (a
-    three-line 'gate: error:'), an escape sequence cleared the terminal."""
+    three-line 'gate: error:'), an escape sequence cleared the terminal, a right-to-left override showed
+    another id than the one stored, a zero-width space two ids that look the same."""
     from gate_pipeline.kernel.cases import CaseError
     case = json.loads(EVAL.read_text().splitlines()[0])
     if key == "case_id":
@@ -440,6 +442,8 @@ def test_an_id_that_is_not_printable_is_refused_in_one_line(tmp_path, key, value
         read_cases(path)
     assert f"'{key}' must be a non-empty string of at most 200 printable characters" in str(caught.value)
     assert "\n" not in str(caught.value) and "\x1b" not in str(caught.value)
+    from gate_pipeline.kernel.cases import printable
+    assert printable(value).isprintable()  # as verify prints what a store holds
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0 or not Path("/usr/bin/unshare").exists(),

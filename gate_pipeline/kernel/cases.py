@@ -27,19 +27,23 @@ MAX_VALUE_CHARS = 20_000  # a cell or a text (the sandbox's string length limit)
 _NOT_IDENT = re.compile(r"[^a-z0-9_]")
 # what an id may not hold: C0 and C1 controls, DEL, and the line and paragraph separators (an id is printed in
 # tables, errors and verify's lines: a newline there forges a line, an escape sequence clears a terminal)
-_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# control characters, line and paragraph separators, and the invisible format characters that reorder or hide
+# text on a terminal (bidirectional overrides and isolates, zero-width characters, the byte order mark)
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\xad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f"
+                          r"\ufeff\ufff9-\ufffb]")
 
 
 def printable(text) -> str:
-    """`text` as a line of gate's output may show it: each character `bad_id` refuses written as an escape
-    (a stored id or name that holds a newline cannot forge a line of its own)."""
+    """`text` as a line of gate's output may show it: control characters, line separators and invisible format
+    characters written as escapes (a stored id or name that holds a newline cannot forge a line of its own, nor
+    one that holds a right-to-left override show other text than it holds)."""
     return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))
 
 
 def bad_id(value) -> bool:
     """Whether a case or batch id is unusable: not text, empty, too long, not valid Unicode or unprintable."""
     return (not isinstance(value, str) or not value or len(value) > MAX_ID_CHARS or bad_text(value) is not None
-            or _UNPRINTABLE.search(value) is not None)
+            or not value.isprintable())
 
 
 class CaseError(GateError, ValueError):
