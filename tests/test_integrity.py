@@ -377,6 +377,47 @@ def test_ctrl_c_stops_reading_a_hostile_warehouse(tmp_path):
     assert p.stdout.startswith("interrupted after 0.3"), (p.stdout, p.stderr[-2000:])
 
 
+def test_ctrl_c_during_one_long_step_past_the_budget_is_still_an_interrupt(tmp_path):
+    """SQLite runs one long step (instr over a 600,000-character text) in C, then more rows: Ctrl-C comes to
+    Python only at the next callback, after the deadline. It is still Ctrl-C, not a warehouse over its budget."""
+    script = tmp_path / "interrupt.py"
+    script.write_text(
+        "import hashlib, os, signal, sqlite3, threading, time\n"
+        "from gate_pipeline import store\n"
+        "store.MART_TIME_BUDGET_S = 0.3\n"
+        "conn = sqlite3.connect(':memory:')\n"
+        "conn.executescript(\"CREATE TABLE h(hay, needle); CREATE VIEW wh_orders AS SELECT instr(hay, needle) AS \"\n"
+        "                   \"amount, 'C' AS customer_id FROM h UNION ALL SELECT 0, 'C' FROM (WITH RECURSIVE r(n) AS \"\n"
+        "                   \"(SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 10000) SELECT n FROM r); \"\n"
+        "                   \"CREATE TABLE wh_customers(customer_id); INSERT INTO wh_customers VALUES ('C');\")\n"
+        "conn.execute('INSERT INTO h VALUES (?, ?)', ('a' * 600_000, 'a' * 299_999 + 'b')); conn.commit()\n"
+        "image = conn.serialize()\n"
+        "threading.Timer(0.1, lambda: os.kill(os.getpid(), signal.SIGINT)).start()\n"
+        "try:\n"
+        "    store.read_mart(image, 'w', hashlib.sha256(image).hexdigest())\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted')\n"
+        "except store.StoreError as exc:\n"
+        "    print(exc)\n")
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert p.stdout == "interrupted\n", (p.stdout, p.stderr[-2000:])
+
+
+@pytest.mark.parametrize("name", ["not authorized", "interrupted"])
+def test_a_table_named_like_a_stop_is_an_unreadable_warehouse_not_an_interrupt(name):
+    """The stored data chooses the words of some errors (a table it names and then drops): an error only
+    reads as a stop of the sandbox's callbacks when it is exactly one, so verify is not stopped as if by Ctrl-C."""
+    import hashlib
+
+    from gate_pipeline.store import StoreError, read_mart
+    conn = sqlite3.connect(":memory:")
+    conn.executescript(f'CREATE TABLE "{name}"(amount, customer_id); CREATE VIEW wh_orders AS SELECT * FROM "{name}"; '
+                       f'DROP TABLE "{name}"; CREATE TABLE wh_customers(customer_id);')
+    image = conn.serialize()
+    with pytest.raises(StoreError, match=f"warehouse w is unreadable .*no such table: main.{name}"):
+        read_mart(image, "w", hashlib.sha256(image).hexdigest())
+
+
 def test_a_warehouse_image_calling_a_refused_function_is_unreadable_not_an_interrupt():
     """A view calling a function agent SQL may not call (printf fills a billion characters inside one step)
     is refused by the sandbox the mart is read in: an unreadable warehouse, not taken for a Ctrl-C."""

@@ -169,6 +169,7 @@ class Sandbox:
         self.deadline = 0.0
         self.compile_over = False
         self.refused = False  # whether the authorizer refused something in the last execution
+        self.budget_over = False  # whether the progress handler stopped it for its budget
         self._compiled: str | None = None  # the last query text the compile check passed
         self.compile_seconds = 0.0  # what compiling that text took in the check
         self._catalogue = catalogue  # the schema as the compile check is given it (None: read it when needed)
@@ -206,20 +207,23 @@ class Sandbox:
         if pacer is not None:
             pacer.wait(self.deadline)
         self.steps += self.interval
-        return 1 if self.steps > self.step_budget or time.monotonic() > self.deadline else 0
+        if self.steps > self.step_budget or time.monotonic() > self.deadline:
+            self.budget_over = True
+            return 1
+        return 0
 
     def execute(self, query: str, interval: int = INTERVAL) -> tuple[list[tuple], list[str], int]:
         """(up to MAX_ROWS + 1 rows, column names, steps) of one guarded execution; raises CAUGHT."""
         conn = self.conn
         self.steps = 0
         self.deadline = time.monotonic() + self.time_budget
-        self.compile_over = self.refused = False
+        self.compile_over = self.refused = self.budget_over = False
         if may_grow(query) and query != self._compiled:
             check = take()
             try:
                 if self._catalogue is None:
                     self._catalogue = catalogue(conn)
-                passed = check.compiles_within(conn, query, self.time_budget * COMPILE_SHARE, _AGENT_LIMITS,
+                passed = check.compiles_within(conn, query, self.time_budget * COMPILE_SHARE, self.limits,
                                                self._catalogue)
                 self.compile_seconds = check.seconds
             finally:
@@ -258,12 +262,12 @@ class Sandbox:
         return fetched, columns, self.steps
 
     def stopped_itself(self) -> bool:
-        """Whether the last execution's error is the sandbox's own doing (a budget ran out, the authorizer
-        refused). An exception raised inside its callbacks (Ctrl-C: Python raises KeyboardInterrupt in whatever
-        Python code runs next) is swallowed by SQLite, which stops the query with the same errors: a stop the
-        sandbox did not decide is that."""
-        return (self.compile_over or self.refused or self.steps > self.step_budget
-                or time.monotonic() > self.deadline)
+        """Whether the last execution's error is the sandbox's own doing: a callback of its found a budget run out
+        or refused. An exception raised inside its callbacks (Ctrl-C: Python raises KeyboardInterrupt in whatever
+        Python code runs next) is swallowed by SQLite, which stops the query with the same errors: a stop no
+        callback decided is that, whatever the clock says by then (a Ctrl-C during one long step comes to the
+        next callback after the deadline)."""
+        return self.compile_over or self.refused or self.budget_over
 
     def after_read(self, query: str, tables: list[str], fetched: list[tuple]) -> dict:
         """What a suite records of a successful read beyond its tables (fields of its ledger entry)."""
