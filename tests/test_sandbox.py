@@ -111,6 +111,63 @@ def test_a_pacer_that_holds_a_query_cannot_stretch_its_budget(ep, monkeypatch):
     assert ep.call("run_sql", {"query": q}) == {"error": "interrupted"} and pacer.ended == 2  # no pacer now
 
 
+class Broken(Exception):
+    pass
+
+
+class BrokenPacer(HoldingPacer):
+    def wait(self, deadline):
+        raise Broken("the pacer broke")
+
+
+def test_an_exception_inside_a_callback_is_raised_again_not_answered_as_interrupted(ep):
+    """SQLite swallows what a callback raises and stops the query with the words of a stop ('interrupted'):
+    the sandbox gives the exception back to gate instead of telling the agent its query was interrupted."""
+    from gate_pipeline.kernel import sandbox
+    q = "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT COUNT(*) FROM r"
+    sandbox.pace(BrokenPacer())
+    try:
+        with pytest.raises(Broken, match="the pacer broke"):
+            ep.call("run_sql", {"query": q})
+    finally:
+        sandbox.pace(None)
+    assert ep.call("run_sql", {"query": "SELECT 1"})["rows"] == [[1]]  # the sandbox as before: guarded, limits back
+    assert ep.call("run_sql", {"query": q}) == {"error": "interrupted"}  # its own budget's stop is still the agent's
+    assert ep.call("run_sql", {"query": "DELETE FROM wh_orders"}) == {"error": "not authorized"}
+    assert ep.world.conn.getlimit(sandbox.LIMITS["length"][0]) > sandbox.LIMITS["length"][1]
+
+
+CTRL_C_DURING_AGENT_SQL = """
+import os, signal, threading, time
+from gate_pipeline.kernel.cases import read_cases
+from gate_pipeline.kernel.engine import Session, prepare
+session = Session(prepare(read_cases({path!r})[0]), "probe")
+session.episode.world.sandbox.step_budget = 10 ** 12  # the query runs until its 2 s; Ctrl-C comes at 0.2 s
+threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+start = time.monotonic()
+try:
+    answer = session.tools("run_sql", query="WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r) "
+                                            "SELECT COUNT(*) FROM r")
+    print("answered", answer)
+except KeyboardInterrupt:
+    print("interrupted after", round(time.monotonic() - start, 1))
+"""
+
+
+@pytest.mark.parametrize("suite", ["classic", "v2"])
+def test_ctrl_c_during_agent_sql_stops_gate_not_the_query_alone(suite, tmp_path):
+    """Ctrl-C while an agent's query runs comes to Python inside the progress handler, where SQLite swallowed
+    it and the agent was told 'interrupted' while the run played on: it is gate's KeyboardInterrupt."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "cases" / suite / "eval_curated.jsonl"
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(CTRL_C_DURING_AGENT_SQL.format(path=str(path)))
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert p.stdout.startswith("interrupted after 0.2"), (p.stdout, p.stderr[-2000:])
+
+
 def self_joined_ctes(depth: int, tail: str = "") -> str:
     """CTEs that each refer to the one before twice: SQLite expands them while it compiles the statement,
     2 ** depth copies, before one virtual-machine step runs (an outside reviewer's query: 6-7 s at 14)."""

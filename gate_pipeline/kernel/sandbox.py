@@ -20,6 +20,10 @@ it is compiled on is read once, and again after any statement of gate's own that
 authorizer sees every statement prepared on the connection; a guarded connection's database is never
 replaced whole).
 
+What Python raises inside the authorizer or the progress handler (Ctrl-C's KeyboardInterrupt comes there
+while a query runs) SQLite swallows, stopping the query with a stop's words; `execute` raises it again:
+it is gate's, never an `interrupted` answer to the agent while the run plays on.
+
 A server that runs many episodes' queries on its threads can give a thread a *pacer* (`pace`): at
 every progress check of agent SQL on that thread it is told the query's deadline and may hold the
 query there (a wait that lets go of the GIL and uses no CPU), never past the deadline, so the budgets
@@ -83,6 +87,13 @@ _PACING = threading.local()
 def pace(pacer: Pacer | None) -> None:
     """Give the agent SQL this thread runs a pacer from now on (None: none, as in process)."""
     _PACING.pacer = pacer
+
+
+def stopped_by_a_callback(error: str) -> bool:
+    """Whether SQLite's error is one a callback's stop or refusal gives (exactly: text the data chose, a table
+    named "not authorized", makes other errors)."""
+    return (error == "interrupted" or error == "not authorized" or error.startswith("not authorized to use function: ")
+            or (error.startswith("access to ") and error.endswith(" is prohibited")))
 
 
 def normalise_query(query: str) -> str:
@@ -170,6 +181,7 @@ class Sandbox:
         self.compile_over = False
         self.refused = False  # whether the authorizer refused something in the last execution
         self.budget_over = False  # whether the progress handler stopped it for its budget
+        self.raised: BaseException | None = None  # what Python raised inside a callback (Ctrl-C's KeyboardInterrupt)
         self._compiled: str | None = None  # the last query text the compile check passed
         self.compile_seconds = 0.0  # what compiling that text took in the check
         self._catalogue = catalogue  # the schema as the compile check is given it (None: read it when needed)
@@ -181,36 +193,44 @@ class Sandbox:
         conn.set_progress_handler(self._progress, INTERVAL)
 
     def _authorize(self, action, arg1, arg2, db, _trigger):
-        if not self.guard:  # gate's own SQL: a statement that may change the schema drops the catalogue read
-            if action not in _KEEPS_SCHEMA:
-                self._catalogue = None
-            return _OK
-        if _monotonic() > self.deadline:  # still compiling when the budget ran out
-            self.compile_over = True
-            return _DENY
-        if action == _READ:  # the most frequent: one per column read
-            table = str(arg1).lower()
-            if table in self.denied_tables or (self.deny_temp and db == "temp"):
+        try:
+            if not self.guard:  # gate's own SQL: a statement that may change the schema drops the catalogue read
+                if action not in _KEEPS_SCHEMA:
+                    self._catalogue = None
+                return _OK
+            if _monotonic() > self.deadline:  # still compiling when the budget ran out
+                self.compile_over = True
+                return _DENY
+            if action == _READ:  # the most frequent: one per column read
+                table = str(arg1).lower()
+                if table in self.denied_tables or (self.deny_temp and db == "temp"):
+                    self.refused = True
+                    return _DENY
+                self.tables_read.add(table)
+                return _OK
+            if action not in ALLOWED_ACTIONS or (action == _FUNCTION and str(arg2).lower() in self.denied):
                 self.refused = True
                 return _DENY
-            self.tables_read.add(table)
             return _OK
-        if action not in ALLOWED_ACTIONS or (action == _FUNCTION and str(arg2).lower() in self.denied):
-            self.refused = True
+        except BaseException as exc:  # a signal's exception (Ctrl-C) raised here: SQLite would swallow it
+            self.raised = exc
             return _DENY
-        return _OK
 
     def _progress(self):
-        if not self.guard:
+        try:
+            if not self.guard:
+                return 0
+            pacer = getattr(_PACING, "pacer", None)
+            if pacer is not None:
+                pacer.wait(self.deadline)
+            self.steps += self.interval
+            if self.steps > self.step_budget or time.monotonic() > self.deadline:
+                self.budget_over = True
+                return 1
             return 0
-        pacer = getattr(_PACING, "pacer", None)
-        if pacer is not None:
-            pacer.wait(self.deadline)
-        self.steps += self.interval
-        if self.steps > self.step_budget or time.monotonic() > self.deadline:
-            self.budget_over = True
+        except BaseException as exc:  # as in _authorize
+            self.raised = exc
             return 1
-        return 0
 
     def execute(self, query: str, interval: int = INTERVAL) -> tuple[list[tuple], list[str], int]:
         """(up to MAX_ROWS + 1 rows, column names, steps) of one guarded execution; raises CAUGHT."""
@@ -218,6 +238,7 @@ class Sandbox:
         self.steps = 0
         self.deadline = time.monotonic() + self.time_budget
         self.compile_over = self.refused = self.budget_over = False
+        self.raised = None
         if may_grow(query) and query != self._compiled:
             check = take()
             try:
@@ -245,7 +266,9 @@ class Sandbox:
             fetched = cur.fetchmany(MAX_ROWS + 1)
             columns = [d[0] for d in cur.description] if cur.description else []
             cur.close()
-        except sqlite3.DatabaseError:
+        except sqlite3.DatabaseError as exc:
+            if self.raised is not None or (stopped_by_a_callback(str(exc)) and not self.stopped_itself()):
+                raise self.raised or KeyboardInterrupt() from None  # not the query's error: gate's, given back
             if self.compile_over:
                 raise sqlite3.OperationalError("interrupted") from None
             raise
@@ -266,7 +289,8 @@ class Sandbox:
         or refused. An exception raised inside its callbacks (Ctrl-C: Python raises KeyboardInterrupt in whatever
         Python code runs next) is swallowed by SQLite, which stops the query with the same errors: a stop no
         callback decided is that, whatever the clock says by then (a Ctrl-C during one long step comes to the
-        next callback after the deadline)."""
+        next callback after the deadline), and `execute` raises it again (the exception itself where the
+        callback caught it; KeyboardInterrupt where it came before the callback's first line)."""
         return self.compile_over or self.refused or self.budget_over
 
     def after_read(self, query: str, tables: list[str], fetched: list[tuple]) -> dict:
