@@ -85,6 +85,7 @@ from .kernel.records import ABANDONED, EpisodeResult, Grade, StoredEpisode
 from .kernel.sandbox import CAUGHT, Sandbox
 from .kernel.settings import Settings
 from .kernel.suite import MART_SQL, suites
+from .kernel.world import revenue_of
 
 SCHEMA_VERSION = "5"
 MIGRATES_FROM = ("3", "4")  # 3: warehouses as files under GATE_HOME; 4: no agent names, transcripts or manifests
@@ -287,7 +288,7 @@ def read_mart(image: bytes | None, name: str, expected_sha256: str | None, sql: 
     try:
         conn.deserialize(image)
         rows, _, _ = Sandbox(conn, MART_STEP_BUDGET, MART_TIME_BUDGET_S, limits=()).execute(sql)
-        return round(float(rows[0][0]), 2)
+        return revenue_of(rows[0][0])
     except (*CAUGHT, TypeError, IndexError) as exc:
         if str(exc) == "interrupted":
             raise StoreError(f"warehouse {name} is unreadable (its mart did not finish within "

@@ -45,10 +45,15 @@ def scratch() -> sqlite3.Connection:
     return conn
 
 
+def revenue_of(total) -> float:
+    """A revenue mart's total as gate records it: a float rounded to cents."""
+    return round(float(total), 2)
+
+
 def mart_revenue(conn: sqlite3.Connection, sql: str = MART_SQL) -> float:
     """The revenue mart of a warehouse (a suite's `mart_sql`; by default SUM(amount) over orders joined to
     customers), rounded to cents."""
-    return round(float(conn.execute(sql).fetchone()[0]), 2)
+    return revenue_of(conn.execute(sql).fetchone()[0])
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from operator import itemgetter
 
 from ...kernel.cases import Case
 from ...kernel.sandbox import Sandbox
-from ...kernel.world import PreparedCase, World, connect, scratch
+from ...kernel.world import PreparedCase, World, connect, revenue_of, scratch
 from .contract import COLUMNS
 
 WAREHOUSE_TABLES = (  # (name, the statement that creates it), in creation order
@@ -68,7 +68,7 @@ def mart_of(customer_ids, orders) -> float:
     order with no customer drops out (NULL ids never join; NULL amounts, as SQLite stores NaN, are
     skipped). `orders` is (customer_id, amount) pairs. Rounded to cents as `mart_revenue` is."""
     counts = Counter(c for c in customer_ids if c is not None)
-    return round(math.fsum(a * counts[c] for c, a in orders if c in counts and a == a), 2)
+    return revenue_of(math.fsum(a * counts[c] for c, a in orders if c in counts and a == a))
 
 
 def _profile_column(values: list) -> dict:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from functools import cached_property
 
 from ...kernel.cases import Case
-from ...kernel.world import PreparedCase, World, connect
+from ...kernel.world import PreparedCase, World, connect, revenue_of
 from .contract import COLUMNS_V2, KEY_COLUMNS
 from .files import header_of, rows_of
 from .generator import LOAD_HOUR
@@ -294,7 +294,7 @@ def correct_mart(conn: sqlite3.Connection, prepared) -> float:
     query = (f"WITH c(customer_id) AS ({' UNION ALL '.join(customers)}), "
              f"o(customer_id, amount) AS ({' UNION ALL '.join(orders)}) "
              "SELECT COALESCE(SUM(o.amount), 0) FROM o JOIN c ON o.customer_id = c.customer_id")
-    return round(float(conn.execute(query, params_c + params_o).fetchone()[0]), 2)
+    return revenue_of(conn.execute(query, params_c + params_o).fetchone()[0])
 
 
 class WorldV2(World):
