@@ -477,3 +477,24 @@ def test_verify_changes_nothing_in_the_store_it_checks(home, tmp_path, capsys, e
     if code == 2:
         assert out.err.count("\n") == 1 and out.err.startswith("gate: error: run store")
     assert store_bytes(home) == before
+
+
+def test_a_stored_view_that_grows_as_sqlite_compiles_it_is_stopped_at_the_budget():
+    """The stored schema is hostile too: a view whose column is repeated inside each other (20 ** 6 terms once
+    expanded) takes SQLite far longer than the budget to compile for the mart's short query, asking the
+    authorizer almost never. Every statement on a stored image is compiled first in the compile check's child, which is killed."""
+    import hashlib
+    import time
+
+    from gate_pipeline.store import MART_TIME_BUDGET_S, StoreError, read_mart
+    view = "SELECT 1 AS amount, 'C' AS customer_id"
+    for _ in range(6):
+        view = f"SELECT {'+'.join(['amount'] * 20)} AS amount, customer_id FROM ({view})"
+    conn = sqlite3.connect(":memory:")
+    conn.executescript(f"CREATE VIEW wh_orders AS {view}; CREATE TABLE wh_customers(customer_id); "
+                       "INSERT INTO wh_customers VALUES ('C');")
+    image = conn.serialize()
+    start = time.monotonic()
+    with pytest.raises(StoreError, match="did not finish within"):
+        read_mart(image, "w", hashlib.sha256(image).hexdigest())
+    assert time.monotonic() - start < MART_TIME_BUDGET_S + 3

@@ -15,7 +15,8 @@ CTEs that refer to each other twice take seconds to expand), but the authorizer 
 through it, and once the deadline has passed it refuses, which ends the compilation as
 `interrupted`, the same answer as a query stopped while running. Where SQLite works long between
 two authorizer calls (statements that grow exponentially as they are expanded), a statement with
-a subquery is compiled first in a child process that can be killed (`compile_check.py`). The schema
+a subquery is compiled first in a child process that can be killed (`compile_check.py`); on a database gate
+did not build (a stored one: its views may grow so however short the query) every statement is. The schema
 it is compiled on is read once, and again after any statement of gate's own that may change it (the
 authorizer sees every statement prepared on the connection; a guarded connection's database is never
 replaced whole).
@@ -168,11 +169,15 @@ class Sandbox:
     deny_temp = False  # whether a read of the temporary schema is refused
 
     def __init__(self, conn: sqlite3.Connection, step_budget: int = STEP_BUDGET, time_budget: float = TIME_BUDGET_S,
-                 catalogue: list[tuple[str, str]] | None = None, limits: tuple[tuple[int, int], ...] = _AGENT_LIMITS):
+                 catalogue: list[tuple[str, str]] | None = None, limits: tuple[tuple[int, int], ...] = _AGENT_LIMITS,
+                 schema_trusted: bool = True):
         """`catalogue`: the connection's schema as `compile_check.catalogue` reads it, when the caller knows it
         already (a copy of a prepared database); it is read from the connection when first needed otherwise.
         `limits`: SQLite's limits while a query runs (agent SQL's by default; gate's own reads of stored data
-        take none, as when it made it: a limit on a value's length refuses reading a longer value)."""
+        take none, as when it made it: a limit on a value's length refuses reading a longer value).
+        `schema_trusted`: whether the schema is gate's own (an episode's); when it is not (a stored database,
+        whose views may grow exponentially as SQLite expands them, however short the query that names them),
+        every statement is compiled first in the compile check's child."""
         self.conn = conn
         self.guard = False
         self.tables_read: set[str] = set()
@@ -187,6 +192,7 @@ class Sandbox:
         self._catalogue = catalogue  # the schema as the compile check is given it (None: read it when needed)
         self.step_budget, self.time_budget = step_budget, time_budget
         self.limits = limits
+        self.schema_trusted = schema_trusted
         self.interval = INTERVAL
         self._defaults = tuple((lid, conn.getlimit(lid)) for lid, _ in LIMITS.values())  # restored after agent SQL
         conn.set_authorizer(self._authorize)
@@ -239,7 +245,7 @@ class Sandbox:
         self.deadline = time.monotonic() + self.time_budget
         self.compile_over = self.refused = self.budget_over = False
         self.raised = None
-        if may_grow(query) and query != self._compiled:
+        if (not self.schema_trusted or may_grow(query)) and query != self._compiled:
             check = take()
             try:
                 if self._catalogue is None:
