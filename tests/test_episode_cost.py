@@ -106,3 +106,43 @@ def test_a_case_s_image_is_the_same_built_on_the_kept_connection_and_a_new_one()
     if pid == 0:  # the child's first build opens its own connection
         os._exit(0 if world.scratch() is not parents and world.scratch() is world.scratch() else 1)
     assert os.waitpid(pid, 0)[1] == 0 and world.scratch() is parents
+
+
+def test_fewer_collections_puts_the_process_thresholds_back_whatever_order_overlapping_blocks_end_in():
+    """Blocks that overlap in two threads (the first to start is the first to end) or nest in one: the collector's
+    thresholds are raised while any is open and are the process's own once all have ended (a second block used
+    to keep the raised threshold it found and put it back last)."""
+    import gc
+    import threading
+
+    from gate_pipeline.kernel.engine import GEN0_THRESHOLD, fewer_collections
+    before = gc.get_threshold()
+    gc.set_threshold(123, *before[1:])
+    try:
+        first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+        seen = []
+
+        def first():
+            with fewer_collections():
+                first_in.set()
+                second_in.wait(10)
+            first_out.set()
+
+        def second():
+            first_in.wait(10)
+            with fewer_collections():
+                second_in.set()
+                first_out.wait(10)
+                seen.append(gc.get_threshold()[0])
+                with fewer_collections():
+                    seen.append(gc.get_threshold()[0])
+
+        threads = [threading.Thread(target=first), threading.Thread(target=second)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        assert seen == [GEN0_THRESHOLD, GEN0_THRESHOLD]
+        assert gc.get_threshold() == (123, *before[1:])
+    finally:
+        gc.set_threshold(*before)

@@ -21,6 +21,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -348,16 +349,38 @@ def replay(prepared: PreparedCase, actions: list, *, reward: str = "terminal",
 GEN0_THRESHOLD = 10_000
 
 
-@contextmanager
+class _FewerCollections:
+    """The collector's thresholds are the process's: the first of the blocks that overlap (in one thread,
+    nested, or in several) raises them, the last to end puts back what the first found."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.holders = 0
+        self.before = gc.get_threshold()
+
+    @contextmanager
+    def block(self):
+        with self.lock:
+            if not self.holders:
+                self.before = gc.get_threshold()
+                gc.set_threshold(max(self.before[0], GEN0_THRESHOLD), *self.before[1:])
+            self.holders += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.holders -= 1
+                if not self.holders:
+                    gc.set_threshold(*self.before)
+
+
+_COLLECTIONS = _FewerCollections()
+
+
 def fewer_collections():
-    """Young-generation collections at most every GEN0_THRESHOLD allocations while a batch plays; the
-    process's thresholds are put back after."""
-    before = gc.get_threshold()
-    gc.set_threshold(max(before[0], GEN0_THRESHOLD), *before[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*before)
+    """Young-generation collections at most every GEN0_THRESHOLD allocations while a batch plays (a context
+    manager); the process's thresholds are put back when the last such block ends, whichever thread ends it."""
+    return _COLLECTIONS.block()
 
 
 def play_cases(cases: Iterable[Case], agents: list, *, sinks: Iterable[Sink] = (), reward: str = "terminal",
