@@ -415,7 +415,7 @@ def test_workers_never_outlive_or_hang_gate(how):
         subprocess.run(["pkill", "-KILL", "-s", str(proc.pid)], check=False)  # strays of a failure: its session
     assert "Traceback" not in err, err
     if how == "a worker killed":
-        assert proc.returncode == 2 and err.startswith("gate: error: a worker process playing cases ") and \
+        assert proc.returncode == 2 and err.startswith("gate: error: a worker process ended without answering ") and \
             err.count("\n") == 1, err
     elif how.startswith("SIGINT"):
         assert proc.returncode == 130 and err.strip() == "gate: interrupted", err

@@ -454,9 +454,10 @@ def _play_forked(cases, specs, reward, run_id, progress, workers) -> dict[str, l
         for (start, stop), future in zip(bounds, futures):
             try:
                 part = future.result()
-            except BrokenProcessPool:
-                raise WorkerDied(f"a worker process playing cases {start + 1}-{stop} ended without answering "
-                                 "(killed, or out of memory); nothing of this batch is kept") from None
+            except BrokenProcessPool:  # the pool says no more: which chunk the dead worker held is not known
+                raise WorkerDied("a worker process ended without answering (killed, or out of memory) while cases "
+                                 f"{start + 1}-{len(cases)} were still to come back; nothing of this batch is kept"
+                                 ) from None
             for identity, results in part.items():
                 out[identity].extend(results)
             for _ in range(stop - start) if progress is not None else ():
