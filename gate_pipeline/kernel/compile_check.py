@@ -35,40 +35,45 @@ try:
 except (ImportError, ValueError, OSError):
     pass
 ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
-conn, schema = None, None
+conn, schema, faithful = None, None, True
 def authorize(action, *_):
     return sqlite3.SQLITE_OK if action in ALLOWED else sqlite3.SQLITE_DENY
+def stubbed(run):
+    """run(), a function only the database defines made a stub here each time SQLite names one it lacks."""
+    for _ in range(20):
+        try:
+            return run()
+        except sqlite3.Error as exc:
+            text = str(exc)
+            if not text.startswith("no such function: "):
+                raise
+            conn.create_function(text[len("no such function: "):], -1, lambda *a: None)
+    return run()
 for line in sys.stdin:
     msg = json.loads(line)
     if msg.get("schema") is not None and msg["schema"] != schema:
-        schema = msg["schema"]
+        schema, faithful = msg["schema"], True
         conn = sqlite3.connect(":memory:")
-        for ddl in schema:
-            try:
-                conn.execute(ddl)
-            except sqlite3.Error:
-                pass
+        for ddl in schema:  # a schema the copy cannot rebuild (a stored one naming an object sqlite_*) is no
+            try:  # copy: what it lacks could be what grows, so no statement is said to compile on it
+                stubbed(lambda: conn.execute(ddl))
+            except (sqlite3.Error, ValueError, OverflowError, MemoryError):
+                faithful = False
         for limit, value in msg["limits"]:
             conn.setlimit(limit, value)
         conn.set_authorizer(authorize)
         conn.set_progress_handler(lambda: 1, 1)  # compiled: stopped at its first step, before it runs
-    answer = "1"
-    for _ in range(20):  # a function only the database defines: a stub here, then compile again
-        try:
-            conn.execute(msg["sql"]).fetchone()
-            break
-        except MemoryError:
+    answer = "1" if faithful else "0"
+    try:
+        if faithful:
+            stubbed(lambda: conn.execute(msg["sql"]).fetchone())
+    except MemoryError:
+        answer = "0"
+    except (ValueError, OverflowError):  # text SQLite is never given (a NUL, a lone surrogate): the
+        pass  # database refuses it the same way, at once
+    except sqlite3.Error as exc:
+        if "out of memory" in str(exc):
             answer = "0"
-            break
-        except (ValueError, OverflowError):  # text SQLite is never given (a NUL, a lone surrogate): the
-            break  # database refuses it the same way, at once
-        except sqlite3.Error as exc:
-            text = str(exc)
-            if "out of memory" in text:
-                answer = "0"
-            if not text.startswith("no such function: "):
-                break
-            conn.create_function(text[len("no such function: "):], -1, lambda *a: None)
     sys.stdout.write(answer + "\n")
     sys.stdout.flush()
 '''
