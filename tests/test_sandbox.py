@@ -137,6 +137,32 @@ def test_an_exception_inside_a_callback_is_raised_again_not_answered_as_interrup
     assert ep.world.conn.getlimit(sandbox.LIMITS["length"][0]) > sandbox.LIMITS["length"][1]
 
 
+def test_a_sql_functions_error_is_the_querys_what_else_it_raises_is_gates(prepared):
+    """A function given through sql_function: its error (an Exception) is the agent's query error as ever;
+    anything else it raises (what a signal raises) comes back out of the tool call."""
+    from gate_pipeline.kernel import sandbox
+    p = prepared[CASE]
+    e = p.suite.episode(p)
+    try:
+        what = {"raise": ValueError("bad argument")}
+
+        def fn(x):
+            raise what["raise"]
+        e.world.conn.create_function("gate_probe", 1, sandbox.sql_function(fn))
+        assert e.call("run_sql", {"query": "SELECT gate_probe(1)"}) == {"error": sandbox.FUNCTION_RAISED}
+        what["raise"] = SystemExit(3)  # not an Exception: not the function's own error
+        with pytest.raises(SystemExit):
+            e.call("run_sql", {"query": "SELECT gate_probe(1)"})
+        what["raise"] = ValueError("bad argument")
+        assert e.call("run_sql", {"query": "SELECT gate_probe(1)"}) == {"error": sandbox.FUNCTION_RAISED}
+        assert e.call("run_sql", {"query": "SELECT 1"})["rows"] == [[1]]
+        e.world.conn.create_function("gate_unwrapped", 1, fn)  # an unwrapped function's error reads as Ctrl-C
+        with pytest.raises(KeyboardInterrupt):
+            e.call("run_sql", {"query": "SELECT gate_unwrapped(1)"})
+    finally:
+        e.close()
+
+
 CTRL_C_DURING_AGENT_SQL = """
 import os, signal, threading, time
 from gate_pipeline.kernel.cases import read_cases
@@ -147,23 +173,25 @@ threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
 start = time.monotonic()
 try:
     answer = session.tools("run_sql", query="WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r) "
-                                            "SELECT COUNT(*) FROM r")
+                                            "SELECT COUNT({count}) FROM r")
     print("answered", answer)
 except KeyboardInterrupt:
     print("interrupted after", round(time.monotonic() - start, 1))
 """
 
 
-@pytest.mark.parametrize("suite", ["classic", "v2"])
-def test_ctrl_c_during_agent_sql_stops_gate_not_the_query_alone(suite, tmp_path):
-    """Ctrl-C while an agent's query runs comes to Python inside the progress handler, where SQLite swallowed
-    it and the agent was told 'interrupted' while the run played on: it is gate's KeyboardInterrupt."""
+@pytest.mark.parametrize("suite, count", [("classic", "*"), ("v2", "*"), ("v2", "date(x)")])
+def test_ctrl_c_during_agent_sql_stops_gate_not_the_query_alone(suite, count, tmp_path):
+    """Ctrl-C while an agent's query runs comes to Python inside the progress handler, or inside a SQL function
+    of gate's (v2's date functions, called for every row), where SQLite swallowed it and the agent was told
+    'interrupted' or 'user-defined function raised exception' while the run played on: it is gate's
+    KeyboardInterrupt."""
     import subprocess
     import sys
     from pathlib import Path
     path = Path(__file__).resolve().parents[1] / "cases" / suite / "eval_curated.jsonl"
     script = tmp_path / "ctrl_c.py"
-    script.write_text(CTRL_C_DURING_AGENT_SQL.format(path=str(path)))
+    script.write_text(CTRL_C_DURING_AGENT_SQL.format(path=str(path), count=count))
     p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert p.stdout.startswith("interrupted after 0.2"), (p.stdout, p.stderr[-2000:])
 

@@ -83,6 +83,22 @@ class Pacer(Protocol):
 
 
 _PACING = threading.local()
+_FUNCTIONS = threading.local()  # .raised: what a SQL function (`sql_function`) last raised on this thread
+FUNCTION_RAISED = "user-defined function raised exception"  # SQLite's error when a Python function raised
+
+
+def sql_function(fn):
+    """`fn` as a SQL function of a guarded connection is to be given (`create_function`): SQLite swallows what
+    a function raises, Ctrl-C's KeyboardInterrupt included, and stops the query with FUNCTION_RAISED; what
+    it raised is kept for `Sandbox.execute`, which raises again what is not the function's own error."""
+    def call(*args):
+        try:
+            return fn(*args)
+        except BaseException as exc:
+            _FUNCTIONS.raised = exc
+            raise
+    call.__name__ = getattr(fn, "__name__", "sql_function")
+    return call
 
 
 def pace(pacer: Pacer | None) -> None:
@@ -244,7 +260,7 @@ class Sandbox:
         self.steps = 0
         self.deadline = time.monotonic() + self.time_budget
         self.compile_over = self.refused = self.budget_over = False
-        self.raised = None
+        self.raised = _FUNCTIONS.raised = None
         if (not self.schema_trusted or may_grow(query)) and query != self._compiled:
             check = take()
             try:
@@ -273,8 +289,10 @@ class Sandbox:
             columns = [d[0] for d in cur.description] if cur.description else []
             cur.close()
         except sqlite3.DatabaseError as exc:
-            if self.raised is not None or (stopped_by_a_callback(str(exc)) and not self.stopped_itself()):
-                raise self.raised or KeyboardInterrupt() from None  # not the query's error: gate's, given back
+            if self.raised is None:
+                self.raised = self._not_the_querys(str(exc))
+            if self.raised is not None:
+                raise self.raised from None  # not the query's error: gate's, given back
             if self.compile_over:
                 raise sqlite3.OperationalError("interrupted") from None
             raise
@@ -289,6 +307,19 @@ class Sandbox:
                 conn.set_progress_handler(self._progress, INTERVAL)
                 self.interval = INTERVAL
         return fetched, columns, self.steps
+
+    def _not_the_querys(self, error: str) -> BaseException | None:
+        """What stopped the query if not the query itself: an exception a SQL function raised that is not an
+        error (Ctrl-C's), or a stop no callback decided (KeyboardInterrupt: one that came before a callback's or
+        a function's first line); None for the query's own error."""
+        if error == FUNCTION_RAISED:
+            raised = getattr(_FUNCTIONS, "raised", None)
+            if raised is None:
+                return KeyboardInterrupt()
+            return None if isinstance(raised, Exception) else raised
+        if stopped_by_a_callback(error) and not self.stopped_itself():
+            return KeyboardInterrupt()
+        return None
 
     def stopped_itself(self) -> bool:
         """Whether the last execution's error is the sandbox's own doing: a callback of its found a budget run out

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from functools import cached_property
 
 from ...kernel.cases import Case
+from ...kernel.sandbox import sql_function
 from ...kernel.world import PreparedCase, World, connect, revenue_of
 from .contract import COLUMNS_V2, KEY_COLUMNS
 from .files import header_of, rows_of
@@ -101,13 +102,16 @@ def _clock_set(now: str) -> tuple[tuple[str, int, Callable], ...]:
             return _clock().execute(queries[len(values)], values).fetchone()[0]
         return fn
 
-    return (*((name, -1, make(name)) for name in TIME_FUNCTIONS),
-            *((keyword, 0, lambda value=value: value) for keyword, value in _now_values(now)))
+    return (*((name, -1, sql_function(make(name))) for name in TIME_FUNCTIONS),
+            *((keyword, 0, sql_function(lambda value=value: value)) for keyword, value in _now_values(now)))
+
+
+_GATE_AMOUNT = sql_function(loader_amount)
 
 
 def _connection(night: str) -> sqlite3.Connection:
     conn = connect()
-    conn.create_function("gate_amount", 1, loader_amount, deterministic=True)
+    conn.create_function("gate_amount", 1, _GATE_AMOUNT, deterministic=True)
     clock_functions(conn, f"{night} {LOAD_HOUR}")
     return conn
 
