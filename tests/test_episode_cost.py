@@ -146,3 +146,34 @@ def test_fewer_collections_puts_the_process_thresholds_back_whatever_order_overl
         assert gc.get_threshold() == (123, *before[1:])
     finally:
         gc.set_threshold(*before)
+
+
+def test_a_process_forked_while_another_thread_is_in_fewer_collections_can_play():
+    """A worker forked at the moment another thread holds fewer_collections' lock inherited it held: its own
+    play_cases waited on it for ever, and its parent on the worker (an outside review's; 1 in ~4 batches with a
+    thread looping over the block)."""
+    import os
+    import signal
+    import threading
+
+    from gate_pipeline.kernel import engine
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with engine._COLLECTIONS.lock:
+            held.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    assert held.wait(10)
+    pid = os.fork()
+    if pid == 0:  # the child: SIGALRM's default action ends it if the block never starts
+        signal.alarm(5)
+        with engine.fewer_collections():
+            pass
+        os._exit(0)
+    release.set()
+    thread.join(10)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the forked process waited on the lock for ever"

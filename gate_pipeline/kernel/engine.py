@@ -357,6 +357,12 @@ class _FewerCollections:
         self.lock = threading.Lock()
         self.holders = 0
         self.before = gc.get_threshold()
+        # a process forked while another thread held the lock would find it held for good: the child, one
+        # thread, takes a new one (the thresholds and holders it inherits stand as the parent's were)
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        self.lock = threading.Lock()
 
     @contextmanager
     def block(self):
