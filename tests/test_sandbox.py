@@ -163,6 +163,150 @@ def test_a_sql_functions_error_is_the_querys_what_else_it_raises_is_gates(prepar
         e.close()
 
 
+def _interrupting(code, when, at: str):
+    """A tracer that raises KeyboardInterrupt in the first frame of `code` for which `when(frame)` holds: at its
+    'call' event (before its first line: where a pending signal is raised) or at its second 'line' event (inside
+    the body's `try`)."""
+    import sys
+
+    def local(frame, event, arg):
+        if event == "line":
+            local.lines += 1
+            if local.lines == 2:
+                sys.settrace(None)
+                frame.f_trace = None
+                raise KeyboardInterrupt
+        return local
+    local.lines = 0
+
+    def tracer(frame, event, arg):
+        if event == "call" and frame.f_code is code and when(frame):
+            if at == "call":
+                sys.settrace(None)
+                raise KeyboardInterrupt
+            return local
+        return None
+    return tracer
+
+
+@pytest.mark.parametrize("at", ["call", "line"])
+def test_ctrl_c_during_gates_own_statement_is_an_interrupt_not_the_agents_error(prepared, at):
+    """Ctrl-C raised in the authorizer while gate's loader prepares its INSERT (the callbacks run for gate's own
+    statements too): before the callback's first line it failed the load with 'not authorized', which the engine
+    took for the agent's error; inside it, the load was refused the same way. Now the load goes on where the
+    callback kept the exception, and either way Ctrl-C comes out of the tool call."""
+    import sqlite3
+    import sys
+
+    from gate_pipeline.kernel.sandbox import Sandbox
+    p = prepared[CASE]
+    e = p.suite.episode(p)
+    try:
+        bid = e.prepared.order[0]
+        table = "wh_" + e.prepared.batches[bid].table
+        before = e.world.conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        sys.settrace(_interrupting(Sandbox._authorize.__code__,
+                                   lambda frame: frame.f_locals.get("action") == sqlite3.SQLITE_INSERT, at))
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                e.call("load_batch", {"batch_id": bid})
+        finally:
+            sys.settrace(None)
+        after = e.world.conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        assert after == before + (e.prepared.row_count(bid) if at == "line" else 0)
+        assert e.call("run_sql", {"query": "SELECT 1"})["rows"] == [[1]]  # nothing left over to raise
+    finally:
+        e.close()
+
+
+@pytest.mark.parametrize("at", ["call", "line"])
+def test_ctrl_c_while_the_grade_reads_the_mart_is_an_interrupt(prepared, at):
+    """The grade reads the mart on the episode's connection: Ctrl-C raised in the authorizer there failed the
+    grade with 'not authorized'; now it is Ctrl-C, after the episode is recorded where the grade went on."""
+    import sqlite3
+    import sys
+
+    from gate_pipeline.kernel.engine import Session
+    from gate_pipeline.kernel.sandbox import Sandbox
+    session = Session(prepared[CASE], "probe")
+    sys.settrace(_interrupting(Sandbox._authorize.__code__,
+                               lambda frame: frame.f_locals.get("action") == sqlite3.SQLITE_SELECT
+                               and not frame.f_locals["self"].guard, at))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            session.finish()
+    finally:
+        sys.settrace(None)
+    assert (session.result is not None) == (at == "line")
+
+
+@pytest.mark.parametrize("at", ["call", "line"])
+def test_ctrl_c_while_a_v2_episode_gives_its_database_back_leaves_it_as_built(at):
+    """A v2 episode borrows its case's database and gives it back by rolling its loads back: Ctrl-C raised in the
+    authorizer as that ROLLBACK is prepared failed it, and the next episode of the case found the loads."""
+    import sqlite3
+    import sys
+    from pathlib import Path
+
+    from gate_pipeline.kernel.cases import read_cases
+    from gate_pipeline.kernel.engine import Session, prepare
+    from gate_pipeline.kernel.sandbox import Sandbox
+    path = Path(__file__).resolve().parents[1] / "cases" / "v2" / "eval_curated.jsonl"
+    prepared = prepare(read_cases(path)[0])
+    try:
+        first = Session(prepared, "probe")
+        count = "SELECT (SELECT count(*) FROM wh_orders) + (SELECT count(*) FROM wh_customers)"
+        built = first.tools("run_sql", query=count)["rows"]
+        for batch in first.tools("list_batches"):
+            first.tools("load_batch", batch_id=batch["batch_id"])
+        assert first.tools("run_sql", query=count)["rows"] != built
+        sys.settrace(_interrupting(Sandbox._authorize.__code__,
+                                   lambda frame: frame.f_locals.get("action") == sqlite3.SQLITE_TRANSACTION
+                                   and frame.f_locals.get("arg1") == "ROLLBACK", at))
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                first.finish()
+        finally:
+            sys.settrace(None)
+        second = Session(prepared, "probe")
+        assert second.tools("run_sql", query=count)["rows"] == built
+        second.finish()
+    finally:
+        prepared.close()
+
+
+@pytest.mark.parametrize("at", ["call", "line"])
+def test_ctrl_c_while_the_look_check_puts_a_batch_back_leaves_the_batch_whole(at):
+    """v2's look check empties a batch inside a savepoint and rolls it back: Ctrl-C raised in the authorizer as the
+    ROLLBACK is prepared made it fail, the agent was answered 'not authorized', and the batch stayed empty for
+    the rest of the episode with the savepoint open (an outside review's fault injection). Ctrl-C now comes out
+    of the tool call, with the batch whole and the savepoint released."""
+    import sqlite3
+    import sys
+    from pathlib import Path
+
+    from gate_pipeline.kernel.cases import read_cases
+    from gate_pipeline.kernel.engine import Session, prepare
+    from gate_pipeline.kernel.sandbox import Sandbox
+    path = Path(__file__).resolve().parents[1] / "cases" / "v2" / "eval_curated.jsonl"
+    session = Session(prepare(read_cases(path)[0]), "probe")
+    conn = session.episode.world.conn
+    table = sorted(session.episode.world.sandbox.staging)[0]
+    rows = conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+    sys.settrace(_interrupting(Sandbox._authorize.__code__,
+                               lambda frame: frame.f_locals.get("action") == sqlite3.SQLITE_SAVEPOINT
+                               and frame.f_locals.get("arg1") == "ROLLBACK", at))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            session.tools("run_sql", query=f"SELECT count(*) FROM {table}")
+    finally:
+        sys.settrace(None)
+    assert session.tools("run_sql", query=f"SELECT count(*) FROM {table}")["rows"] == [[rows]]
+    with pytest.raises(sqlite3.OperationalError, match="no such savepoint"):
+        conn.execute("RELEASE gate_looked_at")
+    session.abandon("interrupted")
+
+
 CTRL_C_DURING_AGENT_SQL = """
 import os, signal, threading, time
 from gate_pipeline.kernel.cases import read_cases

@@ -20,6 +20,7 @@ import hashlib
 import multiprocessing
 import os
 import signal
+import sqlite3
 import sys
 import threading
 import time
@@ -34,6 +35,7 @@ from .errors import GateError
 from .grading import grade
 from .records import ABANDONED, AGENT_ERROR, NO_REPORT, REPORTED, EpisodeResult, Grade
 from .rewards import REWARD_MODES, make_shaper
+from .sandbox import raise_swallowed
 from .suite import Suite, suites
 from .world import PreparedCase
 
@@ -222,7 +224,11 @@ class Session:
         if not end_reason:
             end_reason = AGENT_ERROR if error else REPORTED if self.report_index is not None else NO_REPORT
         try:
-            g = grade(self.episode, error)
+            try:
+                g = grade(self.episode, error)
+            except sqlite3.Error as exc:  # the grade's own statements: Ctrl-C's, perhaps
+                raise_swallowed(exc)
+                raise
             if self.report_index is not None:
                 self.rewards[self.report_index] += g.reward
             elif self.shaper is not None and self.rewards:
@@ -239,6 +245,7 @@ class Session:
             time.perf_counter() - self._t0)
         for sink in self.sinks:
             sink.end(self.result)
+        raise_swallowed()  # Ctrl-C while the grade's statements ran, which finished: the episode is recorded
         return self.result
 
     def abandon(self, why: str) -> EpisodeResult:

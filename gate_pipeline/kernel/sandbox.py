@@ -21,9 +21,11 @@ it is compiled on is read once, and again after any statement of gate's own that
 authorizer sees every statement prepared on the connection; a guarded connection's database is never
 replaced whole).
 
-What Python raises inside the authorizer or the progress handler (Ctrl-C's KeyboardInterrupt comes there
-while a query runs) SQLite swallows, stopping the query with a stop's words; `execute` raises it again:
-it is gate's, never an `interrupted` answer to the agent while the run plays on.
+What Python raises inside the authorizer, the progress handler or a suite's SQL function (Ctrl-C's
+KeyboardInterrupt comes there while a statement runs) SQLite swallows: it is kept (`_SWALLOWED`), agent
+SQL stops, gate's own statements on the connection (loads, the look check's savepoints, the grade's mart)
+go on, and it is raised again (`raise_swallowed`) by `execute` and after every tool call and grade: it is
+gate's, never an `interrupted` answer to the agent, nor an agent's error, while the run plays on.
 
 A server that runs many episodes' queries on its threads can give a thread a *pacer* (`pace`): at
 every progress check of agent SQL on that thread it is told the query's deadline and may hold the
@@ -83,22 +85,61 @@ class Pacer(Protocol):
 
 
 _PACING = threading.local()
-_FUNCTIONS = threading.local()  # .raised: what a SQL function (`sql_function`) last raised on this thread
 FUNCTION_RAISED = "user-defined function raised exception"  # SQLite's error when a Python function raised
 
 
+class _Swallowed(threading.local):
+    """What Python raised inside SQLite on this thread, which SQLite swallows (it stops or fails the statement,
+    or, for gate's own, lets it finish: see `Sandbox`) and Python forgets."""
+    pending: BaseException | None = None  # no query's error (a signal's exception): to be raised again
+    function_error: BaseException | None = None  # what a SQL function (`sql_function`) last raised
+
+
+_SWALLOWED = _Swallowed()
+
+
+def _keep(exc: BaseException) -> None:
+    if _SWALLOWED.pending is None:
+        _SWALLOWED.pending = exc
+
+
 def sql_function(fn):
-    """`fn` as a SQL function of a guarded connection is to be given (`create_function`): SQLite swallows what
-    a function raises, Ctrl-C's KeyboardInterrupt included, and stops the query with FUNCTION_RAISED; what
-    it raised is kept for `Sandbox.execute`, which raises again what is not the function's own error."""
+    """`fn` as a SQL function of a guarded connection is to be given (`create_function`): what it raises is
+    kept; an error of its own (an Exception) stays the query's error, anything else (Ctrl-C's
+    KeyboardInterrupt) is raised again by gate (`raise_swallowed`)."""
     def call(*args):
         try:
             return fn(*args)
         except BaseException as exc:
-            _FUNCTIONS.raised = exc
+            _SWALLOWED.function_error = exc
+            if not isinstance(exc, Exception):
+                _keep(exc)
             raise
     call.__name__ = getattr(fn, "__name__", "sql_function")
     return call
+
+
+def _an_interrupt(error: str, decided: bool) -> bool:
+    """Whether SQLite's error (its text) is what an exception raised before the first line of a callback or a
+    SQL function leaves (Ctrl-C's, whose KeyboardInterrupt nothing kept): a stop or refusal no callback
+    `decided`, or a function's failure with no error of its own recorded."""
+    if error == FUNCTION_RAISED:
+        fault, _SWALLOWED.function_error = _SWALLOWED.function_error, None
+        return fault is None
+    return not decided and stopped_by_a_callback(error)
+
+
+def raise_swallowed(error: BaseException | None = None) -> None:
+    """Raise again what SQLite swallowed on this thread that is no query's error, if anything. `error`: the
+    sqlite3 error of a statement of gate's own on a guarded connection (never refused, stopped or failed by
+    a function's own error): one in the words an exception inside a callback or function leaves is taken for
+    Ctrl-C (KeyboardInterrupt)."""
+    pending = _SWALLOWED.pending
+    if pending is not None:
+        _SWALLOWED.pending = None
+        raise pending from None
+    if error is not None and _an_interrupt(str(error), decided=False):
+        raise KeyboardInterrupt
 
 
 def pace(pacer: Pacer | None) -> None:
@@ -111,6 +152,23 @@ def stopped_by_a_callback(error: str) -> bool:
     named "not authorized", makes other errors)."""
     return (error == "interrupted" or error == "not authorized" or error.startswith("not authorized to use function: ")
             or (error.startswith("access to ") and error.endswith(" is prohibited")))
+
+
+def own_statement(conn: sqlite3.Connection, sql: str, must: bool = False) -> None:
+    """One statement of gate's own on a guarded connection: never refused or stopped, so a failure in those
+    words is Ctrl-C's (`raise_swallowed`), which may not be answered to the agent as its query's error.
+    `must`: a statement that puts the database back, made again (the interrupt spent) before Ctrl-C goes on,
+    so that whatever goes on after it (the next episode of a shared database) finds the data as it was."""
+    try:
+        conn.execute(sql).close()
+    except sqlite3.Error as exc:
+        try:
+            raise_swallowed(exc)
+        except BaseException:
+            if must:
+                conn.execute(sql).close()
+            raise
+        raise
 
 
 def normalise_query(query: str) -> str:
@@ -202,7 +260,6 @@ class Sandbox:
         self.compile_over = False
         self.refused = False  # whether the authorizer refused something in the last execution
         self.budget_over = False  # whether the progress handler stopped it for its budget
-        self.raised: BaseException | None = None  # what Python raised inside a callback (Ctrl-C's KeyboardInterrupt)
         self._compiled: str | None = None  # the last query text the compile check passed
         self.compile_seconds = 0.0  # what compiling that text took in the check
         self._catalogue = catalogue  # the schema as the compile check is given it (None: read it when needed)
@@ -234,9 +291,10 @@ class Sandbox:
                 self.refused = True
                 return _DENY
             return _OK
-        except BaseException as exc:  # a signal's exception (Ctrl-C) raised here: SQLite would swallow it
-            self.raised = exc
-            return _DENY
+        except BaseException as exc:  # a signal's exception (Ctrl-C) raised here: SQLite would swallow it. Kept,
+            _keep(exc)  # to be raised again; agent SQL stops, gate's own statement goes on
+            self._catalogue = None
+            return _DENY if self.guard else _OK
 
     def _progress(self):
         try:
@@ -251,8 +309,8 @@ class Sandbox:
                 return 1
             return 0
         except BaseException as exc:  # as in _authorize
-            self.raised = exc
-            return 1
+            _keep(exc)
+            return 1 if self.guard else 0
 
     def execute(self, query: str, interval: int = INTERVAL) -> tuple[list[tuple], list[str], int]:
         """(up to MAX_ROWS + 1 rows, column names, steps) of one guarded execution; raises CAUGHT."""
@@ -260,7 +318,8 @@ class Sandbox:
         self.steps = 0
         self.deadline = time.monotonic() + self.time_budget
         self.compile_over = self.refused = self.budget_over = False
-        self.raised = _FUNCTIONS.raised = None
+        raise_swallowed()  # what came during gate's own statements before this one
+        _SWALLOWED.function_error = None
         if (not self.schema_trusted or may_grow(query)) and query != self._compiled:
             check = take()
             try:
@@ -289,10 +348,9 @@ class Sandbox:
             columns = [d[0] for d in cur.description] if cur.description else []
             cur.close()
         except sqlite3.DatabaseError as exc:
-            if self.raised is None:
-                self.raised = self._not_the_querys(str(exc))
-            if self.raised is not None:
-                raise self.raised from None  # not the query's error: gate's, given back
+            raise_swallowed()  # not the query's error: gate's, given back
+            if _an_interrupt(str(exc), decided=self.stopped_itself()):
+                raise KeyboardInterrupt from None
             if self.compile_over:
                 raise sqlite3.OperationalError("interrupted") from None
             raise
@@ -308,18 +366,9 @@ class Sandbox:
                 self.interval = INTERVAL
         return fetched, columns, self.steps
 
-    def _not_the_querys(self, error: str) -> BaseException | None:
-        """What stopped the query if not the query itself: an exception a SQL function raised that is not an
-        error (Ctrl-C's), or a stop no callback decided (KeyboardInterrupt: one that came before a callback's or
-        a function's first line); None for the query's own error."""
-        if error == FUNCTION_RAISED:
-            raised = getattr(_FUNCTIONS, "raised", None)
-            if raised is None:
-                return KeyboardInterrupt()
-            return None if isinstance(raised, Exception) else raised
-        if stopped_by_a_callback(error) and not self.stopped_itself():
-            return KeyboardInterrupt()
-        return None
+    def own(self, sql: str, must: bool = False) -> None:
+        """`own_statement` on this sandbox's connection."""
+        own_statement(self.conn, sql, must)
 
     def stopped_itself(self) -> bool:
         """Whether the last execution's error is the sandbox's own doing: a callback of its found a budget run out

@@ -101,17 +101,16 @@ class SandboxV2(Sandbox):
         if not self.counted:
             return super().execute(query)
         if interval is None:
-            self.conn.execute(SCHEMA_NOW).close()
+            self.own(SCHEMA_NOW)
         return super().execute(query, self.fine if interval is None else interval)
 
     def _rerun_empty(self, query: str, table: str, steps_left: int, deadline: float) -> tuple[list[tuple], int] | None:
         """(rows, steps) of `query` with `table` emptied, within what is left of the budget; None when the
         query fails without the rows; raises _OverBudget."""
-        conn = self.conn
         saved = self.step_budget, self.time_budget, self.tables_read
-        conn.execute("SAVEPOINT gate_looked_at")
+        self.own("SAVEPOINT gate_looked_at")
         try:
-            conn.execute(f'DELETE FROM main."{table}"')
+            self.own(f'DELETE FROM main."{table}"')
             self.step_budget, self.time_budget = steps_left, deadline - time.monotonic()
             if self.time_budget <= 1.5 * self.compile_seconds or steps_left <= 0:  # compiling it again alone
                 raise _OverBudget  # would take what is left (SQLite cannot stop a compilation)
@@ -124,8 +123,10 @@ class SandboxV2(Sandbox):
             return rows, steps
         finally:
             self.step_budget, self.time_budget, self.tables_read = saved
-            conn.execute("ROLLBACK TO gate_looked_at")
-            conn.execute("RELEASE gate_looked_at")
+            try:
+                self.own("ROLLBACK TO gate_looked_at", must=True)
+            finally:  # released whatever came
+                self.own("RELEASE gate_looked_at", must=True)
 
     def after_read(self, query: str, tables: list[str], fetched: list[tuple]) -> dict:
         """The staging tables this read looked at for the first time (`looked_at` in its ledger entry)."""

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from functools import cached_property
 
 from ...kernel.cases import Case
-from ...kernel.sandbox import sql_function
+from ...kernel.sandbox import own_statement, sql_function
 from ...kernel.world import PreparedCase, World, connect, revenue_of
 from .contract import COLUMNS_V2, KEY_COLUMNS
 from .files import header_of, rows_of
@@ -182,8 +182,8 @@ class PreparedCaseV2(PreparedCase):
     def release_db(self, conn: sqlite3.Connection, borrowed: bool) -> None:
         if borrowed:
             try:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
+                if conn.in_transaction:  # the episode's loads undone, whatever comes (Ctrl-C)
+                    own_statement(conn, "ROLLBACK", must=True)
             finally:
                 self._db_busy = False
         else:
