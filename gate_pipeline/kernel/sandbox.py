@@ -92,7 +92,6 @@ class _Swallowed(threading.local):
     """What Python raised inside SQLite on this thread, which SQLite swallows (it stops or fails the statement,
     or, for gate's own, lets it finish: see `Sandbox`) and Python forgets."""
     pending: BaseException | None = None  # no query's error (a signal's exception): to be raised again
-    function_error: BaseException | None = None  # what a SQL function (`sql_function`) last raised
 
 
 _SWALLOWED = _Swallowed()
@@ -104,28 +103,27 @@ def _keep(exc: BaseException) -> None:
 
 
 def sql_function(fn):
-    """`fn` as a SQL function of a guarded connection is to be given (`create_function`): what it raises is
-    kept; an error of its own (an Exception) stays the query's error, anything else (Ctrl-C's
-    KeyboardInterrupt) is raised again by gate (`raise_swallowed`)."""
+    """`fn` as a SQL function of a guarded connection is to be given (`create_function`): an error of its own
+    (an Exception) stays the query's error; anything else it raises (Ctrl-C's KeyboardInterrupt) is kept,
+    and raised again by gate (`raise_swallowed`)."""
     def call(*args):
         try:
             return fn(*args)
+        except Exception:
+            raise
         except BaseException as exc:
-            _SWALLOWED.function_error = exc
-            if not isinstance(exc, Exception):
-                _keep(exc)
+            _keep(exc)
             raise
     call.__name__ = getattr(fn, "__name__", "sql_function")
     return call
 
 
 def _an_interrupt(error: str, decided: bool) -> bool:
-    """Whether SQLite's error (its text) is what an exception raised before the first line of a callback or a
-    SQL function leaves (Ctrl-C's, whose KeyboardInterrupt nothing kept): a stop or refusal no callback
-    `decided`, or a function's failure with no error of its own recorded."""
-    if error == FUNCTION_RAISED:
-        fault, _SWALLOWED.function_error = _SWALLOWED.function_error, None
-        return fault is None
+    """Whether SQLite's error (its text) is what an exception raised before the first line of a callback leaves
+    (Ctrl-C's, whose KeyboardInterrupt nothing kept): a stop or refusal no callback `decided`. Never a SQL
+    function's failure: SQLite gives the same words when it cannot hand a function its arguments (text that
+    is not UTF-8, which an agent's query can make), before the function runs; a Ctrl-C that comes before a
+    function's first line is lost (the next one stops gate)."""
     return not decided and stopped_by_a_callback(error)
 
 
@@ -166,9 +164,22 @@ def own_statement(conn: sqlite3.Connection, sql: str, must: bool = False) -> Non
             raise_swallowed(exc)
         except BaseException:
             if must:
-                conn.execute(sql).close()
+                _until_made(conn, sql)
             raise
         raise
+
+
+def _until_made(conn: sqlite3.Connection, sql: str, tries: int = 100) -> None:
+    """`sql` made again, however many more Ctrl-Cs fail it (each spent as it fails it)."""
+    for _ in range(tries - 1):
+        try:
+            conn.execute(sql).close()
+            return
+        except sqlite3.Error as exc:
+            if not _an_interrupt(str(exc), decided=False):
+                raise
+            _SWALLOWED.pending = None
+    conn.execute(sql).close()
 
 
 def normalise_query(query: str) -> str:
@@ -319,12 +330,15 @@ class Sandbox:
         self.deadline = time.monotonic() + self.time_budget
         self.compile_over = self.refused = self.budget_over = False
         raise_swallowed()  # what came during gate's own statements before this one
-        _SWALLOWED.function_error = None
         if (not self.schema_trusted or may_grow(query)) and query != self._compiled:
             check = take()
             try:
                 if self._catalogue is None:
-                    self._catalogue = catalogue(conn)
+                    try:
+                        self._catalogue = catalogue(conn)
+                    except sqlite3.Error as exc:  # gate's own statement: Ctrl-C's, perhaps
+                        raise_swallowed(exc)
+                        raise
                 passed = check.compiles_within(conn, query, self.time_budget * COMPILE_SHARE, self.limits,
                                                self._catalogue, cached=self.schema_trusted)
                 self.compile_seconds = check.seconds
@@ -336,6 +350,7 @@ class Sandbox:
             self._compiled = query  # the same text again (a suite's second run of it) needs no second check
         elif query != self._compiled:
             self.compile_seconds = 0.0
+        raise_swallowed()  # what came while the schema was read
         if interval != INTERVAL:
             conn.set_progress_handler(self._progress, interval)
         self.interval = interval

@@ -174,8 +174,8 @@ class PreparedCaseV2(PreparedCase):
         """(connection, borrowed): the prepared database inside a transaction when no episode holds it,
         else a database of the episode's own."""
         if not self._db_busy and self._db is not None:
+            own_statement(self._db, "BEGIN")  # the last episode's callbacks are still on it: Ctrl-C's, perhaps
             self._db_busy = True
-            self._db.execute("BEGIN")
             return self._db, True
         return self.build(), False
 
