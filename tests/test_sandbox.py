@@ -165,6 +165,28 @@ def test_ctrl_c_inside_a_v2_sql_function_is_gates_where_the_function_runs(at):
     session.finish()
 
 
+def test_ctrl_c_before_a_sql_functions_first_line_in_a_load_is_gates():
+    """v2's loader reads amounts through gate_amount: Ctrl-C raised before the function's first line failed the
+    load with a function's words and the episode was graded as the agent's error (2 of 300 real signals in
+    careful-v2's episodes). Gate's own statements never fail by a function: it is Ctrl-C."""
+    import sys
+    from pathlib import Path
+
+    from gate_pipeline.kernel.cases import read_cases
+    from gate_pipeline.kernel.engine import Session, prepare
+    path = Path(__file__).resolve().parents[1] / "cases" / "v2" / "eval_curated.jsonl"
+    session = Session(prepare(read_cases(path)[0]), "probe")
+    orders = [b["batch_id"] for b in session.tools("list_batches") if b["table"] == "orders"]
+    sys.settrace(_interrupting(None, lambda frame: frame.f_code.co_name == "call"
+                               and "sql_function" in frame.f_code.co_qualname, "call"))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            session.tools("load_batch", batch_id=orders[0])
+    finally:
+        sys.settrace(None)
+    session.abandon("interrupted")
+
+
 def test_a_sql_functions_error_is_the_querys_what_else_it_raises_is_gates(prepared):
     """A function given through sql_function: its error (an Exception) is the agent's query error as ever;
     anything else it raises (what a signal raises) comes back out of the tool call."""

@@ -118,13 +118,14 @@ def sql_function(fn):
     return call
 
 
-def _an_interrupt(error: str, decided: bool) -> bool:
+def _an_interrupt(error: str, decided: bool, own: bool = False) -> bool:
     """Whether SQLite's error (its text) is what an exception raised before the first line of a callback leaves
-    (Ctrl-C's, whose KeyboardInterrupt nothing kept): a stop or refusal no callback `decided`. Never a SQL
-    function's failure: SQLite gives the same words when it cannot hand a function its arguments (text that
-    is not UTF-8, which an agent's query can make), before the function runs; a Ctrl-C that comes before a
-    function's first line is lost (the next one stops gate)."""
-    return not decided and stopped_by_a_callback(error)
+    (Ctrl-C's, whose KeyboardInterrupt nothing kept): a stop or refusal no callback `decided`; for a statement
+    of gate's `own` (whose functions never fail: they are given gate's values), a SQL function's failure too.
+    Not for agent SQL: SQLite gives those words when it cannot hand a function its arguments (text that is not
+    UTF-8, which an agent's query can make), before the function runs; a Ctrl-C that comes before a
+    function's first line in agent SQL is lost (the next one stops gate)."""
+    return not decided and (stopped_by_a_callback(error) or (own and error == FUNCTION_RAISED))
 
 
 def raise_swallowed(error: BaseException | None = None) -> None:
@@ -136,7 +137,7 @@ def raise_swallowed(error: BaseException | None = None) -> None:
     if pending is not None:
         _SWALLOWED.pending = None
         raise pending from None
-    if error is not None and _an_interrupt(str(error), decided=False):
+    if error is not None and _an_interrupt(str(error), decided=False, own=True):
         raise KeyboardInterrupt
 
 
@@ -176,7 +177,7 @@ def _until_made(conn: sqlite3.Connection, sql: str, tries: int = 100) -> None:
             conn.execute(sql).close()
             return
         except sqlite3.Error as exc:
-            if not _an_interrupt(str(exc), decided=False):
+            if not _an_interrupt(str(exc), decided=False, own=True):
                 raise
             _SWALLOWED.pending = None
     conn.execute(sql).close()
