@@ -20,7 +20,6 @@ import hashlib
 import multiprocessing
 import os
 import signal
-import sqlite3
 import sys
 import threading
 import time
@@ -35,7 +34,7 @@ from .errors import GateError
 from .grading import grade
 from .records import ABANDONED, AGENT_ERROR, NO_REPORT, REPORTED, EpisodeResult, Grade
 from .rewards import REWARD_MODES, make_shaper
-from .sandbox import raise_swallowed
+from .sandbox import gates_own, raise_swallowed
 from .suite import Suite, suites
 from .world import PreparedCase
 
@@ -224,11 +223,8 @@ class Session:
         if not end_reason:
             end_reason = AGENT_ERROR if error else REPORTED if self.report_index is not None else NO_REPORT
         try:
-            try:
+            with gates_own():  # the grade's own statements: a failure is Ctrl-C's, perhaps
                 g = grade(self.episode, error)
-            except sqlite3.Error as exc:  # the grade's own statements: Ctrl-C's, perhaps
-                raise_swallowed(exc)
-                raise
             if self.report_index is not None:
                 self.rewards[self.report_index] += g.reward
             elif self.shaper is not None and self.rewards:

@@ -43,6 +43,7 @@ import math
 import sqlite3
 import threading
 import time
+from contextlib import contextmanager
 from typing import Protocol
 
 from .compile_check import catalogue, give, may_grow, take
@@ -146,6 +147,17 @@ def pace(pacer: Pacer | None) -> None:
     _PACING.pacer = pacer
 
 
+@contextmanager
+def gates_own():
+    """A block of gate's own statements on a guarded connection (never refused, stopped or failed by a function):
+    a sqlite3 error in the words Ctrl-C leaves inside the callbacks is Ctrl-C (`raise_swallowed`)."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        raise_swallowed(exc)
+        raise
+
+
 def stopped_by_a_callback(error: str) -> bool:
     """Whether SQLite's error is one a callback's stop or refusal gives (exactly: text the data chose, a table
     named "not authorized", makes other errors)."""
@@ -163,7 +175,7 @@ def own_statement(conn: sqlite3.Connection, sql: str, must: bool = False) -> Non
     except sqlite3.Error as exc:
         try:
             raise_swallowed(exc)
-        except BaseException:
+        except BaseException:  # Ctrl-C's: the statement is made before it goes on
             if must:
                 _until_made(conn, sql)
             raise
@@ -335,11 +347,8 @@ class Sandbox:
             check = take()
             try:
                 if self._catalogue is None:
-                    try:
+                    with gates_own():
                         self._catalogue = catalogue(conn)
-                    except sqlite3.Error as exc:  # gate's own statement: Ctrl-C's, perhaps
-                        raise_swallowed(exc)
-                        raise
                 passed = check.compiles_within(conn, query, self.time_budget * COMPILE_SHARE, self.limits,
                                                self._catalogue, cached=self.schema_trusted)
                 self.compile_seconds = check.seconds
@@ -381,10 +390,6 @@ class Sandbox:
                 conn.set_progress_handler(self._progress, INTERVAL)
                 self.interval = INTERVAL
         return fetched, columns, self.steps
-
-    def own(self, sql: str, must: bool = False) -> None:
-        """`own_statement` on this sandbox's connection."""
-        own_statement(self.conn, sql, must)
 
     def stopped_itself(self) -> bool:
         """Whether the last execution's error is the sandbox's own doing: a callback of its found a budget run out

@@ -35,7 +35,7 @@ import re
 import sqlite3
 import time
 
-from ...kernel.sandbox import CAUGHT, DENIED_FUNCTIONS, INTERVAL, STEP_BUDGET, TIME_BUDGET_S, Sandbox
+from ...kernel.sandbox import CAUGHT, DENIED_FUNCTIONS, INTERVAL, STEP_BUDGET, TIME_BUDGET_S, Sandbox, own_statement
 
 STEPS_PER_ROW = 100
 SECONDS_PER_ROW = 10e-6
@@ -101,16 +101,16 @@ class SandboxV2(Sandbox):
         if not self.counted:
             return super().execute(query)
         if interval is None:
-            self.own(SCHEMA_NOW)
+            own_statement(self.conn, SCHEMA_NOW)
         return super().execute(query, self.fine if interval is None else interval)
 
     def _rerun_empty(self, query: str, table: str, steps_left: int, deadline: float) -> tuple[list[tuple], int] | None:
         """(rows, steps) of `query` with `table` emptied, within what is left of the budget; None when the
         query fails without the rows; raises _OverBudget."""
         saved = self.step_budget, self.time_budget, self.tables_read
-        self.own("SAVEPOINT gate_looked_at")
+        own_statement(self.conn, "SAVEPOINT gate_looked_at")
         try:
-            self.own(f'DELETE FROM main."{table}"')
+            own_statement(self.conn, f'DELETE FROM main."{table}"')
             self.step_budget, self.time_budget = steps_left, deadline - time.monotonic()
             if self.time_budget <= 1.5 * self.compile_seconds or steps_left <= 0:  # compiling it again alone
                 raise _OverBudget  # would take what is left (SQLite cannot stop a compilation)
@@ -124,9 +124,9 @@ class SandboxV2(Sandbox):
         finally:
             self.step_budget, self.time_budget, self.tables_read = saved
             try:
-                self.own("ROLLBACK TO gate_looked_at", must=True)
+                own_statement(self.conn, "ROLLBACK TO gate_looked_at", must=True)
             finally:  # released whatever came
-                self.own("RELEASE gate_looked_at", must=True)
+                own_statement(self.conn, "RELEASE gate_looked_at", must=True)
 
     def after_read(self, query: str, tables: list[str], fetched: list[tuple]) -> dict:
         """The staging tables this read looked at for the first time (`looked_at` in its ledger entry)."""
