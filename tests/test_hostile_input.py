@@ -470,3 +470,36 @@ def test_a_failed_export_leaves_the_file_it_names_as_it_was(tmp_path, monkeypatc
     assert main(["cases", "export", "--format", "jsonl-chat", "--run", str(tmp_path / "nothing"), str(out)]) == 2
     assert "no transcripts.jsonl there" in capsys.readouterr().err and out.read_text() == EVAL.read_text()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary file left
+
+
+def _a_file(edits: dict[int, str], count: int = 12) -> str:
+    """The first `count` eval cases, one a line, with line N (from 1) replaced by edits[N]; 'dup:K' repeats
+    line K's case, 'v2' is a case of suite v2."""
+    lines = EVAL.read_text().splitlines()[:count]
+    v2 = (ROOT / "cases" / "v2" / "train_procedural.jsonl").read_text().split("\n", 1)[0]
+    for n, edit in edits.items():
+        lines[n - 1] = lines[int(edit[4:]) - 1] if edit.startswith("dup:") else v2 if edit == "v2" else edit
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("edits", [
+    {9: "{not json"}, {10: "dup:2"}, {4: "dup:1", 11: "{"}, {11: "dup:1", 5: "[1"}, {5: "{", 6: "dup:1"},
+    {5: "dup:1", 6: "{"}, {7: '{"case_id": "x"}'}, {12: "v2"}, {12: "v2", 3: "dup:1"}, {1: "v2", 12: "{"},
+    {n: "  " for n in range(1, 13)}, {3: "9" * 5000}], ids=str)
+def test_workers_parsing_their_share_refuse_a_bad_file_as_reading_it_whole_does(tmp_path, edits):
+    """`gate report --json` hands its workers the case file's lines, each worker parsing its share: the error
+    is the one reading the whole file first gives (the first in file order; a repeated id across shares;
+    two suites once every share is read)."""
+    from gate_pipeline.kernel.cases import CaseError, CaseLines, suite_of_cases
+    from gate_pipeline.kernel.engine import play_cases
+    path = tmp_path / "cases.jsonl"
+    path.write_text(_a_file(edits))
+    with pytest.raises(CaseError) as whole:
+        suite_of_cases(read_cases(path))
+    for workers in (1, 2, 5):
+        with pytest.raises(CaseError) as shared:
+            play_cases(CaseLines.read(path), ["naive"], workers=workers)
+        assert str(shared.value) == str(whole.value), workers
+    p = subprocess.run([GATE, "report", "--cases", str(path), "--agents", "naive", "--workers", "2", "--json"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stdout == "" and p.stderr == f"gate: error: {whole.value}\n", p.stderr

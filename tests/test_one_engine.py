@@ -15,7 +15,7 @@ from gate_pipeline.dagster_defs.jobs import nightly_run_config, play_case_run_co
 from gate_pipeline.dagster_defs.partitions import cases_partitions
 from gate_pipeline.integrations.gymnasium_env import GateEnv
 from gate_pipeline.kernel.agents import agent_names, make_agent
-from gate_pipeline.kernel.cases import Case, read_cases
+from gate_pipeline.kernel.cases import Case, CaseLines, read_cases
 from gate_pipeline.kernel.grading import grade_stored
 from gate_pipeline.kernel.variants import load_variant, variant_agent_name, variant_names
 from gate_pipeline.store import RunStore
@@ -163,8 +163,11 @@ def test_forked_workers_play_exactly_what_one_process_plays():
     cases = read_cases(ROOT / "cases" / "classic" / "train_procedural.jsonl")[:24]
     from gate_pipeline.kernel.engine import play_cases
     agents = ["random", "careful@full", "careful-sql", "report-liar"]
+    text = "".join(c.line() for c in cases).replace("\n", "\n\n", 3)  # blank lines too
     one, many = play_cases(cases, agents), play_cases(cases, agents, workers=3)
-    assert list(one) == list(many)
+    parsed_there = play_cases(CaseLines(text, "x.jsonl"), agents, workers=3)  # each worker parses its share
+    assert list(one) == list(many) == list(parsed_there)
     for name in agents:
         assert [(r.case_id, r.grade, r.ledger, r.rewards) for r in one[name]] == \
-               [(r.case_id, r.grade, r.ledger, r.rewards) for r in many[name]]
+               [(r.case_id, r.grade, r.ledger, r.rewards) for r in many[name]] == \
+               [(r.case_id, r.grade, r.ledger, r.rewards) for r in parsed_there[name]]

@@ -20,21 +20,26 @@ REWARD_CHOICES = ("terminal", "dense", "potential")  # rewards.REWARD_MODES, wit
 
 
 def cmd_report(a, settings: Settings) -> int:
-    from ..kernel.cases import read_cases, split_of, suite_of_cases
+    from ..kernel.cases import CaseLines, split_of
+    from ..kernel.suite import suites
     from .html_output import html_target, save_html
     if a.html and a.reward != "terminal":
         raise UsageError(f"--html draws the terminal-reward report; drop --reward {a.reward}")
     target = html_target(a.html)
     path = cases_arg(a, settings)
-    cases = read_cases(path)
+    lines = CaseLines.read(path)
     if a.reward != "terminal":
         from .dense import DENSE_AGENTS, dense_report
         specs = resolve_agents(agent_list(a.agents, list(DENSE_AGENTS)), settings, {"random": {"seed": a.seed}})
-        return dense_report(a, cases, specs, path)
-    specs = resolve_agents(agent_list(a.agents, list(suite_of_cases(cases).report_agents)), settings)
+        return dense_report(a, lines.cases(), specs, path)
+    default = list(suites.get(lines.first().suite).report_agents) if a.agents is None else []
+    specs = resolve_agents(agent_list(a.agents, default), settings)
+    tabled = target is not None or not a.json
+    # the tables need every case here; a JSON report does not, and its workers each parse their share of the lines
+    cases = lines.cases() if tabled else lines
     grades = grades_of(play_with_progress(cases, specs, workers=a.workers, show=not a.json))
     from ..tables import baseline_tables
-    tables = baseline_tables(cases, grades, split=split_of(path)) if target is not None or not a.json else ""
+    tables = baseline_tables(cases, grades, split=split_of(path)) if tabled else ""
     save_html(target, grades, title="gate report", subtitle=f"{len(cases)} cases ({path})",
               tables=[("Tables", tables)])  # first: a closed stdout must not lose the page
     print(grades_json(grades) if a.json else tables)

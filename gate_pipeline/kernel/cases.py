@@ -14,7 +14,7 @@ import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from .contract import ContractError
 from .errors import GateError
@@ -206,25 +206,120 @@ def parse_lines(lines: list[str], where: str) -> list[Case]:
     read: a line is let go once its case is parsed, so a file's text is not held twice over."""
     cases: list[Case] = []
     ids: set[str] = set()
-    for lineno, line in enumerate(lines, 1):
-        lines[lineno - 1] = ""
-        if not line.strip():
+    for lineno, case in _parsed(lines, where):
+        if case.case_id in ids:
+            raise _repeats(where, lineno, case.case_id)
+        ids.add(case.case_id)
+        cases.append(case)
+    return cases
+
+
+def _repeats(where: str, lineno: int, case_id: str) -> CaseError:
+    return CaseError(f"{where}:{lineno}: case id {case_id!r} repeats")
+
+
+def _blank(line: str) -> bool:
+    return not line or line.isspace()
+
+
+def _parsed(lines: list[str], where: str, first: int = 1) -> Iterator[tuple[int, Case]]:
+    """(line number, case) of each line that is not blank, in order, `lines[0]` being line `first`; a line
+    that is not a case is a CaseError naming it. Each line is let go (emptied in the list) as it is read."""
+    last: Case | None = None
+    for at, line in enumerate(lines):
+        lines[at] = ""
+        if _blank(line):
             continue
+        lineno = first + at
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
-            at = "" if exc.msg.endswith(" at") else " at"  # ("Unterminated string starting at", at column N)
-            raise CaseError(f"{where}:{lineno}: not JSON ({exc.msg}{at} column {exc.colno})") from None
+            where_in = "" if exc.msg.endswith(" at") else " at"  # ("Unterminated string starting at", at column N)
+            raise CaseError(f"{where}:{lineno}: not JSON ({exc.msg}{where_in} column {exc.colno})") from None
         except ValueError as exc:  # e.g. an integer of more digits than Python converts
             raise CaseError(f"{where}:{lineno}: not a case ({exc})") from None
         except RecursionError:
             raise CaseError(f"{where}:{lineno}: not a case (JSON nested too deep)") from None
-        case = load_case(obj, f"{where}:{lineno}", cases[-1].contract if cases else None)
-        if case.case_id in ids:
-            raise CaseError(f"{where}:{lineno}: case id {case.case_id!r} repeats")
-        ids.add(case.case_id)
-        cases.append(case)
-    return cases
+        last = load_case(obj, f"{where}:{lineno}", last.contract if last is not None else None)
+        yield lineno, last
+
+
+@dataclass
+class Share:
+    """What a worker made of its share of a case file's lines (`CaseLines.share`): each case's line and id,
+    the suites named (in order), the cases, and the CaseError of the first line that is not a case, if any
+    (the cases before it are kept, so the caller can first look for an id repeated from an earlier share)."""
+    ids: list[tuple[int, str]]
+    suites: list[str]
+    cases: list[Case]
+    error: CaseError | None = None
+
+
+class CaseLines:
+    """A case file's text split into lines, its cases not parsed yet: what `read_cases` reads, for a batch
+    that parses each worker's share of the lines in the worker (`engine.play_cases`), rather than every case
+    in the parent before the workers start. The checks are `read_cases`'s (each line a case, ids unique, at
+    least one case) and `suite_of_cases`'s (one suite), with the same words; a worker's share is checked
+    there, and the parent puts the shares together in order, so the first error in file order is the one
+    raised, except that cases of two suites are found once every share is read."""
+
+    def __init__(self, text: str, where: str):
+        self.where = where
+        self.lines = json_lines(text)
+        self.count = sum(1 for line in self.lines if not _blank(line))
+        if not self.count:
+            raise CaseError(f"{where}: no cases in file")
+
+    @classmethod
+    def read(cls, path: str | Path) -> "CaseLines":
+        return cls(read_case_text(path), str(Path(path)))
+
+    def __len__(self) -> int:
+        """How many lines hold a case (none is blank)."""
+        return self.count
+
+    def first(self) -> Case:
+        """The first case, parsed and checked (its suite names a report's default agents)."""
+        for at, line in enumerate(self.lines):
+            if not _blank(line):
+                return next(_parsed([line], self.where, at + 1))[1]
+        raise CaseError(f"{self.where}: no cases in file")  # not reached: a CaseLines holds a case
+
+    def cases(self) -> list[Case]:
+        """Every case, parsed and checked here, of one suite; the lines are let go as they are parsed."""
+        lines, self.lines = self.lines, []
+        cases = parse_lines(lines, self.where)
+        suite_of_cases(cases)
+        return cases
+
+    def share(self, start: int, stop: int) -> Share:
+        """The cases of lines[start:stop], parsed and checked (a worker's share): ids are not compared here,
+        nor suites, which the parent does across the shares (`put_together`)."""
+        out = Share([], [], [])
+        try:
+            for lineno, case in _parsed(self.lines[start:stop], self.where, start + 1):
+                out.ids.append((lineno, case.case_id))
+                out.cases.append(case)
+        except CaseError as exc:
+            out.error = exc
+        out.suites = list(dict.fromkeys(c.suite for c in out.cases))
+        return out
+
+    def put_together(self, share: Share, ids: set[str], suites: dict[str, None]) -> None:
+        """Check a share against the shares before it (`ids`, `suites`: theirs, updated): a repeated id, then
+        the share's own error, are raised as `read_cases` would raise them."""
+        for lineno, case_id in share.ids:
+            if case_id in ids:
+                raise _repeats(self.where, lineno, case_id)
+            ids.add(case_id)
+        if share.error is not None:
+            raise share.error
+        suites.update(dict.fromkeys(share.suites))
+
+    def check_suites(self, suites: dict[str, None]) -> None:
+        """Once every share is put together: the cases mix no suites."""
+        if len(suites) > 1:
+            raise _mixed(list(suites))
 
 
 def read_case_text(path: str | Path) -> str:
@@ -259,6 +354,10 @@ def procedural_draws(seed: int, count: int, families) -> list[tuple[int, str, in
     return [(k, families[k % len(families)], rng.randint(0, 3), rng.randint(10**6, 10**9)) for k in range(count)]
 
 
+def _mixed(names: list[str]) -> CaseError:
+    return CaseError(f"the cases mix suites ({', '.join(names)}); play one suite at a time")
+
+
 def split_of(path: str | Path) -> str:
     """The split a case file holds, by its name: "eval", "train", or the file's stem."""
     stem = Path(path).stem
@@ -271,5 +370,5 @@ def suite_of_cases(cases: Iterable[Case]) -> Suite:
     if not names:
         return suites.default()
     if len(names) > 1:
-        raise CaseError(f"the cases mix suites ({', '.join(names)}); play one suite at a time")
+        raise _mixed(names)
     return suites.get(names[0])

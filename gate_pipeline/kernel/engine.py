@@ -29,7 +29,7 @@ from typing import Callable, Iterable
 
 from .actions import parse_action
 from .agents import AgentSpec, AgentUnfinished, resolve_agent
-from .cases import Case
+from .cases import Case, CaseLines
 from .errors import GateError
 from .grading import grade
 from .records import ABANDONED, AGENT_ERROR, NO_REPORT, REPORTED, EpisodeResult, Grade
@@ -392,21 +392,27 @@ def fewer_collections():
     return _COLLECTIONS.block()
 
 
-def play_cases(cases: Iterable[Case], agents: list, *, sinks: Iterable[Sink] = (), reward: str = "terminal",
-               run_id: str = "", progress: Callable[[], None] | None = None,
+def play_cases(cases: Iterable[Case] | CaseLines, agents: list, *, sinks: Iterable[Sink] = (),
+               reward: str = "terminal", run_id: str = "", progress: Callable[[], None] | None = None,
                workers: int = 1) -> dict[str, list[EpisodeResult]]:
     """Every agent on every case, in case order: {agent identity: [result per case]}.
 
     Each case is prepared once (its database image, profiles, correct mart) and every agent's
     episode opens a private copy of it (or borrows it, as a suite's world may). With `workers` > 1 and no sinks, the cases are played
     in that many forked processes (where the platform forks); the results are the same, in the
-    same order, because every episode depends on its case alone."""
-    cases = list(cases)
+    same order, because every episode depends on its case alone. Given a case file's lines not yet
+    parsed (`CaseLines`), each worker parses and checks its share of them; played in one process, they
+    are parsed first, as `read_cases` would."""
     specs = [spec_of(a) for a in agents]
     sinks = tuple(sinks)
+    if not isinstance(cases, CaseLines):
+        cases = list(cases)
+    count = len(cases)
     with fewer_collections():
-        if workers > 1 and not sinks and len(cases) > 1 and "fork" in multiprocessing.get_all_start_methods():
-            return _play_forked(cases, specs, reward, run_id, progress, min(workers, len(cases)))
+        if workers > 1 and not sinks and count > 1 and "fork" in multiprocessing.get_all_start_methods():
+            return _play_forked(cases, specs, reward, run_id, progress, min(workers, count))
+        if isinstance(cases, CaseLines):
+            cases = cases.cases()
         out: dict[str, list[EpisodeResult]] = {spec.identity: [] for spec in specs}
         for case in cases:
             prepared = prepare(case)
@@ -424,9 +430,17 @@ def play_cases(cases: Iterable[Case], agents: list, *, sinks: Iterable[Sink] = (
 _JOBS: dict[int, tuple] = {}
 
 
-def _play_chunk(job: int, start: int, stop: int) -> dict[str, list[EpisodeResult]]:
+def _play_chunk(job: int, start: int, stop: int):
+    """A worker's chunk: cases[start:stop] played, or, for a case file's lines, (its share, what it played:
+    nothing when the share holds a line that is not a case or cases of two suites, which the parent raises)."""
     cases, specs, reward, run_id = _JOBS[job]
-    return play_cases(cases[start:stop], specs, reward=reward, run_id=run_id)
+    if not isinstance(cases, CaseLines):
+        return play_cases(cases[start:stop], specs, reward=reward, run_id=run_id)
+    share = cases.share(start, stop)
+    played = {} if share.error is not None or len(share.suites) > 1 else \
+        play_cases(share.cases, specs, reward=reward, run_id=run_id)
+    share.cases = []  # sent back: the parent needs the ids, not the cases
+    return share, played
 
 
 class WorkerDied(GateError, RuntimeError):
@@ -452,9 +466,13 @@ def _play_forked(cases, specs, reward, run_id, progress, workers) -> dict[str, l
     from concurrent.futures.process import BrokenProcessPool
     job = id(cases)
     _JOBS[job] = (cases, specs, reward, run_id)
-    size = -(-len(cases) // (workers * 4))  # a few chunks per worker, so a slow one does not hold the rest
-    bounds = [(start, min(start + size, len(cases))) for start in range(0, len(cases), size)]
+    lines = cases.lines if isinstance(cases, CaseLines) else None
+    total = len(lines) if lines is not None else len(cases)
+    size = -(-total // (workers * 4))  # a few chunks per worker, so a slow one does not hold the rest
+    bounds = [(start, min(start + size, total)) for start in range(0, total, size)]
     out: dict[str, list[EpisodeResult]] = {spec.identity: [] for spec in specs}
+    ids: set[str] = set()
+    suites: dict[str, None] = {}
     before = set(multiprocessing.active_children())
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_worker_start,
                                initargs=(os.getpid(),))
@@ -464,13 +482,20 @@ def _play_forked(cases, specs, reward, run_id, progress, workers) -> dict[str, l
             try:
                 part = future.result()
             except BrokenProcessPool:  # the pool says no more: which chunk the dead worker held is not known
-                raise WorkerDied("a worker process ended without answering (killed, or out of memory) while cases "
-                                 f"{start + 1}-{len(cases)} were still to come back; nothing of this batch is kept"
-                                 ) from None
+                raise WorkerDied("a worker process ended without answering (killed, or out of memory) while "
+                                 f"{'lines' if lines is not None else 'cases'} {start + 1}-{total} were still to "
+                                 "come back; nothing of this batch is kept") from None
+            played = stop - start
+            if lines is not None:
+                share, part = part
+                cases.put_together(share, ids, suites)
+                played = len(share.ids)
             for identity, results in part.items():
                 out[identity].extend(results)
-            for _ in range(stop - start) if progress is not None else ():
+            for _ in range(played) if progress is not None else ():
                 progress()
+        if lines is not None:
+            cases.check_suites(suites)
     except BaseException:  # interrupted, or a worker gone: the others are stopped, not waited for
         pool.shutdown(wait=False, cancel_futures=True)
         for child in set(multiprocessing.active_children()) - before:
