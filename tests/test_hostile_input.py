@@ -446,6 +446,18 @@ def test_an_id_that_is_not_printable_is_refused_in_one_line(tmp_path, key, value
     assert printable(value).isprintable()  # as verify prints what a store holds
 
 
+@pytest.mark.parametrize("char", ["\n", "\x1b", "\u202e", "\xa0", "\u3000", "\U000e0041", "\ue000", "\u0378",
+                                  "\ud800", "\U0010ffff"])
+def test_what_gate_prints_of_a_stored_name_shows_every_character_it_holds(char):
+    """verify prints stored ids and names through `printable`, which escaped a fixed list of characters while ids
+    are refused by `str.isprintable`: a tag character (U+E0041, invisible, it spells text no one sees), a private-use
+    or unassigned code point or a no-break space was printed as it is."""
+    from gate_pipeline.kernel.cases import bad_id, printable
+    shown = printable(f"id{char}x")
+    assert shown.isprintable() and shown != f"id{char}x" and bad_id(f"id{char}x")
+    assert printable("plain id, with spaces: ok") == "plain id, with spaces: ok"
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0 or not Path("/usr/bin/unshare").exists(),
                     reason="gate as PID 1 needs unshare and root")
 def test_workers_play_when_gate_is_pid_1(tmp_path):

@@ -25,19 +25,18 @@ MAX_ID_CHARS = 200  # a case id or batch id (tools refuse longer arguments)
 MAX_CASE_FILE_BYTES = 4 * 2**30  # a case file is read whole: at most this (a v2 file of 32 cases at ~300,000 rows)
 MAX_VALUE_CHARS = 20_000  # a cell or a text (the sandbox's string length limit)
 _NOT_IDENT = re.compile(r"[^a-z0-9_]")
-# what an id may not hold: C0 and C1 controls, DEL, and the line and paragraph separators (an id is printed in
-# tables, errors and verify's lines: a newline there forges a line, an escape sequence clears a terminal)
-# control characters, line and paragraph separators, and the invisible format characters that reorder or hide
-# text on a terminal (bidirectional overrides and isolates, zero-width characters, the byte order mark)
-_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\xad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f"
-                          r"\ufeff\ufff9-\ufffb]")
-
 
 def printable(text) -> str:
-    """`text` as a line of gate's output may show it: control characters, line separators and invisible format
-    characters written as escapes (a stored id or name that holds a newline cannot forge a line of its own, nor
-    one that holds a right-to-left override show other text than it holds)."""
-    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))
+    """`text` as a line of gate's output may show it: every character Python does not call printable
+    (`str.isprintable`: controls, line and paragraph separators, invisible format characters such as the
+    bidirectional overrides, zero-width and tag characters, private-use, unassigned and surrogate code
+    points, every space but the space itself) written as an escape. So a stored id or name that holds a
+    newline cannot forge a line of its own, nor one that holds a right-to-left override show other text than
+    it holds; and an id gate refuses (`bad_id`) is one that this would change."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def bad_id(value) -> bool:
