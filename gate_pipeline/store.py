@@ -285,11 +285,16 @@ def read_mart(image: bytes | None, name: str, expected_sha256: str | None, sql: 
     if sha256(image) != expected_sha256:
         raise StoreError(f"warehouse {name} was altered (its SHA-256 differs from the one recorded)")
     conn = sqlite3.connect(":memory:", cached_statements=0)
+    sandbox = None
     try:
         conn.deserialize(image)
-        rows, _, _ = Sandbox(conn, MART_STEP_BUDGET, MART_TIME_BUDGET_S, limits=(), schema_trusted=False).execute(sql)
+        sandbox = Sandbox(conn, MART_STEP_BUDGET, MART_TIME_BUDGET_S, limits=(), schema_trusted=False)
+        rows, _, _ = sandbox.execute(sql)
         return revenue_of(rows[0][0])
     except (*CAUGHT, TypeError, IndexError) as exc:
+        if str(exc) == "interrupted" and sandbox is not None and sandbox.compile_refused:
+            raise StoreError(f"warehouse {name} is unreadable (its mart's query was not compiled: a copy of its "
+                             "schema cannot be rebuilt, or compiling the query outgrows the check's memory)") from None
         if str(exc) == "interrupted":
             raise StoreError(f"warehouse {name} is unreadable (its mart did not finish within "
                              f"{MART_STEP_BUDGET:,} steps or {MART_TIME_BUDGET_S:g} s)") from None

@@ -130,6 +130,8 @@ class CompileCheck:
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.seconds = 0.0  # what the last check took (for a remembered statement: what its check took)
+        self.refused = False  # whether the child said the last statement does not compile in time (rather than
+        # taking too long to say): its schema could not be rebuilt there, or compiling it ran out of memory
         self._child: subprocess.Popen | None = None
         self._schema: list[str] | None = None
         self._renaming: tuple[list[tuple[str, str]], _Renaming] | None = None
@@ -190,14 +192,17 @@ class CompileCheck:
             child = self._child if self._child is not None and self._child.poll() is None else self._start()
         except OSError:  # no child can start here: the authorizer's bound on compiling is all there is
             return True
+        self.refused = False
         msg = {"sql": query, "schema": schema if schema != self._schema else None, "limits": list(limits)}
         self._schema = schema
         assert child.stdin is not None and child.stdout is not None
         try:
             child.stdin.write((json.dumps(msg) + "\n").encode())
             ready, _, _ = select.select([child.stdout], [], [], max(0.0, seconds))
-            if ready and os.read(child.stdout.fileno(), 2) == b"1\n":
+            answer = os.read(child.stdout.fileno(), 2) if ready else b""
+            if answer == b"1\n":
                 return True
+            self.refused = answer == b"0\n"
         except OSError:
             pass
         except BaseException:  # interrupted (a signal's exception) with the answer perhaps still to come: the

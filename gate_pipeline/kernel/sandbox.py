@@ -286,6 +286,7 @@ class Sandbox:
         self.budget_over = False  # whether the progress handler stopped it for its budget
         self._compiled: str | None = None  # the last query text the compile check passed
         self.compile_seconds = 0.0  # what compiling that text took in the check
+        self.compile_refused = False  # whether the check said at once that the last query does not compile
         self._catalogue = catalogue  # the schema as the compile check is given it (None: read it when needed)
         self.step_budget, self.time_budget = step_budget, time_budget
         self.limits = limits
@@ -352,6 +353,7 @@ class Sandbox:
                 passed = check.compiles_within(conn, query, self.time_budget * COMPILE_SHARE, self.limits,
                                                self._catalogue, cached=self.schema_trusted)
                 self.compile_seconds = check.seconds
+                self.compile_refused = not passed and check.refused
             finally:
                 give(check)
             if not passed:
