@@ -515,3 +515,72 @@ def test_workers_parsing_their_share_refuse_a_bad_file_as_reading_it_whole_does(
     p = subprocess.run([GATE, "report", "--cases", str(path), "--agents", "naive", "--workers", "2", "--json"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and p.stdout == "" and p.stderr == f"gate: error: {whole.value}\n", p.stderr
+
+
+@pytest.mark.parametrize("edits", [{12: "{"}, {12: "v2"}, {12: "dup:1"}], ids=str)
+def test_workers_play_nothing_of_a_file_with_a_bad_line(tmp_path, edits):
+    """Each worker checks its share of the lines, and none plays until every share is good: a bad last line was
+    refused only after every case before it had been played (a model agent's calls paid for nothing)."""
+    from gate_pipeline.kernel.cases import CaseError, CaseLines
+    from gate_pipeline.kernel.engine import play_cases
+    path = tmp_path / "cases.jsonl"
+    path.write_text(_a_file(edits))
+    played: list[None] = []
+    with pytest.raises(CaseError):
+        play_cases(CaseLines.read(path), ["naive"], workers=3, progress=lambda: played.append(None))
+    assert played == []
+    path.write_text(_a_file({}))
+    results = play_cases(CaseLines.read(path), ["naive"], workers=3, progress=lambda: played.append(None))
+    assert len(played) == len(results["naive"]) == 12
+
+
+def test_a_share_reads_each_contract_as_the_whole_file_does(tmp_path):
+    """A case whose contract equals the one of the case before it is not checked again (`true == 1` in Python):
+    a worker's first case was checked for want of a case before it, so a file was refused or not by where the
+    workers' shares began (an outside review's). A share now reads the contract of the line before it."""
+    from gate_pipeline.kernel.cases import CaseLines
+    from gate_pipeline.kernel.engine import play_cases
+    lines = _a_file({}).splitlines()
+    for n, line in enumerate(lines):
+        case = json.loads(line)
+        case["contract"]["limits"]["max_amount"] = True if n in (2, 4, 7) else 1
+        lines[n] = json.dumps(case)
+    path = tmp_path / "cases.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    whole = [r.grade for r in play_cases(read_cases(path), ["naive"])["naive"]]
+    for workers in (2, 3, 4, 6, 12):
+        assert [r.grade for r in play_cases(CaseLines.read(path), ["naive"], workers=workers)["naive"]] == whole
+
+
+@pytest.mark.parametrize("suite,where", [("classic", "defects"), ("classic", "accepted"), ("v2", "accepted")])
+def test_a_truth_list_that_is_not_a_list_is_refused_in_one_line(tmp_path, suite, where):
+    """`"defects": 5` in a classic batch's truth (or a v2 defect's `"accepted": 5`) was a TypeError traceback."""
+    from gate_pipeline.kernel.cases import CaseError
+    source = EVAL if suite == "classic" else ROOT / "cases" / "v2" / "train_procedural.jsonl"
+    case = json.loads(source.read_text().split("\n", 1)[0])
+    truth = case["batches"][0]["truth"]
+    if suite == "v2":
+        truth = next(b["truth"] for b in case["batches"] if b["truth"]["defects"])["defects"][0]
+    truth[where] = 5
+    path = tmp_path / "cases.jsonl"
+    path.write_text(json.dumps(case) + "\n")
+    with pytest.raises(CaseError, match=f"{where} must be a list"):
+        read_cases(path)
+
+
+def test_what_an_agent_prints_in_a_worker_reaches_gates_output(tmp_path):
+    """A worker ends without the interpreter's teardown (os._exit): what an agent printed there, still in the
+    worker's buffer, was lost."""
+    (tmp_path / "chatty_agent.py").write_text(
+        "class Chatty:\n"
+        "    def play(self, tools, case=None):\n"
+        "        print('chatty-played', flush=False)\n"
+        "        tools('submit_report', loaded=[], quarantined=[])\n")
+    cases = tmp_path / "cases.jsonl"
+    cases.write_text(_a_file({}, count=6))
+    p = subprocess.run([GATE, "report", "--cases", str(cases), "--agents", "chatty_agent:Chatty", "--workers", "2"],
+                       capture_output=True, text=True, timeout=120,
+                       env={**{k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"},
+                            "PYTHONPATH": str(tmp_path)})
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("chatty-played") == 6

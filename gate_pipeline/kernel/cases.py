@@ -9,6 +9,7 @@ and a bad case is refused with the file, the line and what is wrong, never later
 """
 from __future__ import annotations
 
+import bisect
 import json
 import random
 import re
@@ -221,52 +222,58 @@ def _blank(line: str) -> bool:
     return not line or line.isspace()
 
 
-def _parsed(lines: list[str], where: str, first: int = 1) -> Iterator[tuple[int, Case]]:
+def _parsed(lines: list[str], where: str, first: int = 1,
+            contract: Mapping | None = None) -> Iterator[tuple[int, Case]]:
     """(line number, case) of each line that is not blank, in order, `lines[0]` being line `first`; a line
-    that is not a case is a CaseError naming it. Each line is let go (emptied in the list) as it is read."""
-    last: Case | None = None
+    that is not a case is a CaseError naming it. `contract`: the contract of the case on the line before
+    `first` (a case whose contract equals the one before it is not checked again, `load_case`). Each line is
+    let go (emptied in the list) as it is read."""
     for at, line in enumerate(lines):
         lines[at] = ""
         if _blank(line):
             continue
         lineno = first + at
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            where_in = "" if exc.msg.endswith(" at") else " at"  # ("Unterminated string starting at", at column N)
-            raise CaseError(f"{where}:{lineno}: not JSON ({exc.msg}{where_in} column {exc.colno})") from None
-        except ValueError as exc:  # e.g. an integer of more digits than Python converts
-            raise CaseError(f"{where}:{lineno}: not a case ({exc})") from None
-        except RecursionError:
-            raise CaseError(f"{where}:{lineno}: not a case (JSON nested too deep)") from None
-        last = load_case(obj, f"{where}:{lineno}", last.contract if last is not None else None)
-        yield lineno, last
+        case = load_case(_decoded(line, where, lineno), f"{where}:{lineno}", contract)
+        contract = case.contract
+        yield lineno, case
+
+
+def _decoded(line: str, where: str, lineno: int):
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        at = "" if exc.msg.endswith(" at") else " at"  # ("Unterminated string starting at", at column N)
+        raise CaseError(f"{where}:{lineno}: not JSON ({exc.msg}{at} column {exc.colno})") from None
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts
+        raise CaseError(f"{where}:{lineno}: not a case ({exc})") from None
+    except RecursionError:
+        raise CaseError(f"{where}:{lineno}: not a case (JSON nested too deep)") from None
 
 
 @dataclass
 class Share:
     """What a worker made of its share of a case file's lines (`CaseLines.share`): each case's line and id,
-    the suites named (in order), the cases, and the CaseError of the first line that is not a case, if any
-    (the cases before it are kept, so the caller can first look for an id repeated from an earlier share)."""
+    the suites named (in order), the cases, and the error of the first line that is not a case, if any (the
+    cases before it are kept, so the caller can first look for an id repeated from an earlier share)."""
     ids: list[tuple[int, str]]
     suites: list[str]
     cases: list[Case]
-    error: CaseError | None = None
+    error: Exception | None = None
 
 
 class CaseLines:
     """A case file's text split into lines, its cases not parsed yet: what `read_cases` reads, for a batch
     that parses each worker's share of the lines in the worker (`engine.play_cases`), rather than every case
     in the parent before the workers start. The checks are `read_cases`'s (each line a case, ids unique, at
-    least one case) and `suite_of_cases`'s (one suite), with the same words; a worker's share is checked
-    there, and the parent puts the shares together in order, so the first error in file order is the one
-    raised, except that cases of two suites are found once every share is read."""
+    least one case) and `suite_of_cases`'s (one suite), with the same words: a worker checks its share, and
+    the parent puts the shares together in file order before any case is played, so the error raised is the
+    first in file order, as reading the file whole raises it (cases of two suites once every line is read)."""
 
     def __init__(self, text: str, where: str):
         self.where = where
         self.lines = json_lines(text)
-        self.count = sum(1 for line in self.lines if not _blank(line))
-        if not self.count:
+        self.at = [k for k, line in enumerate(self.lines) if not _blank(line)]  # the lines that hold a case
+        if not self.at:
             raise CaseError(f"{where}: no cases in file")
 
     @classmethod
@@ -275,14 +282,11 @@ class CaseLines:
 
     def __len__(self) -> int:
         """How many lines hold a case (none is blank)."""
-        return self.count
+        return len(self.at)
 
     def first(self) -> Case:
         """The first case, parsed and checked (its suite names a report's default agents)."""
-        for at, line in enumerate(self.lines):
-            if not _blank(line):
-                return next(_parsed([line], self.where, at + 1))[1]
-        raise CaseError(f"{self.where}: no cases in file")  # not reached: a CaseLines holds a case
+        return next(_parsed([self.lines[self.at[0]]], self.where, self.at[0] + 1))[1]
 
     def cases(self) -> list[Case]:
         """Every case, parsed and checked here, of one suite; the lines are let go as they are parsed."""
@@ -291,18 +295,42 @@ class CaseLines:
         suite_of_cases(cases)
         return cases
 
+    def bounds(self, parts: int) -> list[tuple[int, int]]:
+        """(start, stop) line indices of `parts` contiguous shares of the lines, each holding as many cases as
+        can be (the first starts at the first line, the last ends after the last)."""
+        n = len(self.at)
+        starts = [0] + [self.at[n * k // parts] for k in range(1, parts)]
+        return list(zip(starts, starts[1:] + [len(self.lines)]))
+
+    def line_number(self, stop: int) -> int:
+        """The number of the last line before index `stop` (the empty text after a final newline is no line)."""
+        return min(stop, len(self.lines) - (self.lines[-1] == "" if self.lines else 0))
+
     def share(self, start: int, stop: int) -> Share:
-        """The cases of lines[start:stop], parsed and checked (a worker's share): ids are not compared here,
-        nor suites, which the parent does across the shares (`put_together`)."""
+        """The cases of lines[start:stop], parsed and checked (a worker's share), each contract taken as the
+        whole file's reading takes it (checked unless it equals the one of the case on the line before). Ids
+        are not compared here, nor suites, which the parent does across the shares (`put_together`)."""
         out = Share([], [], [])
         try:
-            for lineno, case in _parsed(self.lines[start:stop], self.where, start + 1):
+            for lineno, case in _parsed(self.lines[start:stop], self.where, start + 1, self._contract_before(start)):
                 out.ids.append((lineno, case.case_id))
                 out.cases.append(case)
-        except CaseError as exc:
+        except Exception as exc:  # noqa: BLE001 - a CaseError, or a defect: raised by the parent after the ids
             out.error = exc
         out.suites = list(dict.fromkeys(c.suite for c in out.cases))
         return out
+
+    def _contract_before(self, start: int) -> Mapping | None:
+        """The contract of the case on the last line before `start` that is not blank (None if there is none,
+        or it is no case: then the line's own error comes first, from the share before)."""
+        k = bisect.bisect_left(self.at, start) - 1
+        if k < 0:
+            return None
+        try:
+            contract = json.loads(self.lines[self.at[k]]).get("contract")
+        except (ValueError, RecursionError, AttributeError):
+            return None
+        return contract if isinstance(contract, Mapping) else None
 
     def put_together(self, share: Share, ids: set[str], suites: dict[str, None]) -> None:
         """Check a share against the shares before it (`ids`, `suites`: theirs, updated): a repeated id, then

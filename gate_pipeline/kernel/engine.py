@@ -25,7 +25,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from .actions import parse_action
 from .agents import AgentSpec, AgentUnfinished, resolve_agent
@@ -426,21 +426,8 @@ def play_cases(cases: Iterable[Case] | CaseLines, agents: list, *, sinks: Iterab
         return out
 
 
-# what a forked worker plays: set before the workers fork, so nothing but chunk bounds and results is pickled
+# what a forked worker plays: set before the workers fork, so nothing but share bounds and results is pickled
 _JOBS: dict[int, tuple] = {}
-
-
-def _play_chunk(job: int, start: int, stop: int):
-    """A worker's chunk: cases[start:stop] played, or, for a case file's lines, (its share, what it played:
-    nothing when the share holds a line that is not a case or cases of two suites, which the parent raises)."""
-    cases, specs, reward, run_id = _JOBS[job]
-    if not isinstance(cases, CaseLines):
-        return play_cases(cases[start:stop], specs, reward=reward, run_id=run_id)
-    share = cases.share(start, stop)
-    played = {} if share.error is not None or len(share.suites) > 1 else \
-        play_cases(share.cases, specs, reward=reward, run_id=run_id)
-    share.cases = []  # sent back: the parent needs the ids, not the cases
-    return share, played
 
 
 class WorkerDied(GateError, RuntimeError):
@@ -461,48 +448,111 @@ def _worker_start(parent: int) -> None:
         os._exit(1)
 
 
-def _play_forked(cases, specs, reward, run_id, progress, workers) -> dict[str, list[EpisodeResult]]:
-    from concurrent.futures import ProcessPoolExecutor
-    from concurrent.futures.process import BrokenProcessPool
-    job = id(cases)
-    _JOBS[job] = (cases, specs, reward, run_id)
-    lines = cases.lines if isinstance(cases, CaseLines) else None
-    total = len(lines) if lines is not None else len(cases)
-    size = -(-total // (workers * 4))  # a few chunks per worker, so a slow one does not hold the rest
-    bounds = [(start, min(start + size, total)) for start in range(0, total, size)]
-    out: dict[str, list[EpisodeResult]] = {spec.identity: [] for spec in specs}
-    ids: set[str] = set()
-    suites: dict[str, None] = {}
-    before = set(multiprocessing.active_children())
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_worker_start,
-                               initargs=(os.getpid(),))
+_TICK, _DONE, _FAILED = "tick", "done", "failed"
+
+
+def _worker(job: int, start: int, stop: int, link, parent: int) -> None:
+    """A forked worker's life: its share of the cases played, each case's end told (when the parent shows
+    progress), then its results sent. A share of a case file's lines is parsed and checked first, what was
+    made of it sent, and played only once the parent, having every share's, says the whole file is good."""
+    code = 0
     try:
-        futures = [pool.submit(_play_chunk, job, start, stop) for start, stop in bounds]
-        for (start, stop), future in zip(bounds, futures):
+        _worker_start(parent)
+        cases, specs, reward, run_id, ticks = _JOBS[job]
+        if isinstance(cases, CaseLines):
+            share = cases.share(start, stop)
+            mine, share.cases = share.cases, []  # the parent needs the ids, not the cases
+            link.send(share)
+            if not link.recv():
+                return
+        else:
+            mine = cases[start:stop]
+        tick = (lambda: link.send((_TICK, None))) if ticks else None
+        link.send((_DONE, play_cases(mine, specs, reward=reward, run_id=run_id, progress=tick)))
+    except KeyboardInterrupt:  # Ctrl-C reaches the process group: the parent says so, once
+        code = 1
+    except BaseException as exc:  # a defect of gate's: the parent raises it
+        try:
+            link.send((_FAILED, exc))
+        except Exception:  # noqa: BLE001 - an exception that does not pickle, or the parent gone
             try:
-                part = future.result()
-            except BrokenProcessPool:  # the pool says no more: which chunk the dead worker held is not known
-                raise WorkerDied("a worker process ended without answering (killed, or out of memory) while "
-                                 f"{'lines' if lines is not None else 'cases'} {start + 1}-{total} were still to "
-                                 "come back; nothing of this batch is kept") from None
-            played = stop - start
-            if lines is not None:
-                share, part = part
-                cases.put_together(share, ids, suites)
-                played = len(share.ids)
-            for identity, results in part.items():
-                out[identity].extend(results)
-            for _ in range(played) if progress is not None else ():
-                progress()
-        if lines is not None:
-            cases.check_suites(suites)
-    except BaseException:  # interrupted, or a worker gone: the others are stopped, not waited for
-        pool.shutdown(wait=False, cancel_futures=True)
-        for child in set(multiprocessing.active_children()) - before:
-            child.terminate()
-        raise
-    else:
-        pool.shutdown()
+                link.send((_FAILED, RuntimeError(f"a worker process failed: {exc!r}")))
+            except Exception:  # noqa: BLE001 - the parent gone
+                code = 1
     finally:
+        for stream in (sys.stdout, sys.stderr):  # what an agent printed here
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - a stream closed or gone
+                pass
+        os._exit(code)  # not the interpreter's teardown of a forked copy of the parent's heap
+
+
+def _play_forked(cases, specs, reward, run_id, progress, workers) -> dict[str, list[EpisodeResult]]:
+    """The cases in `workers` forked processes, each a contiguous share, the results put together in case
+    order. A case file's lines (`CaseLines`) are checked first, every worker its share, and nothing is played
+    until every share is good: a bad line is refused as `read_cases` refuses it, before anything is played."""
+    from multiprocessing.connection import wait
+    context = multiprocessing.get_context("fork")
+    lines = isinstance(cases, CaseLines)
+    bounds = cases.bounds(workers) if lines else [(len(cases) * k // workers, len(cases) * (k + 1) // workers)
+                                                   for k in range(workers)]
+    job = id(cases)
+    _JOBS[job] = (cases, specs, reward, run_id, progress is not None)
+    links: list[tuple] = []  # (process, the parent's end of its pipe, its share's bounds)
+
+    def answer(link, share) -> Any:
+        try:
+            return link.recv()
+        except (EOFError, OSError):
+            what, first, last = ("lines", share[0] + 1, cases.line_number(share[1])) if lines else \
+                ("cases", share[0] + 1, share[1])
+            raise WorkerDied(f"a worker process ended without answering (killed, or out of memory) while playing "
+                             f"{what} {first}-{last}; nothing of this batch is kept") from None
+
+    try:
+        for share in bounds:
+            here, there = context.Pipe()
+            process = context.Process(target=_worker, args=(job, *share, there, os.getpid()), daemon=True)
+            process.start()
+            there.close()
+            links.append((process, here, share))
+        if lines:
+            ids: set[str] = set()
+            named: dict[str, None] = {}
+            for _, here, share in links:
+                cases.put_together(answer(here, share), ids, named)
+            cases.check_suites(named)
+            for _, here, share in links:
+                try:
+                    here.send(True)
+                except OSError:
+                    answer(here, share)  # gone: EOF, said as a worker that died
+        done: dict[int, dict[str, list[EpisodeResult]]] = {}
+        waiting: dict[Any, tuple[int, tuple[int, int]]] = {here: (k, share) for k, (_, here, share) in enumerate(links)}
+        while waiting:
+            for ready in wait(list(waiting)):
+                k, share = waiting[ready]
+                kind, value = answer(ready, share)
+                if kind == _TICK:
+                    progress()
+                elif kind == _DONE:
+                    done[k] = value
+                    del waiting[ready]
+                else:
+                    raise value
+        out: dict[str, list[EpisodeResult]] = {spec.identity: [] for spec in specs}
+        for k in range(len(links)):
+            for identity, results in done[k].items():
+                out[identity].extend(results)
+        return out
+    except BaseException:  # interrupted, refused, or a worker gone: the others are stopped, not waited for
+        for process, _, _ in links:
+            if process.is_alive():
+                process.kill()
+        raise
+    finally:
+        for process, here, _ in links:
+            here.close()
+            process.join()
         del _JOBS[job]
-    return out

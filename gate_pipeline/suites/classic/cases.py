@@ -115,6 +115,9 @@ def check_batch(batch: dict, where: str) -> None:
     if not isinstance(truth, dict) or not isinstance(truth.get("defective"), bool):
         raise fail(where, "'truth' must be an object with a boolean 'defective'")
     for key in ("defects", "accepted"):
-        for d in truth.get(key, []) or []:
+        entries = truth.get(key, []) or []
+        if not isinstance(entries, list):
+            raise fail(where, f"truth.{key} must be a list")
+        for d in entries:
             if not isinstance(d, dict) or d.get("type") not in DEFECT_TYPES or d.get("column") not in COLUMNS[batch["table"]]:
                 raise fail(where, f"truth.{key} entries need a column of {batch['table']} and a known type")

@@ -112,7 +112,10 @@ def _check_truth(truth, table: str, header: list[str], text: str, where: str) ->
     for d in defects:
         if not isinstance(d, dict) or d.get("type") not in DEFECT_TYPES_V2 or d.get("column") not in COLUMNS_V2[table]:
             raise fail(where, f"truth.defects entries need a column of {table} and a known type")
-        for alt in d.get("accepted", []) or []:
+        accepted = d.get("accepted", []) or []
+        if not isinstance(accepted, list):
+            raise fail(where, "truth.defects[].accepted must be a list")
+        for alt in accepted:
             if not isinstance(alt, dict) or alt.get("type") not in DEFECT_TYPES_V2 \
                     or alt.get("column") not in COLUMNS_V2[table]:
                 raise fail(where, f"truth.defects[].accepted entries need a column of {table} and a known type")
