@@ -584,3 +584,32 @@ def test_what_an_agent_prints_in_a_worker_reaches_gates_output(tmp_path):
                             "PYTHONPATH": str(tmp_path)})
     assert p.returncode == 0, p.stderr
     assert p.stdout.count("chatty-played") == 6
+
+
+def test_how_deep_a_case_line_may_nest_does_not_depend_on_the_callers_stack(tmp_path):
+    """json's parser stops at Python's recursion limit, counted from wherever it is called: a line nested about
+    970 deep was a case when the file was read whole and 'nested too deep' in a worker (an outside review's).
+    Every way of reading a file now draws the line at the same depth."""
+    from gate_pipeline.kernel.cases import CaseError, CaseLines
+    from gate_pipeline.kernel.engine import play_cases
+    path = tmp_path / "cases.jsonl"
+
+    def deep(levels, fn):  # the same read from a caller 400 frames deeper
+        return fn() if levels == 0 else deep(levels - 1, fn)
+
+    reads = [lambda: read_cases(path), lambda: deep(400, lambda: read_cases(path)),
+             lambda: play_cases(CaseLines.read(path), ["naive"], workers=2)["naive"]]
+    seen = set()
+    for nesting in range(560, 1001, 40):
+        lines = EVAL.read_text().splitlines()[:12]
+        lines[6] = lines[6][:-1] + ', "zz": ' + "[" * nesting + "]" * nesting + "}"
+        path.write_text("\n".join(lines) + "\n")
+        outcomes = []
+        for read in reads:
+            try:
+                outcomes.append(len(read()))
+            except CaseError as exc:
+                outcomes.append(str(exc))
+        assert len(set(outcomes)) == 1, (nesting, outcomes)
+        seen.add(outcomes[0])
+    assert 12 in seen and any("nested too deep" in str(o) for o in seen)  # the line is drawn within the range

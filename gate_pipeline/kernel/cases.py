@@ -13,6 +13,7 @@ import bisect
 import json
 import random
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
@@ -238,9 +239,33 @@ def _parsed(lines: list[str], where: str, first: int = 1,
         yield lineno, case
 
 
-def _decoded(line: str, where: str, lineno: int):
+def _loads(line: str):
+    """`json.loads`, whose parser stops at Python's recursion limit, counted from wherever it is called: a
+    line it stops on is parsed again on a thread of its own, so how deep a line may nest is the same for
+    every caller (a file read whole, a worker's share, a caller deep in its stack)."""
     try:
         return json.loads(line)
+    except RecursionError:
+        pass
+    out: dict = {}
+
+    def parse() -> None:
+        try:
+            out["value"] = json.loads(line)
+        except BaseException as exc:  # noqa: BLE001 - raised again on the caller's thread
+            out["error"] = exc
+
+    thread = threading.Thread(target=parse, name="gate-json")
+    thread.start()
+    thread.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def _decoded(line: str, where: str, lineno: int):
+    try:
+        return _loads(line)
     except json.JSONDecodeError as exc:
         at = "" if exc.msg.endswith(" at") else " at"  # ("Unterminated string starting at", at column N)
         raise CaseError(f"{where}:{lineno}: not JSON ({exc.msg}{at} column {exc.colno})") from None
