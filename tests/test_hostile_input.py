@@ -613,3 +613,58 @@ def test_how_deep_a_case_line_may_nest_does_not_depend_on_the_callers_stack(tmp_
         assert len(set(outcomes)) == 1, (nesting, outcomes)
         seen.add(outcomes[0])
     assert 12 in seen and any("nested too deep" in str(o) for o in seen)  # the line is drawn within the range
+
+
+def test_a_defect_raised_in_a_worker_is_raised_with_where_it_was_raised(monkeypatch):
+    """A worker sent the exception alone: the parent's traceback named none of the worker's frames; and an
+    exception that does not survive pickling (a share's, before any case plays) came back as an AttributeError
+    of the parent's own."""
+    from gate_pipeline.kernel import cases as cases_module
+    from gate_pipeline.kernel import engine
+    from gate_pipeline.kernel.cases import CaseLines
+    cases = read_cases(EVAL)[:6]
+    real_prepare = engine.prepare
+
+    def helper_that_breaks(case):
+        if case.case_id == cases[4].case_id:
+            return 1 / 0
+        return real_prepare(case)
+
+    monkeypatch.setattr(engine, "prepare", helper_that_breaks)  # the workers fork with it
+    with pytest.raises(ZeroDivisionError) as caught:
+        engine.play_cases(cases, ["naive"], workers=2)
+    assert isinstance(caught.value.__cause__, engine.WorkerTraceback)
+    assert "helper_that_breaks" in str(caught.value.__cause__)
+    monkeypatch.setattr(engine, "prepare", real_prepare)
+
+    class Unpicklable(ValueError):
+        def __init__(self, text, why):
+            super().__init__(text)
+            self.why = why
+
+    real_load = cases_module.load_case
+
+    def load_breaking(obj, where="case", checked=None):
+        if obj.get("case_id") == cases[4].case_id:
+            raise Unpicklable("unpicklable defect", lambda: None)
+        return real_load(obj, where, checked)
+
+    monkeypatch.setattr(cases_module, "load_case", load_breaking)
+    text = "".join(c.line() for c in cases)
+    with pytest.raises(Exception, match="unpicklable defect") as caught:
+        engine.play_cases(CaseLines(text, "x.jsonl"), ["naive"], workers=2)
+    assert not isinstance(caught.value, AttributeError)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_NOFILE as Linux counts it")
+def test_more_workers_than_file_descriptors_allow_is_one_line(tmp_path):
+    """Each worker holds a pipe: asked for more than the process's descriptors allow, gate ended in an OSError
+    traceback (an outside review's: 45 workers under `ulimit -n 128`)."""
+    import resource
+    cases = tmp_path / "cases.jsonl"
+    cases.write_text(_a_file({}, count=32))
+    p = subprocess.run([GATE, "report", "--cases", str(cases), "--agents", "naive", "--workers", "32", "--json"],
+                       capture_output=True, text=True, timeout=120,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (48, 48)))
+    assert p.returncode == 2 and p.stderr.startswith("gate: error: could not start 32 worker processes") \
+        and p.stderr.count("\n") == 1, p.stderr

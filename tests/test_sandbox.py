@@ -2,6 +2,8 @@
 unchanged; tables read recorded on every execution, from what SQLite resolves."""
 from __future__ import annotations
 
+import os
+import sys
 import time
 
 import pytest
@@ -738,3 +740,39 @@ def test_a_compile_check_interrupted_while_it_waits_never_hands_its_answer_to_th
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, before)
         check.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+def test_the_compile_checks_child_goes_with_the_process_that_started_it():
+    """A compile-check child compiling a statement that takes minutes went on compiling, at full CPU and up to its
+    2 GiB, after the process that started it was killed (a worker SIGKILLed when gate stopped): it heard of the
+    end only at its next read of stdin (an outside review's: 30 s at 95 % CPU)."""
+    import signal
+    import subprocess
+    code = ("import sqlite3, sys\n"
+            "from gate_pipeline.kernel.compile_check import CompileCheck\n"
+            "conn = sqlite3.connect(':memory:')\n"
+            f"CompileCheck().compiles_within(conn, {doubling_ctes(30)!r}, 120)\n")
+    starter = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 30
+        child = None
+        while child is None and time.monotonic() < deadline:
+            found = subprocess.run(["pgrep", "-P", str(starter.pid)], capture_output=True, text=True).stdout.split()
+            child = int(found[0]) if found else None
+            time.sleep(0.1)
+        assert child is not None, "no compile-check child started"
+        time.sleep(1.0)  # compiling
+        assert os.path.exists(f"/proc/{child}")
+        os.kill(starter.pid, signal.SIGKILL)
+        starter.wait()
+        deadline = time.monotonic() + 5
+        while os.path.exists(f"/proc/{child}") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        gone = not os.path.exists(f"/proc/{child}") or " Z " in open(f"/proc/{child}/stat").read()
+        if not gone:
+            os.kill(child, signal.SIGKILL)
+        assert gone, "the compile-check child compiles on for nobody"
+    finally:
+        if starter.poll() is None:
+            starter.kill()

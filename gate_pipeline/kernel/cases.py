@@ -283,7 +283,7 @@ class Share:
     ids: list[tuple[int, str]]
     suites: list[str]
     cases: list[Case]
-    error: Exception | None = None
+    error: BaseException | None = None
 
 
 class CaseLines:

@@ -10,7 +10,9 @@ So a statement that holds a subquery (its text names SELECT or VALUES more than 
 than a short query is compiled first in a child process, on an empty copy of the database's schema
 under the same limits, and stopped at its first step (so nothing runs). If it has not compiled
 within its share of the query's budget, the child is killed (and started again for the next
-statement) and the query is refused as `interrupted`, as any query stopped at its budget is. A
+statement) and the query is refused as `interrupted`, as any query stopped at its budget is. The child
+ends with the process that started it, even in the middle of a statement (a thread of its own watches
+its parent), so a worker killed while its child compiles leaves nothing compiling for nobody. A
 function the schema copy lacks (a suite's own) is defined there as a stub, so the copy compiles
 what the database would; a statement the copy cannot compile fails in the database at the same
 point or sooner (the same schema and limits, an authorizer that allows no more).
@@ -28,7 +30,13 @@ from contextlib import contextmanager
 from typing import Iterator
 
 CHILD = r'''
-import json, sqlite3, sys
+import json, os, sqlite3, sys, time, _thread
+PARENT = int(sys.argv[1])
+def watch():  # the process that started this one gone (killed, or ended mid-statement): this one goes too,
+    while os.getppid() == PARENT:  # not compiling on for nobody (SQLite lets this thread run while it compiles)
+        time.sleep(0.25)
+    os._exit(1)
+_thread.start_new_thread(watch, ())
 try:
     import resource
     resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))  # a statement that grows past 2 GiB is refused
@@ -138,7 +146,7 @@ class CompileCheck:
         self._passed: dict[tuple, float] = {}  # renamed statement, schema, limits -> its check's seconds
 
     def _start(self) -> subprocess.Popen:
-        self._child = subprocess.Popen([sys.executable, "-I", "-S", "-c", CHILD], stdin=subprocess.PIPE,
+        self._child = subprocess.Popen([sys.executable, "-I", "-S", "-c", CHILD, str(os.getpid())], stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
         self._schema = None
         return self._child

@@ -19,6 +19,7 @@ import gc
 import hashlib
 import multiprocessing
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -451,17 +452,37 @@ def _worker_start(parent: int) -> None:
 _TICK, _DONE, _FAILED = "tick", "done", "failed"
 
 
-def _worker(job: int, start: int, stop: int, link, parent: int) -> None:
-    """A forked worker's life: its share of the cases played, each case's end told (when the parent shows
+class WorkerTraceback(Exception):
+    """Where in a worker process an exception was raised: its traceback as the worker formatted it (the
+    `__cause__` of what the parent raises again)."""
+
+
+def _sendable(exc: BaseException) -> BaseException:
+    """`exc` if it survives the trip to the parent (pickled, then rebuilt), else a RuntimeError saying it."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001 - a class that does not pickle or cannot be rebuilt from its args
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+def _worker(job: int, start: int, stop: int, link, inherited: list, parent: int) -> None:
+    """A forked worker's life: its share of the cases played, each case's end told (when the caller asked for
     progress), then its results sent. A share of a case file's lines is parsed and checked first, what was
-    made of it sent, and played only once the parent, having every share's, says the whole file is good."""
+    made of it sent, and played only once the parent, having every share's, says the whole file is good.
+    `inherited`: the parent's ends of the pipes forked so far, this one's included, closed here (so the
+    worker sees the parent go, and holds no descriptor it does not use)."""
     code = 0
     try:
+        for end in inherited:
+            end.close()
         _worker_start(parent)
         cases, specs, reward, run_id, ticks = _JOBS[job]
         if isinstance(cases, CaseLines):
             share = cases.share(start, stop)
             mine, share.cases = share.cases, []  # the parent needs the ids, not the cases
+            if share.error is not None:
+                share.error = _sendable(share.error)
             link.send(share)
             if not link.recv():
                 return
@@ -471,14 +492,12 @@ def _worker(job: int, start: int, stop: int, link, parent: int) -> None:
         link.send((_DONE, play_cases(mine, specs, reward=reward, run_id=run_id, progress=tick)))
     except KeyboardInterrupt:  # Ctrl-C reaches the process group: the parent says so, once
         code = 1
-    except BaseException as exc:  # a defect of gate's: the parent raises it
+    except BaseException as exc:  # a defect of gate's: the parent raises it, with where it was raised here
+        import traceback
         try:
-            link.send((_FAILED, exc))
-        except Exception:  # noqa: BLE001 - an exception that does not pickle, or the parent gone
-            try:
-                link.send((_FAILED, RuntimeError(f"a worker process failed: {exc!r}")))
-            except Exception:  # noqa: BLE001 - the parent gone
-                code = 1
+            link.send((_FAILED, (_sendable(exc), "".join(traceback.format_exception(exc)))))
+        except Exception:  # noqa: BLE001 - the parent gone
+            code = 1
     finally:
         for stream in (sys.stdout, sys.stderr):  # what an agent printed here
             try:
@@ -503,20 +522,31 @@ def _play_forked(cases, specs, reward, run_id, progress, workers) -> dict[str, l
 
     def answer(link, share) -> Any:
         try:
-            return link.recv()
+            message = link.recv()
         except (EOFError, OSError):
             what, first, last = ("lines", share[0] + 1, cases.line_number(share[1])) if lines else \
                 ("cases", share[0] + 1, share[1])
-            raise WorkerDied(f"a worker process ended without answering (killed, or out of memory) while playing "
-                             f"{what} {first}-{last}; nothing of this batch is kept") from None
+            raise WorkerDied(f"a worker process ended without answering (killed, or out of memory) while its "
+                             f"share, {what} {first}-{last}, was being read or played; nothing of this batch is kept"
+                             ) from None
+        if isinstance(message, tuple) and message[0] == _FAILED:
+            exc, where = message[1]
+            raise exc from WorkerTraceback(where)
+        return message
 
     try:
-        for share in bounds:
-            here, there = context.Pipe()
-            process = context.Process(target=_worker, args=(job, *share, there, os.getpid()), daemon=True)
-            process.start()
-            there.close()
-            links.append((process, here, share))
+        try:
+            for share in bounds:
+                here, there = context.Pipe()
+                inherited = [end for _, end, _ in links] + [here]
+                process = context.Process(target=_worker, args=(job, *share, there, inherited, os.getpid()),
+                                          daemon=True)
+                links.append((process, here, share))
+                process.start()
+                there.close()
+        except OSError as exc:  # out of file descriptors or processes
+            raise GateError(f"could not start {workers} worker processes ({exc.strerror or exc}); ask for fewer "
+                            "(--workers)") from None
         if lines:
             ids: set[str] = set()
             named: dict[str, None] = {}
@@ -536,11 +566,9 @@ def _play_forked(cases, specs, reward, run_id, progress, workers) -> dict[str, l
                 kind, value = answer(ready, share)
                 if kind == _TICK:
                     progress()
-                elif kind == _DONE:
+                else:
                     done[k] = value
                     del waiting[ready]
-                else:
-                    raise value
         out: dict[str, list[EpisodeResult]] = {spec.identity: [] for spec in specs}
         for k in range(len(links)):
             for identity, results in done[k].items():
@@ -554,5 +582,6 @@ def _play_forked(cases, specs, reward, run_id, progress, workers) -> dict[str, l
     finally:
         for process, here, _ in links:
             here.close()
-            process.join()
+            if process.pid is not None:  # started
+                process.join()
         del _JOBS[job]
