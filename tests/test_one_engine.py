@@ -171,3 +171,22 @@ def test_forked_workers_play_exactly_what_one_process_plays():
         assert [(r.case_id, r.grade, r.ledger, r.rewards) for r in one[name]] == \
                [(r.case_id, r.grade, r.ledger, r.rewards) for r in many[name]] == \
                [(r.case_id, r.grade, r.ledger, r.rewards) for r in parsed_there[name]]
+
+
+def test_workers_shares_cover_every_case_once_in_order_as_even_as_can_be():
+    from gate_pipeline.kernel.cases import contiguous
+    lines = [json.dumps({"n": k}) for k in range(11)]
+    text = "\n".join(line + "\n" * (1 + k % 3) for k, line in enumerate(lines))  # blank lines between
+    case_lines = CaseLines(text, "x.jsonl")
+    for count in range(1, 13):
+        for parts in range(1, count + 1):
+            shares = contiguous(count, parts)
+            assert shares[0][0] == 0 and shares[-1][1] == count
+            assert all(a[1] == b[0] for a, b in zip(shares, shares[1:]))
+            assert max(b - a for a, b in shares) - min(b - a for a, b in shares) <= 1
+    for parts in range(1, 12):  # a share of the lines holds the cases of the same share of the cases
+        bounds = case_lines.bounds(parts)
+        assert bounds[0][0] == 0 and bounds[-1][1] == len(case_lines.lines)
+        assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+        held = [[k for k in case_lines.at if start <= k < stop] for start, stop in bounds]
+        assert [len(h) for h in held] == [b - a for a, b in contiguous(11, parts)]

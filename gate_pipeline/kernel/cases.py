@@ -313,18 +313,22 @@ class CaseLines:
         """The first case, parsed and checked (its suite names a report's default agents)."""
         return next(_parsed([self.lines[self.at[0]]], self.where, self.at[0] + 1))[1]
 
+    def parsed(self) -> list[Case]:
+        """Every case, parsed and checked here (ids unique), in file order; the lines are let go as they are
+        parsed (`read_cases`)."""
+        lines, self.lines = self.lines, []
+        return parse_lines(lines, self.where)
+
     def cases(self) -> list[Case]:
         """Every case, parsed and checked here, of one suite; the lines are let go as they are parsed."""
-        lines, self.lines = self.lines, []
-        cases = parse_lines(lines, self.where)
+        cases = self.parsed()
         suite_of_cases(cases)
         return cases
 
     def bounds(self, parts: int) -> list[tuple[int, int]]:
         """(start, stop) line indices of `parts` contiguous shares of the lines, each holding as many cases as
-        can be (the first starts at the first line, the last ends after the last)."""
-        n = len(self.at)
-        starts = [0] + [self.at[n * k // parts] for k in range(1, parts)]
+        can be (`contiguous`; the first starts at the first line, the last ends after the last)."""
+        starts = [self.at[start] if start else 0 for start, _ in contiguous(len(self.at), parts)]
         return list(zip(starts, starts[1:] + [len(self.lines)]))
 
     def line_number(self, stop: int) -> int:
@@ -382,21 +386,20 @@ def read_case_text(path: str | Path) -> str:
 
 def cases_of_text(text: str, where: str) -> list[Case]:
     """Every case of a case file's text, in order, each checked; a text without cases is a CaseError."""
-    return _some(parse_cases(text, where), where)
-
-
-def _some(cases: list[Case], where: str) -> list[Case]:
-    if not cases:
-        raise CaseError(f"{where}: no cases in file")
-    return cases
+    return CaseLines(text, where).parsed()
 
 
 def read_cases(path: str | Path) -> list[Case]:
-    """Every case of a JSONL file, in file order, each checked (`read_case_text`, `cases_of_text`). The
+    """Every case of a JSONL file, in file order, each checked (`read_case_text`, `CaseLines.parsed`). The
     file's text is split into lines and let go, and each line once its case is parsed: at most about
     twice the file's size is held while it is read (its text and its lines, or its lines and its cases)."""
-    where = str(Path(path))
-    return _some(parse_lines(json_lines(read_case_text(path)), where), where)
+    return CaseLines.read(path).parsed()
+
+
+def contiguous(count: int, parts: int) -> list[tuple[int, int]]:
+    """(start, stop) of `parts` contiguous shares of `count` items in order, as even as can be (a worker's
+    share of the cases, `engine.play_cases`)."""
+    return [(count * k // parts, count * (k + 1) // parts) for k in range(parts)]
 
 
 def procedural_draws(seed: int, count: int, families) -> list[tuple[int, str, int, int]]:

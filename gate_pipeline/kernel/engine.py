@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable
 
 from .actions import parse_action
 from .agents import AgentSpec, AgentUnfinished, resolve_agent
-from .cases import Case, CaseLines
+from .cases import Case, CaseLines, contiguous
 from .errors import GateError
 from .grading import grade
 from .records import ABANDONED, AGENT_ERROR, NO_REPORT, REPORTED, EpisodeResult, Grade
@@ -514,8 +514,7 @@ def _play_forked(cases, specs, reward, run_id, progress, workers) -> dict[str, l
     from multiprocessing.connection import wait
     context = multiprocessing.get_context("fork")
     lines = isinstance(cases, CaseLines)
-    bounds = cases.bounds(workers) if lines else [(len(cases) * k // workers, len(cases) * (k + 1) // workers)
-                                                   for k in range(workers)]
+    bounds = cases.bounds(workers) if lines else contiguous(len(cases), workers)
     job = id(cases)
     _JOBS[job] = (cases, specs, reward, run_id, progress is not None)
     links: list[tuple] = []  # (process, the parent's end of its pipe, its share's bounds)
@@ -563,12 +562,14 @@ def _play_forked(cases, specs, reward, run_id, progress, workers) -> dict[str, l
         while waiting:
             for ready in wait(list(waiting)):
                 k, share = waiting[ready]
-                kind, value = answer(ready, share)
+                kind, value = answer(ready, share)  # a failure is raised there
                 if kind == _TICK:
                     progress()
-                else:
+                elif kind == _DONE:
                     done[k] = value
                     del waiting[ready]
+                else:
+                    raise RuntimeError(f"a worker process sent {kind!r}, which the parent does not read")
         out: dict[str, list[EpisodeResult]] = {spec.identity: [] for spec in specs}
         for k in range(len(links)):
             for identity, results in done[k].items():
