@@ -155,11 +155,14 @@ def test_an_idle_websocket_session_is_closed_and_says_why():
 def test_a_client_that_never_reads_is_cut_off_and_holds_no_other_session_open():
     """A client that sends steps with large answers and never reads them (its connection's buffers fill, so a
     send to it waits for ever), then goes quiet: the reaper closed every idle session through it, so one
-    such client turned the idle timeout off for the whole server. Now it is cut off, and the others reaped."""
+    such client turned the idle timeout off for the whole server. Now it is cut off, and the others reaped.
+    Its connection then goes too: closing it waited for the megabytes queued for it, for as long as the
+    client kept it open (--stall-timeout)."""
     import socket
 
     from websockets.sync.client import connect as connect_sync
-    proc, url, err = start_server("--cases", str(EVAL), "--idle-timeout", "1", "--max-sessions", "2")
+    proc, url, err = start_server("--cases", str(EVAL), "--idle-timeout", "1", "--max-sessions", "2",
+                                  "--stall-timeout", "8")
     host, port = url.removeprefix("http://").rsplit(":", 1)
     big = ("WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r WHERE x < 60), t(y) AS (SELECT 1 "
            "UNION ALL SELECT y + 1 FROM t WHERE y < 20), w(v) AS (SELECT group_concat('aaaaaaaaaa', '') FROM t) "
@@ -194,9 +197,23 @@ def test_a_client_that_never_reads_is_cut_off_and_holds_no_other_session_open():
                 await asyncio.sleep(0.5)
 
         assert asyncio.run(both_places()) == ["observation", "observation"]
+        client = sock.getsockname()[1]
+        assert _connection_open(int(port), client)  # still held: the queued answers wait for it
+        deadline = time.monotonic() + 30
+        while _connection_open(int(port), client) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not _connection_open(int(port), client), "the server still holds the connection of a client cut off"
     finally:
         sock.close()
         stopped_cleanly(proc, err)
+
+
+def _connection_open(server_port: int, client_port: int) -> bool:
+    """Whether the server's end of a loopback TCP connection to `client_port` exists (Linux's /proc/net/tcp)."""
+    with open("/proc/net/tcp") as fh:
+        rows = [line.split() for line in fh.readlines()[1:]]
+    return any(int(local.rsplit(":", 1)[1], 16) == server_port and int(remote.rsplit(":", 1)[1], 16) == client_port
+               for _, local, remote, *_ in rows)
 
 
 @pytest.mark.slow
@@ -243,11 +260,26 @@ def test_an_address_other_machines_reach_refuses_to_start_without_a_token(host):
     (("--idle-timeout", "0"), "--idle-timeout must be more than 0"),
     (("--idle-timeout", "soon"), "--idle-timeout must be a number"),
     (("--max-per-client", "0"), "--max-per-client must be at least 1"),
+    (("--stall-timeout", "-1"), "--stall-timeout must be more than 0"),
+    (("--stall-timeout", "nan"), "--stall-timeout must be more than 0"),
 ])
 def test_contradictory_or_bad_flags_are_one_line_errors(args, words):
     out = gate_serve("--port", "0", "--cases", str(EVAL), *args)
     assert out.returncode == 2 and out.stdout == "" and out.stderr.count("\n") == 1, out
     assert out.stderr.startswith("gate: error: ") and words in out.stderr, out.stderr
+
+
+@pytest.mark.skipif(not hasattr(__import__("socket"), "TCP_USER_TIMEOUT"), reason="no TCP_USER_TIMEOUT here")
+@pytest.mark.parametrize("seconds, milliseconds", [(8, 8000), (1e-9, 1), (1e300, 2**31 - 1), (60.0004, 60000)])
+def test_the_stall_timeout_reaches_the_listening_socket_within_what_the_kernel_takes(seconds, milliseconds):
+    import socket
+
+    from gate_pipeline.integrations.openenv_server import bind
+    sock = bind("127.0.0.1", 0, seconds)
+    try:  # 0 would be the system's default (no limit); the kernel takes an int of milliseconds
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == milliseconds
+    finally:
+        sock.close()
 
 
 @pytest.fixture(scope="module")

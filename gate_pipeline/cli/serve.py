@@ -1,7 +1,8 @@
 """`gate serve`: gate as an OpenEnv server (HTTP, WebSocket and MCP), one episode per session.
 
     gate serve [--host 127.0.0.1] [--port 8000] [--cases FILE] [--max-sessions N] [--max-per-client N]
-               [--idle-timeout SECONDS] [--token TOKEN | --no-token] [--trainer-state]
+               [--idle-timeout SECONDS] [--stall-timeout SECONDS] [--token TOKEN | --no-token]
+               [--trainer-state]
 
 Needs the `serve` extra (`pip install -e '.[serve]'`: openenv-core). `--port 0` picks a free port;
 the first line printed says where it listens. An address other machines can reach needs a token
@@ -38,7 +39,8 @@ def cmd_serve(a, settings: Settings) -> int:
         raise UsageError(f"gate serve needs openenv-core ({exc}); install it with pip install -e '.[serve]'") from None
     where = a.cases or "the train split"
     config = ServeConfig(max_sessions=a.max_sessions, max_per_client=a.max_per_client, idle_timeout=a.idle_timeout,
-                         token=token, remote_without_token=a.no_token, trainer_state=a.trainer_state)
+                         stall_timeout=a.stall_timeout, token=token, remote_without_token=a.no_token,
+                         trainer_state=a.trainer_state)
 
     def ready(url: str) -> None:
         guard = "token required" if token else ("no token: anyone who reaches the port" if a.no_token
@@ -71,6 +73,8 @@ def register(subparsers) -> None:
                    help="concurrent sessions of one client address (default: --max-sessions)")
     p.add_argument("--idle-timeout", type=positive_arg("--idle-timeout"), default=300, metavar="SECONDS",
                    help="close a session after this long without a message (default: 300)")
+    p.add_argument("--stall-timeout", type=positive_arg("--stall-timeout"), default=60, metavar="SECONDS",
+                   help="drop a connection whose client has taken nothing it was sent for this long (default: 60)")
     p.add_argument("--token", default=None, help="the bearer token every request must carry (default: "
                                                  "GATE_SERVE_TOKEN; required on an address other machines reach)")
     p.add_argument("--no-token", action="store_true", help="serve clients on other machines without a token")

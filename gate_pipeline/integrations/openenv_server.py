@@ -80,6 +80,7 @@ STEP_THREADS = 8  # threads at normal priority for steps, resets and closes (ope
 SLOW_THREADS = 8  # the slow lane's threads, at the lowest priority; their queries take turns on one baton
 REAP_SECONDS = 2.0  # what telling an idle WebSocket client its session is closed may take: one that does not read
 # (its connection's buffers full) is cut off after it, so no client holds the reaper, which closes every session
+DEFAULT_STALL_TIMEOUT = 60.0  # seconds a connection may hold answers its client does not take before the kernel drops it
 SLICE_S = 0.02  # CPU seconds a call may use before it moves to the slow lane
 WS_MAX_BYTES = 1 << 20  # one message; far more than a tool call needs (the sandbox refuses queries over 10,000 characters)
 HTTP_MAX_BYTES = 1 << 20  # one HTTP request body
@@ -319,6 +320,7 @@ class ServeConfig:
     max_sessions: int = DEFAULT_MAX_SESSIONS
     max_per_client: int | None = None  # None: as many as max_sessions
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT
+    stall_timeout: float = DEFAULT_STALL_TIMEOUT  # see `bind`
     token: str | None = None
     remote_without_token: bool = False  # serve clients beyond this machine with no token (an explicit choice)
     trainer_state: bool = False  # serve state()'s trainer-only fields without a token
@@ -868,12 +870,24 @@ def resolve(host: str, port: int):
     return infos[0]
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket on host:port, or ServeError with the reason in one line."""
+def bind(host: str, port: int, stall_timeout: float = DEFAULT_STALL_TIMEOUT) -> socket.socket:
+    """A listening socket on host:port, or ServeError with the reason in one line.
+
+    Every connection it accepts is dropped by the kernel once what it sends has waited `stall_timeout`
+    seconds for its client to take it (TCP_USER_TIMEOUT, where the platform has it; accepted connections
+    inherit it). A client that stops reading is cut off by the reaper, but closing a connection waits for
+    its unsent bytes: without this, such a client kept its connection and the megabytes queued for it for
+    as long as it pleased, and could pile up as many as it opened sessions one after another. A client
+    that takes something of what it is sent at least once in `stall_timeout`, or that is sent nothing, is
+    not dropped by it. (`uvicorn gate_pipeline.integrations.openenv_app:app` listens on uvicorn's socket:
+    there, this is uvicorn's and the system's business.)"""
     family, kind, proto, _, address = resolve(host, port)
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if hasattr(socket, "TCP_USER_TIMEOUT"):  # milliseconds, an unsigned int; 0 would mean the system's default
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT,
+                            min(max(1, round(stall_timeout * 1000)), 2**31 - 1))
         sock.bind(address)
         sock.listen(2048)
     except OSError as exc:
@@ -899,7 +913,7 @@ def serve(pool: CasePool, host: str = "127.0.0.1", port: int = 8000, config: Ser
     config = config or ServeConfig()
     check_exposure(host, port, config)
     app = create_gate_app(pool, config)
-    sock = bind(host, port)
+    sock = bind(host, port, config.stall_timeout)
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
     # no per-message compression: a step's messages are a few hundred bytes, and deflating them cost
