@@ -134,7 +134,7 @@ def test_gate_run_episodes_are_in_the_run_store_and_grade_as_their_replay(server
     (["--base-url", "http://127.0.0.1:99999/v1"], "a port from 1 to 65535"),
     (["-c", "many"], "-c must be a whole number"),
     (["-n", "-1"], "-n must be at least 1"),
-    (["--timeout", "nan"], "--timeout must be more than 0"),
+    (["--timeout", "nan"], "--timeout must be a finite number"),
     (["--max-turns", "0"], "--max-turns must be from 1 to 1,024"),
     (["--run-id", "../escape"], "run id '../escape'"),
     (["--api-key-env", "GATE_SURELY_UNSET_VAR"], "GATE_SURELY_UNSET_VAR: that environment variable is not set"),

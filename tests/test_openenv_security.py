@@ -162,7 +162,7 @@ def test_a_client_that_never_reads_is_cut_off_and_holds_no_other_session_open():
 
     from websockets.sync.client import connect as connect_sync
     proc, url, err = start_server("--cases", str(EVAL), "--idle-timeout", "1", "--max-sessions", "2",
-                                  "--stall-timeout", "8")
+                                  "--stall-timeout", "12")
     host, port = url.removeprefix("http://").rsplit(":", 1)
     big = ("WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r WHERE x < 60), t(y) AS (SELECT 1 "
            "UNION ALL SELECT y + 1 FROM t WHERE y < 20), w(v) AS (SELECT group_concat('aaaaaaaaaa', '') FROM t) "
@@ -216,6 +216,22 @@ def _connection_open(server_port: int, client_port: int) -> bool:
                for _, local, remote, *_ in rows)
 
 
+def test_a_client_that_hangs_up_before_its_body_ends_leaves_no_traceback():
+    import socket
+    proc, url, err = start_server("--cases", str(EVAL))
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    try:
+        for path in ("/mcp", "/reset", "/step"):
+            with socket.create_connection((host, int(port))) as sock:
+                sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                             "Content-Length: 100\r\n\r\n{".encode())
+                time.sleep(0.3)
+        status, _ = request(url, "GET", "/health")
+        assert status == 200  # and served on
+    finally:
+        stopped_cleanly(proc, err)  # no "Traceback" in its log: it said ClientDisconnect, three times
+
+
 @pytest.mark.slow
 def test_the_per_client_cap_counts_mcp_and_websocket_sessions_alike():
     proc, url, err = start_server("--cases", str(EVAL), "--max-sessions", "5", "--max-per-client", "2",
@@ -260,8 +276,12 @@ def test_an_address_other_machines_reach_refuses_to_start_without_a_token(host):
     (("--idle-timeout", "0"), "--idle-timeout must be more than 0"),
     (("--idle-timeout", "soon"), "--idle-timeout must be a number"),
     (("--max-per-client", "0"), "--max-per-client must be at least 1"),
-    (("--stall-timeout", "-1"), "--stall-timeout must be more than 0"),
-    (("--stall-timeout", "nan"), "--stall-timeout must be more than 0"),
+    (("--stall-timeout", "-1"), "--stall-timeout must be from 5 to 86,400, not '-1'"),
+    (("--stall-timeout", "1e-12"), "--stall-timeout must be from 5 to 86,400, not '1e-12'"),
+    (("--stall-timeout", "86401"), "--stall-timeout must be from 5 to 86,400, not '86401'"),
+    (("--stall-timeout", "nan"), "--stall-timeout must be a finite number, not 'nan'"),
+    (("--stall-timeout", "1" * 5000), f"--stall-timeout must be a finite number, not {'1' * 40!r}... (5,000 characters)"),
+    (("--max-sessions", "9" * 5000), f"--max-sessions must be a whole number, not {'9' * 40!r}... (5,000 characters)"),
 ])
 def test_contradictory_or_bad_flags_are_one_line_errors(args, words):
     out = gate_serve("--port", "0", "--cases", str(EVAL), *args)
@@ -270,16 +290,23 @@ def test_contradictory_or_bad_flags_are_one_line_errors(args, words):
 
 
 @pytest.mark.skipif(not hasattr(__import__("socket"), "TCP_USER_TIMEOUT"), reason="no TCP_USER_TIMEOUT here")
-@pytest.mark.parametrize("seconds, milliseconds", [(8, 8000), (1e-9, 1), (1e300, 2**31 - 1), (60.0004, 60000)])
-def test_the_stall_timeout_reaches_the_listening_socket_within_what_the_kernel_takes(seconds, milliseconds):
+@pytest.mark.parametrize("seconds, milliseconds", [(8, 8000), (5, 5000), (86_400, 86_400_000), (60.0004, 60000)])
+def test_the_stall_timeout_reaches_the_listening_socket(seconds, milliseconds):
     import socket
 
-    from gate_pipeline.integrations.openenv_server import bind
-    sock = bind("127.0.0.1", 0, seconds)
-    try:  # 0 would be the system's default (no limit); the kernel takes an int of milliseconds
+    from gate_pipeline.integrations.openenv_server import ServeConfig, bind
+    sock = bind("127.0.0.1", 0, ServeConfig(stall_timeout=seconds).stall_timeout)
+    try:  # the kernel takes an int of milliseconds (0 would be the system's default: no limit)
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == milliseconds
     finally:
         sock.close()
+
+
+@pytest.mark.parametrize("seconds", [4.99, 0, -1, float("nan"), float("inf"), 1e300, True, "60", None])
+def test_a_stall_timeout_out_of_range_is_refused_through_the_api_too(seconds):
+    from gate_pipeline.integrations.openenv_server import ServeConfig, ServeError
+    with pytest.raises(ServeError, match="the stall timeout must be from 5 to 86,400 seconds"):
+        ServeConfig(stall_timeout=seconds)
 
 
 @pytest.fixture(scope="module")

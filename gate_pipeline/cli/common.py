@@ -179,25 +179,38 @@ def int_arg(flag: str, low: int = 1, high: int | None = None):
         try:
             value = int(text)
         except ValueError:
-            raise UsageError(f"{flag} must be a whole number, not {text!r}") from None
+            raise UsageError(f"{flag} must be a whole number, not {_quoted(text)}") from None
         if value < low or (high is not None and value > high):
             bound = f"from {low:,} to {high:,}" if high is not None else f"at least {low:,}"
-            raise UsageError(f"{flag} must be {bound}, not {value:,}")
+            raise UsageError(f"{flag} must be {bound}, not {value:,}" if len(text) <= 40 else
+                             f"{flag} must be {bound}, not {_quoted(text)}")
         return value
     return parse
 
 
-def positive_arg(flag: str):
-    """An argparse type for `flag`: a finite number above 0 (a time, a temperature's bound), else one line."""
+def positive_arg(flag: str, low: float | None = None, high: float | None = None):
+    """An argparse type for `flag`: a finite number above 0 (a time, a temperature's bound), from `low` to
+    `high` when given, else one line."""
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
-            raise UsageError(f"{flag} must be a number, not {text!r}") from None
-        if not 0 < value < float("inf"):
-            raise UsageError(f"{flag} must be more than 0, not {text!r}")
+            raise UsageError(f"{flag} must be a number, not {_quoted(text)}") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise UsageError(f"{flag} must be a finite number, not {_quoted(text)}")
+        if not (value > 0 and (low is None or value >= low) and (high is None or value <= high)):
+            if low is None:
+                bound = "more than 0" if high is None else f"more than 0 and at most {high:,g}"
+            else:
+                bound = f"at least {low:,g}" if high is None else f"from {low:,g} to {high:,g}"
+            raise UsageError(f"{flag} must be {bound}, not {_quoted(text)}")
         return value
     return parse
+
+
+def _quoted(text: str, most: int = 40) -> str:
+    """A flag's value as an error line shows it: quoted, and cut after `most` characters."""
+    return repr(text) if len(text) <= most else f"{text[:most]!r}... ({len(text):,} characters)"
 
 
 workers_arg = int_arg("--workers")

@@ -46,7 +46,8 @@ def cmd_serve(a, settings: Settings) -> int:
         guard = "token required" if token else ("no token: anyone who reaches the port" if a.no_token
                                                  else "no token: this machine only")
         print(f"gate serve: {len(pool)} cases ({where}), up to {a.max_sessions} sessions ({config.per_client} per "
-              f"client, closed after {a.idle_timeout:g} s idle), {guard}, on {url} "
+              f"client, closed after {a.idle_timeout:g} s idle, dropped after {a.stall_timeout:g} s of answers not "
+              f"taken), {guard}, on {url} "
               f"(WebSocket {url.replace('http', 'ws', 1)}/ws); Ctrl-C stops it", flush=True)
 
     stopped_by = serve(pool, a.host, a.port, config, ready)
@@ -73,8 +74,9 @@ def register(subparsers) -> None:
                    help="concurrent sessions of one client address (default: --max-sessions)")
     p.add_argument("--idle-timeout", type=positive_arg("--idle-timeout"), default=300, metavar="SECONDS",
                    help="close a session after this long without a message (default: 300)")
-    p.add_argument("--stall-timeout", type=positive_arg("--stall-timeout"), default=60, metavar="SECONDS",
-                   help="drop a connection whose client has taken nothing it was sent for this long (default: 60)")
+    p.add_argument("--stall-timeout", type=positive_arg("--stall-timeout", 5, 86_400), default=60, metavar="SECONDS",
+                   help="drop a connection whose client has left what it was sent untaken this long (5 to 86,400; "
+                        "default: 60)")
     p.add_argument("--token", default=None, help="the bearer token every request must carry (default: "
                                                  "GATE_SERVE_TOKEN; required on an address other machines reach)")
     p.add_argument("--no-token", action="store_true", help="serve clients on other machines without a token")

@@ -61,6 +61,7 @@ from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse
 from openenv.core.env_server import Environment
 from openenv.core.env_server.types import EnvironmentMetadata
+from starlette.requests import ClientDisconnect
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from ..kernel import compile_check
@@ -81,6 +82,7 @@ SLOW_THREADS = 8  # the slow lane's threads, at the lowest priority; their queri
 REAP_SECONDS = 2.0  # what telling an idle WebSocket client its session is closed may take: one that does not read
 # (its connection's buffers full) is cut off after it, so no client holds the reaper, which closes every session
 DEFAULT_STALL_TIMEOUT = 60.0  # seconds a connection may hold answers its client does not take before the kernel drops it
+STALL_TIMEOUT_RANGE = (5.0, 86_400.0)  # below, a client that merely reads in bursts is dropped; above, a day
 SLICE_S = 0.02  # CPU seconds a call may use before it moves to the slow lane
 WS_MAX_BYTES = 1 << 20  # one message; far more than a tool call needs (the sandbox refuses queries over 10,000 characters)
 HTTP_MAX_BYTES = 1 << 20  # one HTTP request body
@@ -327,6 +329,11 @@ class ServeConfig:
     step_threads: int = STEP_THREADS
     slow_threads: int = SLOW_THREADS
     slice_s: float = SLICE_S
+
+    def __post_init__(self) -> None:
+        low, high = STALL_TIMEOUT_RANGE
+        if not (isinstance(self.stall_timeout, (int, float)) and low <= self.stall_timeout <= high):
+            raise ServeError(f"the stall timeout must be from {low:g} to {high:,g} seconds, not {self.stall_timeout!r}")
 
     @property
     def per_client(self) -> int:
@@ -639,11 +646,14 @@ class Guard:
 async def bounded_body(request, what: str) -> bytes:
     """A request's body, read no further than HTTP_MAX_BYTES (else BadRequest): a huge body costs nothing."""
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > HTTP_MAX_BYTES:
-            raise BadRequest(f"the {what} body is over {HTTP_MAX_BYTES:,} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > HTTP_MAX_BYTES:
+                raise BadRequest(f"the {what} body is over {HTTP_MAX_BYTES:,} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:  # the client hung up before the body ended: nobody to answer, nothing to log
+        raise BadRequest(f"the client hung up before the {what} body ended") from None
     return b"".join(chunks)
 
 
@@ -873,21 +883,23 @@ def resolve(host: str, port: int):
 def bind(host: str, port: int, stall_timeout: float = DEFAULT_STALL_TIMEOUT) -> socket.socket:
     """A listening socket on host:port, or ServeError with the reason in one line.
 
-    Every connection it accepts is dropped by the kernel once what it sends has waited `stall_timeout`
-    seconds for its client to take it (TCP_USER_TIMEOUT, where the platform has it; accepted connections
-    inherit it). A client that stops reading is cut off by the reaper, but closing a connection waits for
-    its unsent bytes: without this, such a client kept its connection and the megabytes queued for it for
-    as long as it pleased, and could pile up as many as it opened sessions one after another. A client
-    that takes something of what it is sent at least once in `stall_timeout`, or that is sent nothing, is
-    not dropped by it. (`uvicorn gate_pipeline.integrations.openenv_app:app` listens on uvicorn's socket:
-    there, this is uvicorn's and the system's business.)"""
+    Every connection it accepts (they inherit TCP_USER_TIMEOUT, where the platform has it) is dropped by
+    the kernel once bytes sent to it have waited `stall_timeout` seconds to be taken: its client has not
+    made room in its receive buffer for the next packet in that time, or the network has gone. This holds
+    for every connection, in a session or not: a client that leaves an answer unread for that long loses
+    its connection, however long the idle timeout. A client that stops reading is cut off by the reaper,
+    but closing a connection waits for its unsent bytes: without this, such a client kept its connection
+    and the megabytes queued for it for as long as it pleased, and could pile them up session after
+    session. A client that reads a little now and then can still keep them while it reads (each read
+    starts the time again). A client sent nothing, whatever it does not send, is never dropped by it.
+    (`uvicorn gate_pipeline.integrations.openenv_app:app` listens on uvicorn's socket: there, this is
+    uvicorn's and the system's business.)"""
     family, kind, proto, _, address = resolve(host, port)
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if hasattr(socket, "TCP_USER_TIMEOUT"):  # milliseconds, an unsigned int; 0 would mean the system's default
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT,
-                            min(max(1, round(stall_timeout * 1000)), 2**31 - 1))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, round(stall_timeout * 1000))
         sock.bind(address)
         sock.listen(2048)
     except OSError as exc:
