@@ -6,6 +6,7 @@ import copy
 import csv
 import hashlib
 import json
+import os
 import random
 from collections import Counter
 from pathlib import Path
@@ -265,3 +266,73 @@ def test_a_case_file_is_read_holding_about_twice_its_size(tmp_path, monkeypatch)
         tracemalloc.stop()
     assert cases[0].case_id == "v2-big"
     assert peak <= 2.5 * len(data), peak / len(data)
+
+
+SPILL_CHILD = """
+import gc, json, sys
+from gate_pipeline.kernel import world
+from gate_pipeline.kernel.cases import read_cases
+from gate_pipeline.kernel.engine import play, prepare
+
+world.SPILL_CACHE_KIB = 2048  # a cache far below the case's database (gate's own is some tens of MB)
+
+def rss():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+case = read_cases(sys.argv[1])[0]
+gc.collect()
+before = rss()
+prepared = prepare(case)
+grown = rss() - before
+rewards = [play(prepared, "oracle").grade.reward for _ in range(2)]  # the second on the database the first gave back
+print(json.dumps({"db": prepared.db_bytes, "grown": grown, "rewards": rewards,
+                  "db_after": prepared.database_bytes(prepared._reader())}))
+"""
+
+
+def test_a_v2_database_larger_than_sqlites_cache_is_not_held_in_the_process(tmp_path):
+    """A v2 case's database lives in SQLite's page cache only up to the cache's size; the rest of its pages are in
+    a temporary file, so building a case's database far larger than the cache grows the process by about the
+    cache, not the database (an in-memory database grew it by about half the database here and by more than the
+    database on larger cases), and episodes on it play and grade as ever: the oracle scores 1.0 twice on the one
+    prepared database, which its first episode gave back unchanged."""
+    import subprocess
+    import sys
+    path = tmp_path / "big.jsonl"
+    write_cases(path, [generate_case("v2-spill", "partial-defect", 0, 11, load_contract("v2"), 12_000)])
+    out = subprocess.run([sys.executable, "-c", SPILL_CHILD, str(path)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout)
+    assert got["db"] >= 16e6, got  # well beyond the cache the child sets
+    assert got["grown"] < 0.25 * got["db"], got
+    assert got["rewards"] == [1.0, 1.0], got
+    assert got["db_after"] == got["db"], got
+
+
+NO_ROOM_CHILD = """
+import resource, signal, sys
+from gate_pipeline.cli.main import main
+from gate_pipeline.kernel import world
+
+world.SPILL_CACHE_KIB = 2048
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write beyond the limit fails (EFBIG) rather than killing the process
+resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 20, 4 << 20))  # no file of this process beyond 4 MiB
+sys.exit(main(["report", "--cases", sys.argv[1], "--agents", "oracle", "--workers", "1", "--json"]))
+"""
+
+
+def test_a_v2_database_with_no_room_for_its_temporary_file_is_one_line_of_error(tmp_path):
+    """Where SQLite cannot write the temporary file of a case's database beyond its cache (here a file-size limit
+    of 4 MiB, as a full disk does), the command says so in one line and exits 2: no traceback."""
+    import subprocess
+    import sys
+    path = tmp_path / "big.jsonl"
+    write_cases(path, [generate_case("v2-room", "partial-defect", 0, 11, load_contract("v2"), 12_000)])
+    out = subprocess.run([sys.executable, "-c", NO_ROOM_CHILD, str(path)], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "GATE_HOME": str(tmp_path / "home")})
+    assert out.returncode == 2, out.stderr[-2000:]
+    # what SQLite makes of the refused write (EFBIG); a full disk reads "database or disk is full"
+    assert out.stderr.startswith("gate: error: case v2-room's database: disk I/O error"), out.stderr
+    assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "SQLITE_TMPDIR" in out.stderr

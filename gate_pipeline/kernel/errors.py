@@ -20,3 +20,8 @@ class UnknownAgent(GateError, ValueError):
 
 class AgentOptionError(GateError, ValueError):
     """The agent exists but does not take these options, or refuses their values."""
+
+
+class NoRoom(GateError):
+    """A case's database found no room for its pages: the disk, or the file-size limit, where SQLite keeps a
+    large database's temporary file (`kernel.world.connect`)."""

@@ -18,15 +18,39 @@ from functools import cached_property
 from typing import Any
 
 from .cases import Case, staging_table
+from .errors import NoRoom
 from .ledger import Ledger
 from .sandbox import Sandbox
 from .suite import MART_SQL, Suite, suites
 
+SPILL_CACHE_KIB = 32768  # a spilling database's page cache: every case of up to a few thousand rows a batch fits
 
-def connect() -> sqlite3.Connection:
-    """An in-memory SQLite connection as every episode uses it (no statement cache: the sandbox's
-    authorizer must see every execution; autocommit, so gate opens its own transactions)."""
-    return sqlite3.connect(":memory:", cached_statements=0, isolation_level=None, check_same_thread=False)
+
+def connect(spill: bool = False) -> sqlite3.Connection:
+    """A private SQLite database as every episode uses it (no statement cache: the sandbox's authorizer
+    must see every execution; autocommit, so gate opens its own transactions). In memory; or, with
+    `spill`, SQLite's temporary database (an empty file name): the same while it fits its page cache
+    (SPILL_CACHE_KIB), and beyond that its pages in a file SQLite unlinks as soon as it makes it, so a
+    database larger than the machine's memory can be played and the process holds only the cache (the
+    operating system's file cache keeps the rest, for as long as it has room)."""
+    conn = sqlite3.connect("" if spill else ":memory:", cached_statements=0, isolation_level=None,
+                           check_same_thread=False)
+    if spill:
+        conn.execute(f"PRAGMA cache_size = -{SPILL_CACHE_KIB}")
+        conn.execute("PRAGMA journal_mode = MEMORY")  # as an in-memory database's: rolling back reads no file
+    return conn
+
+
+_NO_ROOM = frozenset({sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CANTOPEN})
+
+
+def no_room(exc: sqlite3.Error, what: str) -> NoRoom | None:
+    """The user's error for `exc` when SQLite could not write a spilling database's temporary file (a full
+    disk, a file-size limit, no temporary directory it may use), else None."""
+    if getattr(exc, "sqlite_errorcode", 0) & 0xFF not in _NO_ROOM:
+        return None
+    return NoRoom(f"{what}: {exc} (SQLite keeps a database's pages beyond its {SPILL_CACHE_KIB // 1024} MiB cache in "
+                  f"a temporary file: set SQLITE_TMPDIR to a directory with room)")
 
 
 _SCRATCH = threading.local()

@@ -27,7 +27,7 @@ from functools import cached_property
 
 from ...kernel.cases import Case
 from ...kernel.sandbox import own_statement, sql_function
-from ...kernel.world import PreparedCase, World, connect, revenue_of
+from ...kernel.world import PreparedCase, World, connect, no_room, revenue_of
 from .contract import COLUMNS_V2, KEY_COLUMNS
 from .files import header_of, rows_of
 from .generator import LOAD_HOUR
@@ -110,7 +110,8 @@ _GATE_AMOUNT = sql_function(loader_amount)
 
 
 def _connection(night: str) -> sqlite3.Connection:
-    conn = connect()
+    """A case's database: batches of any size, so its pages beyond SQLite's cache go to a temporary file."""
+    conn = connect(spill=True)
     conn.create_function("gate_amount", 1, _GATE_AMOUNT, deterministic=True)
     clock_functions(conn, f"{night} {LOAD_HOUR}")
     return conn
@@ -160,6 +161,12 @@ class PreparedCaseV2(PreparedCase):
             for ddl in INDEXES:
                 conn.execute(ddl)
             conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            conn.close()
+            room = no_room(exc, f"case {self.case.case_id}'s database")
+            if room is None:
+                raise
+            raise room from None
         except BaseException:
             conn.close()
             raise
