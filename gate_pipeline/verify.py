@@ -37,7 +37,7 @@ from .kernel.actions import tool_call_action
 from .kernel.agents import AgentOptionError, UnknownAgent, resolve_agent
 from .kernel.cases import MAX_CASE_FILE_BYTES, Case, CaseError, parse_cases, printable
 from .kernel.engine import Session, Sink, play, prepare
-from .kernel.errors import GateError
+from .kernel.errors import GateError, NoRoom
 from .kernel.files import read_bytes
 from .kernel.grading import grade_stored
 from .kernel.ledger import last_hash
@@ -260,6 +260,8 @@ def check_episode(store: RunStore, row: dict, settings: Settings, out: Verificat
         return
     try:
         why = rebuild(stored, row)
+    except NoRoom:  # this machine had no room to rebuild it: not the stored result's fault
+        raise
     except (GateError, KeyError, TypeError, ValueError) as exc:
         why = f"its ledger cannot be applied to its case ({exc})"
     out.counts["rebuilt"] += 1
@@ -293,6 +295,8 @@ def check_episode(store: RunStore, row: dict, settings: Settings, out: Verificat
     if spec is not None and spec.deterministic:
         try:
             why = replay_agent(stored, row, spec, grade)
+        except NoRoom:  # this machine had no room to rebuild it: not the stored result's fault
+            raise
         except (GateError, KeyError, TypeError, ValueError) as exc:
             why = f"cannot be played again ({exc})"
         out.counts["replayed"] += 1
@@ -303,6 +307,8 @@ def check_episode(store: RunStore, row: dict, settings: Settings, out: Verificat
     if log is not None and "messages" in log:
         try:
             why = tie(stored, row, log)
+        except NoRoom:  # this machine had no room to rebuild it: not the stored result's fault
+            raise
         except (GateError, KeyError, TypeError, ValueError, RecursionError) as exc:
             why = f"its transcript cannot be applied to its case ({exc})"
         out.counts["tied"] += 1

@@ -336,3 +336,58 @@ def test_a_v2_database_with_no_room_for_its_temporary_file_is_one_line_of_error(
     assert out.stderr.startswith("gate: error: case v2-room's database: disk I/O error"), out.stderr
     assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
     assert "SQLITE_TMPDIR" in out.stderr
+
+
+def test_a_spilling_v2_database_gives_the_same_warehouse_image_as_one_in_memory(monkeypatch):
+    """Once a case's database goes beyond its cache, SQLite writes its header's change counter and version; the
+    stored image leaves them out, so an episode's warehouse is the same bytes on the borrowed database, on one of
+    its own (a second episode at the same time), and in memory: what a replay rebuilds on any machine."""
+    import hashlib
+
+    from gate_pipeline.kernel import world as kernel_world
+    from gate_pipeline.kernel.cases import load_case
+    from gate_pipeline.kernel.engine import Session, Sink, play
+    from gate_pipeline.suites.v2 import world as v2_world
+
+    class Keeps(Sink):
+        wants_warehouse = True
+
+    case = load_case(generate_case("v2-image", "partial-defect", 0, 11, load_contract("v2"), 8_000))
+    monkeypatch.setattr(kernel_world, "SPILL_CACHE_KIB", 2048)
+    digests = {}
+    for kept in ("spilling", "in memory"):
+        if kept == "in memory":
+            monkeypatch.setattr(v2_world, "connect", lambda spill=False: kernel_world.connect(False))
+        prepared = prepare(case)
+        if kept == "spilling":
+            assert prepared.db_bytes > 4 * 2048 * 1024
+        borrowed = play(prepared, "oracle", sinks=(Keeps(),))
+        holder = Session(prepared, "oracle")  # holds the borrowed database: the next episode builds its own
+        own = play(prepared, "oracle", sinks=(Keeps(),))
+        holder.finish()
+        prepared.close()
+        assert borrowed.grade.reward == own.grade.reward == 1.0
+        digests[kept] = [hashlib.sha256(r.warehouse).hexdigest() for r in (borrowed, own)]
+    assert len({*digests["spilling"], *digests["in memory"]}) == 1, digests
+
+
+def test_an_episode_whose_transaction_sqlite_undid_stops_and_its_database_is_not_lent_again(v2_eval):
+    """When a write finds no room SQLite rolls the whole transaction back by itself (done here by hand): the
+    episode's loads are gone and what it did next would stay in the prepared database. Its next load and its grade
+    are gate's error, not a wrong grade, and the database is not lent to another episode; the next one plays on a
+    database of its own and scores as ever."""
+    from gate_pipeline.kernel.errors import NoRoom
+    from gate_pipeline.suites.v2.tools import EpisodeV2
+
+    prepared = prepare(v2_eval[0])
+    episode = EpisodeV2(prepared)
+    lent = episode.world.conn
+    lent.execute("ROLLBACK")
+    with pytest.raises(NoRoom, match="SQLite undid the episode's loads"):
+        episode.world.load(prepared.order[0])
+    with pytest.raises(NoRoom):
+        episode.world.revenue()
+    episode.close()
+    assert prepared._db is None
+    from gate_pipeline.kernel.engine import play
+    assert play(prepared, "oracle").grade.reward == 1.0

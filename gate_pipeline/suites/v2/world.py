@@ -26,6 +26,7 @@ from collections.abc import Callable
 from functools import cached_property
 
 from ...kernel.cases import Case
+from ...kernel.errors import NoRoom
 from ...kernel.sandbox import own_statement, sql_function
 from ...kernel.world import PreparedCase, World, connect, no_room, revenue_of
 from .contract import COLUMNS_V2, KEY_COLUMNS
@@ -191,6 +192,10 @@ class PreparedCaseV2(PreparedCase):
             try:
                 if conn.in_transaction:  # the episode's loads undone, whatever comes (Ctrl-C)
                     own_statement(conn, "ROLLBACK", must=True)
+                elif conn is self._db:  # SQLite rolled the episode's transaction back itself (a write that found no
+                    # room): what it did after that stayed in the database, so no later episode is given it
+                    self._db = None
+                    conn.close()
             finally:
                 self._db_busy = False
         else:
@@ -354,8 +359,29 @@ class WorldV2(World):
     def rows_to_load(self, batch_id: str) -> int:
         return self.prepared.row_counts[batch_id] - self.held_rows.get(batch_id, 0)
 
+    def _intact(self) -> None:
+        """An episode on the borrowed database plays inside its transaction; SQLite rolls that back by itself when
+        a write finds no room (its temporary file), and then the episode's loads are gone: it cannot go on."""
+        if self._borrowed and not self.conn.in_transaction:
+            raise NoRoom(f"case {self.prepared.case.case_id}'s database: SQLite undid the episode's loads after a "
+                         f"write failed (no room for its temporary file?): set SQLITE_TMPDIR to a directory with room")
+
+    def revenue(self) -> float:
+        self._intact()
+        return super().revenue()
+
+    def image(self) -> bytes:
+        """The final database as a file's bytes, the same however it was kept: an in-memory database leaves the
+        header's change counter (bytes 24-27), its copy (92-95) and SQLite's version (96-99) at zero, and a
+        database whose pages went to a file does not."""
+        image = bytearray(super().image())
+        image[24:28] = bytes(4)
+        image[92:100] = bytes(8)
+        return bytes(image)
+
     def load(self, batch_id: str) -> int:
         """The loader: copies the file's rows (held rows aside) into the warehouse by position."""
+        self._intact()
         prepared = self.prepared
         table = prepared.batches[batch_id].table
         select = ", ".join(load_exprs(prepared, batch_id))
