@@ -41,6 +41,7 @@ def connect(spill: bool = False) -> sqlite3.Connection:
     return conn
 
 
+ROOM_HINT = "set SQLITE_TMPDIR to a directory with room"
 _NO_ROOM = frozenset({sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CANTOPEN})
 
 
@@ -50,7 +51,7 @@ def no_room(exc: sqlite3.Error, what: str) -> NoRoom | None:
     if getattr(exc, "sqlite_errorcode", 0) & 0xFF not in _NO_ROOM:
         return None
     return NoRoom(f"{what}: {exc} (SQLite keeps a database's pages beyond its {SPILL_CACHE_KIB // 1024} MiB cache in "
-                  f"a temporary file: set SQLITE_TMPDIR to a directory with room)")
+                  f"a temporary file: {ROOM_HINT})")
 
 
 _SCRATCH = threading.local()

@@ -28,7 +28,7 @@ from functools import cached_property
 from ...kernel.cases import Case
 from ...kernel.errors import NoRoom
 from ...kernel.sandbox import own_statement, sql_function
-from ...kernel.world import PreparedCase, World, connect, no_room, revenue_of
+from ...kernel.world import ROOM_HINT, PreparedCase, World, connect, no_room, revenue_of
 from .contract import COLUMNS_V2, KEY_COLUMNS
 from .files import header_of, rows_of
 from .generator import LOAD_HOUR
@@ -364,7 +364,7 @@ class WorldV2(World):
         a write finds no room (its temporary file), and then the episode's loads are gone: it cannot go on."""
         if self._borrowed and not self.conn.in_transaction:
             raise NoRoom(f"case {self.prepared.case.case_id}'s database: SQLite undid the episode's loads after a "
-                         f"write failed (no room for its temporary file?): set SQLITE_TMPDIR to a directory with room")
+                         f"write failed (no room for its temporary file?): {ROOM_HINT}")
 
     def revenue(self) -> float:
         self._intact()
