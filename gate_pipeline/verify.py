@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from . import __version__
@@ -258,12 +259,7 @@ def check_episode(store: RunStore, row: dict, settings: Settings, out: Verificat
     if row["ledger_entries"] is None:  # closed after its process died: nothing of it was recorded
         out.notes.append(Problem(eid, case_id, agent, f"abandoned: {row['error'] or 'cut off'}"))
         return
-    try:
-        why = rebuild(stored, row)
-    except NoRoom:  # this machine had no room to rebuild it: not the stored result's fault
-        raise
-    except (GateError, KeyError, TypeError, ValueError) as exc:
-        why = f"its ledger cannot be applied to its case ({exc})"
+    why = _unless_unusable("its ledger cannot be applied to its case", rebuild, stored, row)
     out.counts["rebuilt"] += 1
     if why:
         problem(why)
@@ -293,24 +289,14 @@ def check_episode(store: RunStore, row: dict, settings: Settings, out: Verificat
         problem(f"its agent {spec.name!r} plays as {spec.identity!r}, not as the stored {agent!r}")
         return
     if spec is not None and spec.deterministic:
-        try:
-            why = replay_agent(stored, row, spec, grade)
-        except NoRoom:  # this machine had no room to rebuild it: not the stored result's fault
-            raise
-        except (GateError, KeyError, TypeError, ValueError) as exc:
-            why = f"cannot be played again ({exc})"
+        why = _unless_unusable("cannot be played again", replay_agent, stored, row, spec, grade)
         out.counts["replayed"] += 1
         if why:
             problem(why)
         return
     log = store.transcript(eid)
     if log is not None and "messages" in log:
-        try:
-            why = tie(stored, row, log)
-        except NoRoom:  # this machine had no room to rebuild it: not the stored result's fault
-            raise
-        except (GateError, KeyError, TypeError, ValueError, RecursionError) as exc:
-            why = f"its transcript cannot be applied to its case ({exc})"
+        why = _unless_unusable("its transcript cannot be applied to its case", tie, stored, row, log)
         out.counts["tied"] += 1
         if why:
             problem(why)
@@ -319,6 +305,18 @@ def check_episode(store: RunStore, row: dict, settings: Settings, out: Verificat
         note = f"{spec.name} does not say it is deterministic and keeps no transcript (its warehouses were rebuilt)"
     key = (agent, note or "")
     out.unplayed[key] = out.unplayed.get(key, 0) + 1
+
+
+def _unless_unusable(words: str, check: Callable[..., str | None], *args) -> str | None:
+    """check(*args), the problem it finds or None; or, when what is stored cannot be used that way (a stored
+    value gate refuses), the problem "`words` (the error)". No room on this machine to rebuild a database
+    (NoRoom) is this machine's error, not the stored result's: it goes through."""
+    try:
+        return check(*args)
+    except NoRoom:
+        raise
+    except (GateError, KeyError, TypeError, ValueError, RecursionError) as exc:
+        return f"{words} ({exc})"
 
 
 def _slot(row: dict) -> tuple[str, str, int]:

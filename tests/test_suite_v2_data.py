@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import random
+import sqlite3
 from collections import Counter
 from pathlib import Path
 
@@ -338,6 +339,66 @@ def test_a_v2_database_with_no_room_for_its_temporary_file_is_one_line_of_error(
     assert "SQLITE_TMPDIR" in out.stderr
 
 
+SPILLING_CLI_CHILD = """
+import resource, signal, sys
+from gate_pipeline.cli.main import main
+from gate_pipeline.kernel import world
+
+world.SPILL_CACHE_KIB = 2048
+if sys.argv[1] == "limited":
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 20, 4 << 20))
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_gate_verify_with_no_room_to_rebuild_a_stored_v2_episode_stops_and_blames_no_stored_result(tmp_path):
+    """`gate verify` rebuilds each stored episode's database; where this machine has no room for it (a file-size
+    limit here, as a full disk), that is this machine's error, one line and exit 2, not a problem with the stored
+    result; nothing stored changes, and with room the same command finds every result as stored."""
+    import subprocess
+    import sys
+    path = tmp_path / "big.jsonl"
+    write_cases(path, [generate_case("v2-verify-room", "partial-defect", 0, 11, load_contract("v2"), 12_000)])
+    env = {**os.environ, "GATE_HOME": str(tmp_path / "home")}
+
+    def gate(mode, *args):
+        return subprocess.run([sys.executable, "-c", SPILLING_CLI_CHILD, mode, *args], capture_output=True, text=True,
+                              timeout=900, env=env)
+    night = gate("free", "nightly", "--cases", str(path), "--agents", "oracle")
+    assert night.returncode == 0, night.stderr[-2000:]
+    def stored():
+        conn = sqlite3.connect(tmp_path / "home" / "runs.db")
+        try:
+            return list(conn.iterdump())
+        finally:
+            conn.close()
+    before = stored()
+    limited = gate("limited", "verify")
+    assert limited.returncode == 2, (limited.stdout[-2000:], limited.stderr[-2000:])
+    errors = [line for line in limited.stderr.splitlines() if not line.startswith("gate: warning: the store key ")]
+    assert len(errors) == 1 and "Traceback" not in limited.stderr, limited.stderr
+    assert errors[0].startswith("gate: error: case v2-verify-room's database: "), limited.stderr
+    assert "SQLITE_TMPDIR" in limited.stderr and "problem" not in limited.stdout.lower(), limited.stdout
+    assert stored() == before
+    free = gate("free", "verify")
+    assert free.returncode == 0, (free.stdout[-2000:], free.stderr[-2000:])
+    # above, the grade's correct mart is the first to rebuild the database; the rebuilds after it (the ledger
+    # applied, the agent played again, the transcript tied) take the stored result's errors as its problems,
+    # and let this machine's through
+    from gate_pipeline.kernel.errors import NoRoom
+    from gate_pipeline.verify import _unless_unusable
+
+    def no_room():
+        raise NoRoom("no room")
+
+    def refused():
+        raise ValueError("a stored value gate refuses")
+    with pytest.raises(NoRoom):
+        _unless_unusable("cannot be played again", no_room)
+    assert _unless_unusable("cannot be played again", refused) == "cannot be played again (a stored value gate refuses)"
+
+
 def test_a_spilling_v2_database_gives_the_same_warehouse_image_as_one_in_memory(monkeypatch):
     """Once a case's database goes beyond its cache, SQLite writes its header's change counter and version; the
     stored image leaves them out, so an episode's warehouse is the same bytes on the borrowed database, on one of
@@ -390,4 +451,52 @@ def test_an_episode_whose_transaction_sqlite_undid_stops_and_its_database_is_not
     episode.close()
     assert prepared._db is None
     from gate_pipeline.kernel.engine import play
+    assert play(prepared, "oracle").grade.reward == 1.0
+
+
+def test_a_write_of_gates_that_finds_no_room_in_a_tool_call_stops_the_run_and_is_not_the_agents_failure(v2_eval):
+    """A load that finds no room for the database's pages (a full disk; here SQLite's own page limit, which fails
+    the write with the same SQLITE_FULL) is the machine's failure, not the agent's: the episode is not graded (an
+    agent_error graded 0 would count against the agent), gate's error ends the run, and the sinks are not told
+    of an episode that did not happen. An agent that catches the error and plays on changes nothing: its
+    episode still ends in the error."""
+    from gate_pipeline.kernel.agents import AgentSpec
+    from gate_pipeline.kernel.engine import Sink, play
+    from gate_pipeline.kernel.errors import NoRoom
+
+    prepared = prepare(v2_eval[0])
+    lent = prepared._db
+    largest = max(prepared.order, key=prepared.row_counts.__getitem__)
+
+    class Ended(Sink):
+        results: list = []
+
+        def end(self, result):
+            self.results.append(result)
+
+    class Full:
+        name, oracle = "full", False
+
+        def __init__(self, catches: bool):
+            self.catches = catches
+
+        def play(self, tools, case=None):
+            tools("list_batches")
+            pages = lent.execute("PRAGMA page_count").fetchone()[0]
+            lent.execute(f"PRAGMA max_page_count = {pages}")  # no page more: the next write that grows it fails
+            try:
+                tools("load_batch", batch_id=largest)
+            except NoRoom:
+                if not self.catches:
+                    raise
+            tools("submit_report", loaded=[largest], quarantined=[])
+
+    for catches in (False, True):
+        spec = AgentSpec("full", options={"catches": catches}, factory=Full, identity="full")
+        sink = Ended()
+        with pytest.raises(NoRoom, match="database or disk is full"):
+            play(prepared, spec, sinks=(sink,))
+        assert sink.results == []
+        if prepared._db is lent:  # not dropped (SQLite undid only the statement): lent as it was before
+            lent.execute("PRAGMA max_page_count = 4294967294")
     assert play(prepared, "oracle").grade.reward == 1.0

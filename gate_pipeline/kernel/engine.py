@@ -21,6 +21,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import sqlite3
 import sys
 import threading
 import time
@@ -31,7 +32,7 @@ from typing import Any, Callable, Iterable
 from .actions import parse_action
 from .agents import AgentSpec, AgentUnfinished, resolve_agent
 from .cases import Case, CaseLines, contiguous
-from .errors import GateError
+from .errors import GateError, NoRoom
 from .grading import grade
 from .records import ABANDONED, AGENT_ERROR, NO_REPORT, REPORTED, EpisodeResult, Grade
 from .rewards import REWARD_MODES, make_shaper
@@ -224,8 +225,17 @@ class Session:
         if not end_reason:
             end_reason = AGENT_ERROR if error else REPORTED if self.report_index is not None else NO_REPORT
         try:
-            with gates_own():  # the grade's own statements: a failure is Ctrl-C's, perhaps
-                g = grade(self.episode, error)
+            failed = self.episode.machine_failure
+            if failed is not None:  # the machine failed the episode (not the agent): not graded, no result
+                raise NoRoom(str(failed))
+            try:
+                with gates_own():  # the grade's own statements: a failure is Ctrl-C's, perhaps
+                    g = grade(self.episode, error)
+            except sqlite3.Error as exc:
+                room = self.episode.world.no_room(exc)
+                if room is None:
+                    raise
+                raise room from None
             if self.report_index is not None:
                 self.rewards[self.report_index] += g.reward
             elif self.shaper is not None and self.rewards:

@@ -12,6 +12,7 @@ import json
 import sqlite3
 
 from .actions import Action, ledger_repr
+from .errors import NoRoom
 from .sandbox import CAUGHT, bounded, normalise_query, raise_swallowed, too_long
 from .suite import LIST_ITEMS, Suite
 from .world import PreparedCase, World
@@ -102,6 +103,9 @@ class Episode:
         self.world = self.make_world(listener, deferred_ledger)
         self.ledger = self.world.ledger
         self._shape = _shape(self.suite)
+        # the machine's failure under a tool call (no room for the database's pages): the episode cannot be
+        # graded, whatever the agent does next (`Session.finish` raises it again)
+        self.machine_failure: NoRoom | None = None
 
     def make_world(self, listener, deferred_ledger: bool) -> World:
         return self.world_class(self.prepared, listener, deferred_ledger)
@@ -125,6 +129,13 @@ class Episode:
             answer = getattr(self, tool)(**args)
         except sqlite3.Error as exc:  # a statement of gate's own that failed: Ctrl-C's, perhaps
             raise_swallowed(exc)
+            room = self.world.no_room(exc)
+            if room is None:
+                raise
+            self.machine_failure = room
+            raise room from None
+        except NoRoom as exc:
+            self.machine_failure = exc
             raise
         raise_swallowed()  # Ctrl-C during gate's own statements, which finished
         return answer

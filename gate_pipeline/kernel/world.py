@@ -184,6 +184,11 @@ class World:
     def revenue(self) -> float:
         return mart_revenue(self.conn, self.prepared.suite.mart_sql)
 
+    def no_room(self, exc: sqlite3.Error) -> NoRoom | None:
+        """gate's error for a statement of its own on this world's database that found no room for the database's
+        pages (a suite whose database spills to a file), else None."""
+        return None
+
     def image(self) -> bytes:
         """The final database, as a file's bytes (for a sink that keeps warehouses)."""
         return self.conn.serialize()

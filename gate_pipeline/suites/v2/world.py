@@ -370,6 +370,9 @@ class WorldV2(World):
         self._intact()
         return super().revenue()
 
+    def no_room(self, exc: sqlite3.Error) -> NoRoom | None:
+        return no_room(exc, f"case {self.prepared.case.case_id}'s database")
+
     def image(self) -> bytes:
         """The final database as a file's bytes, the same however it was kept: an in-memory database leaves the
         header's change counter (bytes 24-27), its copy (92-95) and SQLite's version (96-99) at zero, and a
