@@ -1078,11 +1078,22 @@ class RunStore:
 
     def seal_api_run(self, run_id: str) -> None:
         """Record that run `run_id` exists, when nothing sealed it as a night or a run before its first episode
-        (an episode stored through the Python API, `StoreSink`): its manifest lists no episodes (which it
-        must produce is the caller's), but an episode of it whose manifest is gone is then a deletion."""
+        (an episode stored through the Python API, `StoreSink`): its manifest lists no episodes until its caller
+        completes it (`complete_api_run`), but an episode of it whose manifest is gone is then a deletion."""
         if self.manifest(run_id) is None:
             from . import __version__
             self.seal_run(run_id, API, {"gate_version": __version__, "process": process_name("the Python API")})
+
+    def complete_api_run(self, run_id: str) -> int | None:
+        """Seal run `run_id`, whose episodes were stored through the Python API (`StoreSink`), as complete with
+        the episodes it holds now: from then on `gate verify` names an episode deleted from it, or added to it,
+        as it does for a night. Call it once no more episodes of the run come. The number of episodes it lists;
+        None when `run_id` is no open API run (a night, a `gate run` or a Dagster case run completes its own)."""
+        manifest = self.manifest(run_id)
+        if manifest is None or manifest["kind"] != API or manifest["status"] != OPEN:
+            return None
+        chosen = [(r["case_id"], r["agent"], r["rollout"], r["episode_id"]) for r in self.episodes(run_id=run_id)]
+        return len(chosen) if self.complete_run(run_id, chosen) else None
 
     def continue_run(self, run_id: str, of: str) -> None:
         """Record that run `run_id` re-executes run `of` (a Dagster re-execution): its episodes count for `of`."""
@@ -1178,8 +1189,10 @@ def manifest_problem(kind, body, status, chosen) -> str | None:
         return "its body is not a JSON object"
     if kind == CONTINUATION:
         return None if _text(body.get("of")) and body["of"] else "it continues no run (its `of` is not a run id)"
-    if kind == API:
-        return None if chosen is None else "an API run lists no episodes"
+    if kind == API:  # its episodes are listed when its caller completes it (`complete_api_run`), not before
+        if (status == COMPLETE) != (chosen is not None):
+            return "an API run lists its episodes when, and only when, it is complete"
+        return _chosen_problem(chosen)
     cases, agents, rollouts = body.get("cases"), body.get("agents"), body.get("rollouts")
     if not (isinstance(cases, list) and all(_text(c) for c in cases)):
         return "its cases are not a list of case ids"
@@ -1197,6 +1210,11 @@ def manifest_problem(kind, body, status, chosen) -> str | None:
     for key in ("cases_file", "cases_file_sha256", "process"):
         if body.get(key) is not None and not _text(body[key]):
             return f"its {key} is not text"
+    return _chosen_problem(chosen)
+
+
+def _chosen_problem(chosen) -> str | None:
+    """What makes a manifest's episodes (None: not listed) other than [case id, agent, rollout, episode id]s."""
     if chosen is not None and not (isinstance(chosen, list) and all(
             isinstance(i, list) and len(i) == 4 and _text(i[0]) and _text(i[1]) and _count(i[2]) and _text(i[3])
             for i in chosen)):

@@ -363,7 +363,9 @@ def check_run(manifest: dict, family: list[dict], out: Verification) -> None:
     if manifest["problem"] is not None:  # its shape was checked where it was read (RunStore.manifests)
         problem(f"its manifest is not readable ({manifest['problem']})")
         return
-    if manifest["kind"] == API:  # it lists no episodes: each was checked on its own
+    if manifest["kind"] == API:  # it lists its episodes once its caller completed it; each was checked on its own
+        if status == COMPLETE:
+            _check_listed(run_id, manifest["episodes"], family, out)
         return
     rollouts = body["rollouts"]
     agents = [a["identity"] for a in body["agents"]]
@@ -415,6 +417,24 @@ def check_run(manifest: dict, family: list[dict], out: Verification) -> None:
                 _superseded(out, r, f"played again ({rows[-1]['episode_id']})")
     out.notes.append(run_problem(run_id, f"{manifest['kind']}, {RUN_STATES.get(status, status)}: {played} of "
                                          f"{len(slots)} episodes played"))
+
+
+def _check_listed(run_id: str, listed: list[list], family: list[dict], out: Verification) -> None:
+    """A complete API run's episodes against the list it was completed with: none deleted, none added."""
+    present = {row["episode_id"]: row for row in family}
+    named = {item[3]: item for item in listed}
+    for eid, (case_id, agent, rollout, _) in named.items():
+        row = present.get(eid)
+        if row is None:
+            out.problems.append(run_problem(run_id, f"missing: episode {eid} of {agent} on {case_id} (rollout "
+                                                    f"{rollout}) is not in the store"))
+        elif _slot(row) != (case_id, agent, rollout):
+            out.problems.append(Problem(eid, row["case_id"], row["agent"], f"run {run_id}'s manifest lists it as "
+                                        f"{agent} on {case_id} (rollout {rollout})"))
+    for eid, row in present.items():
+        if eid not in named:
+            out.problems.append(Problem(eid, row["case_id"], row["agent"],
+                                        f"an episode run {run_id}'s manifest does not list (it was completed without it)"))
 
 
 def predates_sealing(rows: list[dict]) -> bool:
@@ -527,11 +547,12 @@ def verify_store(store: RunStore, run_id: str | None = None, settings: Settings 
                                                 f"its manifest is not readable ({m['problem']})"))
             continue
         check_run(m, families.get(rid, []), out)
-    api = [rid for rid in families if manifests[rid]["kind"] == API]
+    api = [rid for rid in families if manifests[rid]["kind"] == API and manifests[rid]["status"] != COMPLETE]
     if api:
         out.notes.append(Problem("store", "", "", f"{sum(len(families[r]) for r in api)} episodes of {len(api)} run(s) "
-                                                  f"stored through the Python API: each was checked on its own (such a "
-                                                  f"run does not list the episodes it must produce)"))
+                                                  f"stored through the Python API and not completed: each was checked on "
+                                                  f"its own (such a run lists its episodes only once its caller "
+                                                  f"completes it, RunStore.complete_api_run)"))
     for (agent, why), n in out.unplayed.items():
         out.notes.append(Problem(agent, "", "", f"{n} episode(s) not played again: {why}"))
     old = [r for r in loose if predates_sealing([r])]

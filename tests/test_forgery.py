@@ -182,6 +182,39 @@ def test_a_deleted_episode_is_caught(home, night, capsys):
     assert "night 1: its summary cannot be recomputed" in out
 
 
+def test_an_api_run_once_completed_names_an_episode_deleted_from_it_or_added_to_it(home, capsys):
+    """Episodes stored through the Python API (a StoreSink, no night around them) belong to a run of kind api,
+    which lists no episodes while its caller plays it: deleting the episode where an agent failed (its row and
+    ledger: no seal to break) went unnoticed. Once the caller completes it (`complete_api_run`), the manifest
+    lists, sealed, the episodes it holds; a deletion, or an episode stored in it after that, is then named."""
+    cases = [c for c in read_cases(EVAL) if c.case_id in ("eval-clean-control-0", BAD)]
+    store = RunStore()
+    sink = StoreSink(store)
+    for case in cases:
+        play(prepare(case), "naive", sinks=[sink], run_id="api-run")
+    failed = episode_of(home, "naive", BAD)
+
+    def delete(eid):
+        conn = db(home)
+        for table in ("ledger_entries", "warehouses", "transcripts", "episodes"):
+            conn.execute(f"DELETE FROM {table} WHERE episode_id = ?", (eid,))
+
+    code, out, _ = verify(capsys)
+    assert code == 0 and "not completed" in out, out
+    assert store.complete_api_run("api-run") == 2
+    assert store.complete_api_run("api-run") is None  # once
+    assert store.complete_api_run("no-such-run") is None
+    code, out, _ = verify(capsys)
+    assert code == 0 and "every check holds" in out and "not completed" not in out, out
+    extra = play(prepare(cases[0]), "naive", sinks=[sink], run_id="api-run")
+    code, out, _ = verify(capsys)
+    assert code == 1 and f"{extra.episode_id} eval-clean-control-0 naive: an episode run api-run's manifest does not list" in out, out
+    delete(extra.episode_id)
+    delete(failed)
+    code, out, _ = verify(capsys)
+    assert code == 1 and f"run api-run: missing: episode {failed} of naive on {BAD} (rollout 0) is not in the store" in out, out
+
+
 def test_a_manifest_names_extra_and_duplicated_episodes(home, capsys):
     cases = read_cases(EVAL)[:2]
     store = RunStore()
