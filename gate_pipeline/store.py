@@ -47,7 +47,7 @@ import sqlite3
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from sqlalchemy import (
     Column,
@@ -1023,7 +1023,8 @@ class RunStore:
         except IntegrityError:
             if kind not in (API, CONTINUATION):  # a run whose episodes were stored before it was sealed (through
                 with self.engine.begin() as c:  # the API, `seal_api_run`): its manifest is now the real one
-                    c.execute(update(manifests).where(manifests.c.run_id == run_id, manifests.c.kind == API)
+                    c.execute(update(manifests).where(manifests.c.run_id == run_id, manifests.c.kind == API,
+                                                      manifests.c.status == OPEN)  # a completed one stands
                               .values(**row, seal=self._manifest_seal(row)))
         return self.manifest(run_id)  # type: ignore[return-value]
 
@@ -1084,16 +1085,37 @@ class RunStore:
             from . import __version__
             self.seal_run(run_id, API, {"gate_version": __version__, "process": process_name("the Python API")})
 
-    def complete_api_run(self, run_id: str) -> int | None:
-        """Seal run `run_id`, whose episodes were stored through the Python API (`StoreSink`), as complete with
-        the episodes it holds now: from then on `gate verify` names an episode deleted from it, or added to it,
-        as it does for a night. Call it once no more episodes of the run come. The number of episodes it lists;
-        None when `run_id` is no open API run (a night, a `gate run` or a Dagster case run completes its own)."""
-        manifest = self.manifest(run_id)
-        if manifest is None or manifest["kind"] != API or manifest["status"] != OPEN:
-            return None
-        chosen = [(r["case_id"], r["agent"], r["rollout"], r["episode_id"]) for r in self.episodes(run_id=run_id)]
-        return len(chosen) if self.complete_run(run_id, chosen) else None
+    def complete_api_run(self, run_id: str, episode_ids: Iterable[str]) -> int:
+        """Seal run `run_id`, whose episodes were stored through the Python API, as complete (`StoreSink.complete`
+        calls it): its manifest then lists its episodes, and `gate verify` names one deleted from the run or stored
+        in it after. `episode_ids` are the episodes the caller stored in it, by its own record (the store is what
+        an attacker may write: an episode deleted before now would not be listed): each must be in the store, and
+        every episode of the run must have ended. Checked, listed and sealed in one transaction. The number of
+        episodes listed; StoreError when `run_id` is no open API run, or an episode is missing or still running."""
+        wanted = set(episode_ids)
+        with self.engine.begin() as c:
+            row = c.execute(select(manifests).where(manifests.c.run_id == run_id)).mappings().first()
+            if row is None or row["kind"] != API or row["status"] != OPEN:
+                raise StoreError(f"run {run_id!r} is not an open run of episodes stored through the Python API")
+            held = c.execute(select(episodes.c.episode_id, episodes.c.case_id, episodes.c.agent, episodes.c.rollout,
+                                    episodes.c.status).where(episodes.c.run_id == run_id)
+                             .order_by(episodes.c.started_at)).all()
+            missing = sorted(wanted - {r.episode_id for r in held})
+            if missing:
+                raise StoreError(f"run {run_id!r}: episode {missing[0]} is not in the store ({len(missing)} of the "
+                                 f"{len(wanted)} stored in it are not): it is not completed")
+            running = [r.episode_id for r in held if r.status != ENDED]
+            if running:
+                raise StoreError(f"run {run_id!r}: episode {running[0]} has not ended; complete the run once every "
+                                 f"episode of it has")
+            chosen = json.dumps([[r.case_id, r.agent, r.rollout, r.episode_id] for r in held])
+            values = {"status": COMPLETE, "episodes": chosen, "closed_at": time.time()}
+            done = c.execute(update(manifests).where(manifests.c.run_id == run_id, manifests.c.kind == API,
+                                                     manifests.c.status == OPEN)
+                             .values(**values, seal=self._manifest_seal({**dict(row), **values})))
+            if done.rowcount != 1:
+                raise StoreError(f"run {run_id!r} changed while it was being completed; try again")
+        return len(held)
 
     def continue_run(self, run_id: str, of: str) -> None:
         """Record that run `run_id` re-executes run `of` (a Dagster re-execution): its episodes count for `of`."""
@@ -1264,7 +1286,8 @@ class StoreSink(Sink):
     writes what is kept once that many seconds have passed since the last write (so a process
     killed with -9 loses at most that much work, however slow its episodes). `before_commit`, when
     given, is called with the episodes about to be written, before the transaction (`gate run`
-    writes their transcript lines there, so every stored episode has one)."""
+    writes their transcript lines there, so every stored episode has one). `complete(run_id)` ends a run
+    played through the Python API: its manifest then lists its episodes (`RunStore.complete_api_run`)."""
     wants_warehouse = True
 
     def __init__(self, store: RunStore, announce: bool = True, batch: int = 1,
@@ -1279,6 +1302,7 @@ class StoreSink(Sink):
         self.announced: dict[str, dict] = {}  # the rows written as episodes opened, until they end
         self.ended: list[tuple[EpisodeResult, EpisodeStart | None]] = []
         self.runs: set[str] = set()  # the runs this sink knows to have a manifest
+        self.stored: dict[str, list[str]] = {}  # run id -> the episodes this sink stored in it (`complete`)
 
     def start(self, episode: EpisodeStart) -> None:
         if episode.run_id not in self.runs:  # once per run: a night's or a `gate run`'s was sealed before
@@ -1300,6 +1324,14 @@ class StoreSink(Sink):
         if self.ended:
             self._write()
 
+    def complete(self, run_id: str = "") -> int:
+        """Write what is kept, then seal run `run_id` (episodes stored through the Python API, this sink's or
+        others') as complete with its episodes, every one this sink stored in it among them
+        (`RunStore.complete_api_run`): from then on `gate verify` names an episode deleted from it. Call it once
+        the run's last episode has ended. The number of episodes the run lists."""
+        self.flush()
+        return self.store.complete_api_run(run_id, self.stored.get(run_id, ()))
+
     def _write(self, opening: EpisodeStart | None = None):
         self.written = time.monotonic()
         ended, self.ended = self.ended, []
@@ -1308,4 +1340,5 @@ class StoreSink(Sink):
         row = self.store.end_episodes(ended, opening, self.announced)
         for result, _ in ended:
             self.announced.pop(result.episode_id, None)
+            self.stored.setdefault(result.run_id, []).append(result.episode_id)
         return row

@@ -185,28 +185,47 @@ def test_a_deleted_episode_is_caught(home, night, capsys):
 def test_an_api_run_once_completed_names_an_episode_deleted_from_it_or_added_to_it(home, capsys):
     """Episodes stored through the Python API (a StoreSink, no night around them) belong to a run of kind api,
     which lists no episodes while its caller plays it: deleting the episode where an agent failed (its row and
-    ledger: no seal to break) went unnoticed. Once the caller completes it (`complete_api_run`), the manifest
-    lists, sealed, the episodes it holds; a deletion, or an episode stored in it after that, is then named."""
+    ledger: no seal to break) went unnoticed. Once the caller completes it (`StoreSink.complete`), the manifest
+    lists, sealed, the episodes it holds; a deletion, or an episode stored in it after that, is then named. An
+    episode deleted before the caller completes the run is missed by the caller's own record (the sink's), and
+    the run is not completed; a night or `gate run` sealed later under the id does not replace a completed run."""
+    from gate_pipeline.store import StoreError
+
     cases = [c for c in read_cases(EVAL) if c.case_id in ("eval-clean-control-0", BAD)]
     store = RunStore()
-    sink = StoreSink(store)
-    for case in cases:
-        play(prepare(case), "naive", sinks=[sink], run_id="api-run")
-    failed = episode_of(home, "naive", BAD)
 
     def delete(eid):
         conn = db(home)
         for table in ("ledger_entries", "warehouses", "transcripts", "episodes"):
             conn.execute(f"DELETE FROM {table} WHERE episode_id = ?", (eid,))
 
+    early = StoreSink(store)  # deleted before its caller completes the run: the caller's record misses it
+    for case in cases:
+        play(prepare(case), "naive", sinks=[early], run_id="early-run")
+    delete(episode_of(home, "naive", BAD))
+    with pytest.raises(StoreError, match=r"run 'early-run': episode \S+ is not in the store \(1 of the 2"):
+        early.complete("early-run")
+
+    sink = StoreSink(store, batch=4)
+    for case in cases:
+        play(prepare(case), "naive", sinks=[sink], run_id="api-run")
+    with pytest.raises(StoreError, match="has not ended"):  # the sink keeps them yet: still running in the store
+        store.complete_api_run("api-run", [])
+    sink.flush()
+    failed = db(home).execute("SELECT episode_id FROM episodes WHERE run_id = 'api-run' AND case_id = ?",
+                              (BAD,)).fetchone()[0]
     code, out, _ = verify(capsys)
-    assert code == 0 and "not completed" in out, out
-    assert store.complete_api_run("api-run") == 2
-    assert store.complete_api_run("api-run") is None  # once
-    assert store.complete_api_run("no-such-run") is None
-    code, out, _ = verify(capsys)
-    assert code == 0 and "every check holds" in out and "not completed" not in out, out
-    extra = play(prepare(cases[0]), "naive", sinks=[sink], run_id="api-run")
+    assert "stored through the Python API and not completed" in out, out
+    assert sink.complete("api-run") == 2
+    with pytest.raises(StoreError, match="is not an open run"):  # once
+        sink.complete("api-run")
+    with pytest.raises(StoreError, match="is not an open run"):
+        store.complete_api_run("no-such-run", [])
+    store.seal_run("api-run", "run", manifest_body(cases, None, [resolve_agent("naive")], 1, "a test"))
+    assert store.manifest("api-run")["kind"] == "api"  # a completed run stands
+    code, out, _ = verify(capsys, "--json")
+    assert not [p for p in json.loads(out)["problems"] if "api-run" in json.dumps(p)], out
+    extra = play(prepare(cases[0]), "naive", sinks=[StoreSink(store)], run_id="api-run")
     code, out, _ = verify(capsys)
     assert code == 1 and f"{extra.episode_id} eval-clean-control-0 naive: an episode run api-run's manifest does not list" in out, out
     delete(extra.episode_id)
