@@ -133,8 +133,13 @@ def rebuild(stored: StoredEpisode, row: dict) -> str | None:
     want, got = _executed(stored.entries), _executed(result.ledger)
     if want != got:
         at = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
+        # each executed call was made once, in order, and each call makes one entry: the call's entry now
+        made = list(result.ledger)
+        now = made[at] if at < len(made) else None
+        refused = (f" (applied now, it is refused: {now.get('note')})"
+                   if isinstance(now, dict) and now.get("executed") is False else "")
         return (f"its ledger does not replay: applied to the stored case, executed call {at} "
-                f"({want[at][0] if at < len(want) else 'none'}) does not give the entry stored")
+                f"({want[at][0] if at < len(want) else 'none'}) does not give the entry stored{refused}")
     if result.warehouse is None or sha256(result.warehouse) != row["warehouse_sha256"]:
         return "its warehouse is not what its ledger gives: applied to the stored case, the ledger builds another"
     return None

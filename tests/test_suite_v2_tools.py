@@ -108,6 +108,50 @@ def test_rows_cannot_be_held_back_after_a_load_nor_from_a_quarantined_batch_nor_
     s.finish()
 
 
+def test_the_warehouse_takes_a_batch_at_most_twice_so_an_agent_cannot_load_until_the_machine_has_no_room():
+    """Loading one batch again and again would grow the episode's database until a write finds no room: the
+    machine's failure (NoRoom), which ends the run without grading the agent. A second load is the duplicate the
+    grade counts; a third is refused as a tool error, recorded as such, and the warehouse does not grow."""
+    s = session("v2-eval-partial-defect-0")
+    orders = batch_of("v2-eval-partial-defect-0", "orders")
+    bid = orders["batch_id"]
+
+    def warehouse_rows():
+        return s.episode.world.conn.execute("SELECT COUNT(*) FROM wh_orders").fetchone()[0]
+    before = warehouse_rows()
+    for _ in range(2):
+        assert s.call("load_batch", {"batch_id": bid})["status"] == "loaded"
+    assert warehouse_rows() == before + 2 * orders["row_count"]
+    for _ in range(3):
+        out = s.call("load_batch", {"batch_id": bid})
+        assert out == {"error": f"{bid} is loaded 2 times tonight; the warehouse takes no more of it"}
+        assert last(s)["note"] == "load limit" and not last(s)["executed"]
+    assert warehouse_rows() == before + 2 * orders["row_count"] and s.episode.world.loads[bid] == 2
+    s.call("quarantine_batch", {"batch_id": bid, "column": "amount", "defect_type": "missing_value"})
+    assert s.call("load_batch", {"batch_id": bid}) == {"error": f"{bid} is quarantined"}  # the kernel's refusal first
+    s.call("submit_report", {"loaded": [bid], "quarantined": []})
+    twice = s.finish().grade
+    assert twice.reward < 1.0
+
+
+def test_a_stored_ledger_with_a_third_load_of_one_batch_does_not_replay_and_gate_verify_says_it_is_now_refused():
+    """An episode stored under an earlier gate (a third load of one batch executed) does not replay now, and its
+    problem names the refusal, so a reader can tell an earlier rule from an edited ledger."""
+    from gate_pipeline.kernel.records import StoredEpisode
+    from gate_pipeline.verify import rebuild
+    case = CASES["v2-eval-partial-defect-0"]
+    bid = batch_of("v2-eval-partial-defect-0", "orders")["batch_id"]
+    s = session("v2-eval-partial-defect-0")
+    for _ in range(2):
+        s.call("load_batch", {"batch_id": bid})
+    entries = [dict(e) for e in s.finish().ledger]
+    entries.append(dict(entries[-1]))  # as the earlier rule executed it
+    stored = StoredEpisode("e", case, "scripted", {}, "r", 0, "ended", "no_report", "", entries, "", None)
+    problem = rebuild(stored, {"warehouse_sha256": ""})
+    assert problem == ("its ledger does not replay: applied to the stored case, executed call 2 (load_batch) does not "
+                       "give the entry stored (applied now, it is refused: load limit)")
+
+
 def test_cite_defect_needs_a_quarantine_and_cites_once():
     s = session("v2-eval-multi-defect-0")
     orders = batch_of("v2-eval-multi-defect-0", "orders")

@@ -41,7 +41,8 @@ TOOLS = (
          (Arg("query", "str", "one SELECT statement (SQLite dialect)", limit=None),), shaped="QUERY"),
     Tool("load_batch", "Load a staged batch into the warehouse (without the rows quarantine_rows held back). This "
          "cannot be undone, and the loader accepts anything: it always answers errors: 0. Load customers batches "
-         "before the orders that use them.", (BATCH_ID,), shaped=None),
+         "before the orders that use them. The warehouse takes a batch at most twice a night.",
+         (BATCH_ID,), shaped=None),
     Tool("quarantine_batch", "Keep a whole batch out of the warehouse, citing the column and the defect type found "
          "in it (cite_defect cites the others). The first citation for a batch is final; quarantine does not remove "
          "rows already loaded.", (BATCH_ID, COLUMN, DEFECT_TYPE), shaped=None),
@@ -67,6 +68,10 @@ TOOLS = (
          shaped=None),
 )
 TOOL_NAMES_V2 = tuple(t.name for t in TOOLS)
+# a night's loads of one batch: a second load is the duplicate the grade counts, and a third is refused, so an
+# episode's database grows by at most twice what is staged (an agent cannot load until the machine has no room,
+# which is the machine's failure, `NoRoom`, and would end the run without grading the agent)
+MAX_LOADS = 2
 NO_RULING = "The contract owner has nothing to add about {column} in {batch}: the contract stands."
 
 
@@ -88,6 +93,13 @@ class EpisodeV2(Episode):
         if batch_id in self.prepared.batches:
             self.world.sandbox.mark_looked(self.prepared.staging[batch_id])
         return result
+
+    def load_batch(self, batch_id):
+        world = self.world
+        if world.loads.get(batch_id, 0) >= MAX_LOADS and batch_id not in world.quarantined:
+            self.ledger.append("load_batch", {"batch_id": batch_id}, False, "load limit")
+            return {"error": f"{batch_id} is loaded {MAX_LOADS} times tonight; the warehouse takes no more of it"}
+        return super().load_batch(batch_id)
 
     def load_entry(self, batch_id: str, rows: int, orphans: int) -> dict:
         return {"batch_id": batch_id, "rows": rows, "orphan_rows": orphans,
