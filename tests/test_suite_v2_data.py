@@ -10,6 +10,7 @@ import os
 import random
 import sqlite3
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -432,25 +433,29 @@ def test_a_spilling_v2_database_gives_the_same_warehouse_image_as_one_in_memory(
     assert len({*digests["spilling"], *digests["in memory"]}) == 1, digests
 
 
-def test_an_episode_whose_transaction_sqlite_undid_stops_and_its_database_is_not_lent_again(v2_eval):
-    """When a write finds no room SQLite rolls the whole transaction back by itself (done here by hand): the
-    episode's loads are gone and what it did next would stay in the prepared database. Its next load and its grade
-    are gate's error, not a wrong grade, and the database is not lent to another episode; the next one plays on a
-    database of its own and scores as ever."""
-    from gate_pipeline.kernel.errors import NoRoom
+def test_an_episode_whose_transaction_sqlite_undid_gets_its_loads_back_and_leaves_the_database_as_lent(v2_eval):
+    """When a statement finds no room SQLite rolls the whole transaction back by itself (done here by hand): the
+    episode's loads are gone, and what it did next would stay in the prepared database. Before anything else the
+    loads are made again, in their order, in a new transaction (`WorldV2.restore`): the warehouse is the same bytes
+    as an episode's that lost nothing, and once the episode ends the database is lent again as it was."""
+    from gate_pipeline.kernel.engine import play
     from gate_pipeline.suites.v2.tools import EpisodeV2
 
     prepared = prepare(v2_eval[0])
+    first, second = prepared.order[:2]
     episode = EpisodeV2(prepared)
     lent = episode.world.conn
+    assert episode.call("load_batch", {"batch_id": first})["status"] == "loaded"
     lent.execute("ROLLBACK")
-    with pytest.raises(NoRoom, match="SQLite undid the episode's loads"):
-        episode.world.load(prepared.order[0])
-    with pytest.raises(NoRoom):
-        episode.world.revenue()
+    assert episode.call("load_batch", {"batch_id": second})["status"] == "loaded"
+    assert episode.world.restored == 1 and lent.in_transaction
+    unharmed = EpisodeV2(prepared)  # the database is lent: a database of its own
+    for bid in (first, second):
+        unharmed.call("load_batch", {"batch_id": bid})
+    assert episode.world.image() == unharmed.world.image() and episode.world.revenue() == unharmed.world.revenue()
+    unharmed.close()
     episode.close()
-    assert prepared._db is None
-    from gate_pipeline.kernel.engine import play
+    assert prepared._db is lent and not lent.in_transaction
     assert play(prepared, "oracle").grade.reward == 1.0
 
 
@@ -499,4 +504,206 @@ def test_a_write_of_gates_that_finds_no_room_in_a_tool_call_stops_the_run_and_is
         assert sink.results == []
         if prepared._db is lent:  # not dropped (SQLite undid only the statement): lent as it was before
             lent.execute("PRAGMA max_page_count = 4294967294")
+    assert play(prepared, "oracle").grade.reward == 1.0
+
+
+LOOK_CHECK_CHILD = """
+import json, resource, signal
+from gate_pipeline.kernel import world
+world.SPILL_CACHE_KIB = 256
+from gate_pipeline.kernel.agents import AgentSpec
+from gate_pipeline.kernel.cases import load_case
+from gate_pipeline.kernel.contract import load_contract
+from gate_pipeline.kernel.engine import Sink, play, prepare
+from gate_pipeline.kernel.errors import NoRoom
+from gate_pipeline.suites.v2.generator import generate_case
+
+prepared = prepare(load_case(generate_case("v2-look-room", "partial-defect", 0, 11, load_contract("v2"), 8_000)))
+prepared._db.execute("PRAGMA secure_delete = ON")  # the look check's DELETE writes every page of the batch's table
+largest = max(prepared.order, key=prepared.row_counts.__getitem__)
+seen, raised, ended = [], [], []
+
+class Ends(Sink):
+    def end(self, result):
+        ended.append(result.end_reason)
+
+class Looks:
+    name, oracle = "looks", False
+    def play(self, tools, case=None):
+        tools("list_batches")
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, resource.RLIM_INFINITY))
+        try:
+            seen.append(tools("run_sql", query=f"SELECT COUNT(*) FROM {prepared.staging[largest]}"))
+        except NoRoom as exc:
+            raised.append(str(exc))
+            raise
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        tools("submit_report", loaded=[], quarantined=[])
+
+try:
+    play(prepared, AgentSpec("looks", factory=Looks, identity="looks"), sinks=(Ends(),))
+except NoRoom as exc:
+    raised.append("play: " + str(exc))
+print(json.dumps({"seen": seen, "raised": raised, "ended": ended, "oracle": play(prepare(prepared.case), "oracle").grade.reward}))
+"""
+
+
+def test_the_look_checks_own_write_that_finds_no_room_is_the_machines_failure_not_the_agents_query_error():
+    """The look check empties a batch's table inside a savepoint and rolls it back (`suites.v2.sandbox`): gate's own
+    write. Where it finds no room (a file-size limit on the database's temporary file, as a full disk), the agent's
+    read must not come back as its query's error (the agent would be graded on a failure of the machine): run_sql
+    raises NoRoom, the episode is not graded nor told to sinks, and the run stops. In a child process: the limit is
+    the whole process's."""
+    import subprocess
+    import sys
+    child = subprocess.run([sys.executable, "-c", LOOK_CHECK_CHILD], capture_output=True, text=True, timeout=600)
+    assert child.returncode == 0, child.stderr[-2000:]
+    out = json.loads(child.stdout.splitlines()[-1])
+    assert out["seen"] == [] and out["ended"] == [] and out["oracle"] == 1.0, out
+    assert len(out["raised"]) == 2 and all("case v2-look-room's database" in r and "SQLITE_TMPDIR" in r
+                                           for r in out["raised"]), out
+
+
+SPILLING_READ_CHILD = """
+import json, resource, signal, sys
+from pathlib import Path
+from gate_pipeline.kernel import world
+world.SPILL_CACHE_KIB = 256  # the sort below goes to a temporary file after 256 KiB
+from gate_pipeline.kernel.agents import AgentSpec
+from gate_pipeline.kernel.cases import read_cases
+from gate_pipeline.kernel.engine import Sink, play, prepare
+
+BIG = "replace(replace(replace('aaaaaaaaaaaaaaaaaaa','a','aaaaaaaaaa'),'a','aaaaaaaaaa'),'a','aaaaaaaaaa')"
+case = next(c for c in read_cases(Path(sys.argv[1])) if c.family == "partial-defect")
+prepared = prepare(case)
+answers = []
+
+class Keeps(Sink):
+    wants_warehouse = True
+
+class Spills:
+    name, oracle = "spills", False
+    def __init__(self, where: str = ""):
+        self.where = where
+    def play(self, tools, case=None):
+        listing = tools("list_batches")
+        for b in listing:
+            tools("load_batch", batch_id=b["batch_id"])
+        if self.where:
+            stg = listing[0]["staging_table"]
+            cond = {"reads": "EXISTS (SELECT 1 FROM wh_customers)", "look": f"NOT EXISTS (SELECT 1 FROM {stg})"}
+            query = (f"WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM r WHERE i < 2000) "
+                     f"SELECT i, length(b) FROM r, (SELECT {BIG} AS b) WHERE {cond[self.where]} ORDER BY b || i DESC")
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, resource.RLIM_INFINITY))
+            try:
+                answers.append(tools("run_sql", query=query))
+            finally:
+                resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        tools("submit_report", loaded=[b["batch_id"] for b in listing], quarantined=[])
+
+out = {}
+for where in ("", "reads", "look"):
+    r = play(prepared, AgentSpec("spills", options={"where": where}, factory=Spills, identity="spills"), sinks=(Keeps(),))
+    out[where or "none"] = [r.end_reason, r.grade.reward, r.grade.revenue, r.warehouse.hex()]
+print(json.dumps({"out": out, "answers": answers}))
+"""
+
+
+def test_an_agents_read_that_finds_no_room_is_its_querys_error_and_the_episodes_loads_are_put_back():
+    """SQLite rolls the borrowed database's transaction back by itself when a read that touches a table fails for want
+    of room (here a sort that spills, under a file-size limit, as on a full disk): the episode's loads go with it. An
+    agent could write such a read on purpose, so it may not end the run as the machine's failure (NoRoom, no grade):
+    the read is the agent's query error, the loads are made again (`WorldV2.restore`), and the episode ends graded
+    with the same warehouse, byte for byte, as without the read; so too when the look check's run of it (the batch
+    emptied) is the one that fails. In a child process: the limit is the whole process's."""
+    import subprocess
+    import sys
+    child = subprocess.run([sys.executable, "-c", SPILLING_READ_CHILD, str(EVAL)], capture_output=True,
+                           text=True, timeout=600)
+    assert child.returncode == 0, child.stderr[-2000:]
+    got = json.loads(child.stdout.splitlines()[-1])
+    reads, look = got["answers"]
+    assert reads["error"] in ("database or disk is full", "disk I/O error") and look["rows"] == [], str(got["answers"])[:500]
+    none = got["out"]["none"]
+    assert none[0] == "reported" and none[2] > 0
+    for where in ("reads", "look"):
+        assert got["out"][where][0] == "reported" and got["out"][where][2:] == none[2:], where
+
+
+@contextmanager
+def _no_room_for_the_next_page(prepared):
+    """While in it, the prepared database may grow no page more (SQLite's page limit: its next growing write fails
+    with SQLITE_FULL, as on a full disk)."""
+    lent = prepared._db
+    lent.execute(f"PRAGMA max_page_count = {lent.execute('PRAGMA page_count').fetchone()[0]}")
+    try:
+        yield
+    finally:
+        if prepared._db is not None:
+            prepared._db.execute("PRAGMA max_page_count = 4294967294")
+
+
+def _fails_for_want_of_room(prepared, act) -> None:
+    from gate_pipeline.kernel.errors import NoRoom
+    with _no_room_for_the_next_page(prepared), pytest.raises(NoRoom):
+        act()
+
+
+def test_an_episode_the_machine_failed_is_over_so_envs_reset_and_close_and_an_interrupt_goes_through(v2_eval):
+    """After NoRoom the episode is over (done, closed, further calls answered as over) and stays failed: the
+    gymnasium env and the TRL env can be reset and closed (they end an open episode as abandoned, which a failed one
+    is not), and Ctrl-C that comes after the failure is what reaches the caller, not NoRoom in its place."""
+    from gate_pipeline.integrations.gymnasium_env import GateEnv
+    from gate_pipeline.integrations.trl_env import trl_environment
+    from gate_pipeline.kernel.agents import AgentSpec
+    from gate_pipeline.kernel.engine import OVER, Session, play
+    from gate_pipeline.kernel.errors import NoRoom
+
+    case = v2_eval[0]
+    prepared = prepare(case)
+    largest = max(prepared.order, key=prepared.row_counts.__getitem__)
+    load = {"tool": "load_batch", "args": {"batch_id": largest}}
+
+    session = Session(prepared)
+    _fails_for_want_of_room(prepared, lambda: session.step(load))
+    assert session.done and session.result is None
+    assert session.step(load).result == {"error": OVER} and session.call("list_batches", {}) == {"error": OVER}
+    for _ in range(2):
+        with pytest.raises(NoRoom):
+            session.abandon("closed")
+
+    env = GateEnv([case])
+    env.reset(options={"case_id": case.case_id})
+    _fails_for_want_of_room(env.session.prepared, lambda: env.step(load))
+    assert env.step(load)[2] is True  # terminated: the episode is over
+    env.reset(options={"case_id": case.case_id})
+    assert env.step(load)[4]["result"].startswith('{"status": "loaded"')
+    env.close()
+    env.reset(options={"case_id": case.case_id})
+    _fails_for_want_of_room(env.session.prepared, lambda: env.step(load))
+    env.close()
+    assert env.session is None
+
+    trl = trl_environment(cases=[case])()
+    trl.reset(case_id=case.case_id)
+    _fails_for_want_of_room(trl.session.prepared, lambda: trl.load_batch(largest))
+    trl.reset(case_id=case.case_id)
+    assert json.loads(trl.load_batch(largest))["status"] == "loaded"
+
+    class FullThenInterrupted:
+        name, oracle = "full-then-interrupted", False
+
+        def play(self, tools, case=None):
+            with _no_room_for_the_next_page(prepared):
+                try:
+                    tools("load_batch", batch_id=largest)
+                except NoRoom:
+                    pass
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        play(prepared, AgentSpec("full-then-interrupted", factory=FullThenInterrupted, identity="fi"))
     assert play(prepared, "oracle").grade.reward == 1.0

@@ -145,6 +145,7 @@ class Session:
         self.rewards: list[float] = []
         self.report_index: int | None = None
         self.result: EpisodeResult | None = None
+        self.failure: NoRoom | None = None  # the machine failed the episode (no room): over, with no result
         if self.sinks:
             start = EpisodeStart(self.episode_id, prepared.case, agent, dict(options or {}), run_id, rollout,
                                  self.started_at, prepared, agent_name or agent)
@@ -166,7 +167,8 @@ class Session:
 
     @property
     def done(self) -> bool:
-        return self.result is not None
+        """Whether the episode is over: graded, or failed by the machine (`failure`)."""
+        return self.result is not None or self.failure is not None
 
     @property
     def reported(self) -> bool:
@@ -181,21 +183,22 @@ class Session:
     # -- acting ---------------------------------------------------------------------------------
     def call(self, tool, args: dict):
         """One tool call with its arguments (an agent's `tools(name, **args)`); the tool's JSON value."""
-        if self.result is not None:
+        if self.done:
             return {"error": OVER}
-        result = self.episode.call(tool, args)
+        result = self._call(tool, args)
         self._account(tool, args, result)
         return result
 
     def step(self, action) -> Step:
-        """One action in any spelling the action parser accepts; never raises."""
-        if self.result is not None:
+        """One action in any spelling the action parser accepts. Nothing the action holds makes it raise; the
+        machine can (`NoRoom`: no room for the case's database, not the agent's doing, and the episode is over)."""
+        if self.done:
             return Step({"error": OVER}, 0.0, True, False)
         parsed = parse_action(action)
         if parsed.problem:
             result = self.episode.refuse(parsed)
         else:
-            result = self.episode.call(parsed.tool, parsed.args)
+            result = self._call(parsed.tool, parsed.args)
         parts = self._account(parsed.tool, parsed.args, result)
         reward = self.rewards[-1]
         if self.stop_at_report and self.report_index is not None:
@@ -205,6 +208,14 @@ class Session:
             finished = self.finish()
             return Step(result, reward, False, True, parts, finished.grade)
         return Step(result, reward, False, False, parts)
+
+    def _call(self, tool, args):
+        try:
+            return self.episode.call(tool, args)
+        except NoRoom as exc:  # the machine's failure: the episode is over, and closed now (its database freed)
+            self.failure = exc
+            self.episode.close()
+            raise
 
     def _account(self, tool, args, result) -> dict | None:
         """Record the call's step reward (nothing is shaped after the first accepted report)."""
@@ -222,12 +233,16 @@ class Session:
         """Grade the episode (0 with the reason when `error` is set), close it, tell the sinks."""
         if self.result is not None:
             return self.result
+        if self.failure is not None:  # failed by the machine, and closed: it stays so
+            raise NoRoom(str(self.failure))
         if not end_reason:
             end_reason = AGENT_ERROR if error else REPORTED if self.report_index is not None else NO_REPORT
         try:
             failed = self.episode.machine_failure
             if failed is not None:  # the machine failed the episode (not the agent): not graded, no result
-                raise NoRoom(str(failed))
+                self.failure = NoRoom(str(failed))
+                raise_swallowed()  # Ctrl-C that came while gate's statements failed goes first
+                raise self.failure
             try:
                 with gates_own():  # the grade's own statements: a failure is Ctrl-C's, perhaps
                     g = grade(self.episode, error)
@@ -235,7 +250,11 @@ class Session:
                 room = self.episode.world.no_room(exc)
                 if room is None:
                     raise
+                self.failure = room
                 raise room from None
+            except NoRoom as exc:
+                self.failure = exc
+                raise
             if self.report_index is not None:
                 self.rewards[self.report_index] += g.reward
             elif self.shaper is not None and self.rewards:
@@ -313,7 +332,10 @@ def _guarded(session: Session):
         run.result = session.finish(error, end_reason, _log(run.built))
         return
     except BaseException:  # an interrupt (or a cancelled task): record the episode as cut off, then let it through
-        session.abandon("interrupted before the agent finished")
+        try:
+            session.abandon("interrupted before the agent finished")
+        except NoRoom:  # the machine failed the episode first: the interrupt is what goes through
+            pass
         raise
     run.result = session.finish(agent_log=_log(run.built))
 

@@ -136,6 +136,7 @@ class Episode:
             raise room from None
         except NoRoom as exc:
             self.machine_failure = exc
+            raise_swallowed()  # Ctrl-C that came while gate's statements failed goes first
             raise
         raise_swallowed()  # Ctrl-C during gate's own statements, which finished
         return answer
@@ -191,8 +192,10 @@ class Episode:
         try:
             result, tables, extra = self.world.sandbox.run(query)
         except CAUGHT as exc:
+            self.world.restore()  # the query's error, and only that: what SQLite undid with it is put back
             self.ledger.append("run_sql", {"query": query}, False, type(exc).__name__)
             return {"error": str(exc)}
+        self.world.restore()  # a look check's run that failed, the same
         self.ledger.append("run_sql", {"query": query, "tables_read": tables, **extra}, True)
         return result
 

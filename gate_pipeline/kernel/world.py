@@ -184,6 +184,10 @@ class World:
     def revenue(self) -> float:
         return mart_revenue(self.conn, self.prepared.suite.mart_sql)
 
+    def restore(self) -> None:
+        """Put back what SQLite undid by itself when a statement failed for want of room (a suite whose database
+        spills to a file and plays in a transaction); NoRoom when there is no room to."""
+
     def no_room(self, exc: sqlite3.Error) -> NoRoom | None:
         """gate's error for a statement of its own on this world's database that found no room for the database's
         pages (a suite whose database spills to a file), else None."""

@@ -36,6 +36,7 @@ import sqlite3
 import time
 
 from ...kernel.sandbox import CAUGHT, DENIED_FUNCTIONS, INTERVAL, STEP_BUDGET, TIME_BUDGET_S, Sandbox, own_statement
+from ...kernel.world import no_room
 
 STEPS_PER_ROW = 100
 SECONDS_PER_ROW = 10e-6
@@ -71,9 +72,11 @@ class SandboxV2(Sandbox):
     denied_tables = INTERNAL_TABLES
     deny_temp = True
 
-    def __init__(self, conn: sqlite3.Connection, staging: dict[str, tuple[list[str], int]], total_rows: int):
-        """`staging`: staging table -> (its columns, its rows)."""
+    def __init__(self, conn: sqlite3.Connection, staging: dict[str, tuple[list[str], int]], total_rows: int,
+                 database: str = "the case's database"):
+        """`staging`: staging table -> (its columns, its rows); `database`: its name in gate's errors."""
         super().__init__(conn, *budgets(total_rows))
+        self.database = database
         self.staging = staging
         self.pending = set(staging)  # staging tables no read has looked at yet
         self.fine = max(1, min(INTERVAL, min((rows for _, rows in staging.values()), default=INTERVAL) // 4))
@@ -108,25 +111,39 @@ class SandboxV2(Sandbox):
         """(rows, steps) of `query` with `table` emptied, within what is left of the budget; None when the
         query fails without the rows; raises _OverBudget."""
         saved = self.step_budget, self.time_budget, self.tables_read
-        own_statement(self.conn, "SAVEPOINT gate_looked_at")
+        self._own("SAVEPOINT gate_looked_at")
         try:
-            own_statement(self.conn, f'DELETE FROM main."{table}"')
+            self._own(f'DELETE FROM main."{table}"')
             self.step_budget, self.time_budget = steps_left, deadline - time.monotonic()
             if self.time_budget <= 1.5 * self.compile_seconds or steps_left <= 0:  # compiling it again alone
                 raise _OverBudget  # would take what is left (SQLite cannot stop a compilation)
             try:
                 rows, _, steps = self.execute(query, self.fine)
-            except CAUGHT:
+            except CAUGHT:  # the agent's query's own failure (with the table emptied it may sort more, say)
                 if self.steps > self.step_budget or time.monotonic() > self.deadline or self.compile_over:
                     raise _OverBudget from None
                 return None
             return rows, steps
         finally:
             self.step_budget, self.time_budget, self.tables_read = saved
-            try:
-                own_statement(self.conn, "ROLLBACK TO gate_looked_at", must=True)
-            finally:  # released whatever came
-                own_statement(self.conn, "RELEASE gate_looked_at", must=True)
+            # where SQLite rolled it all back itself (a statement found no room), the emptied table went back with
+            # it, and so did the episode's loads, which the world puts back (`World.restore`)
+            if self.conn.in_transaction:
+                try:
+                    self._own("ROLLBACK TO gate_looked_at", must=True)
+                finally:  # released whatever came
+                    self._own("RELEASE gate_looked_at", must=True)
+
+    def _own(self, sql: str, must: bool = False) -> None:
+        """One of the look check's own statements; one that finds no room for the database's pages is the machine's
+        failure (NoRoom), never an error of the agent's query."""
+        try:
+            own_statement(self.conn, sql, must)
+        except sqlite3.Error as exc:
+            room = no_room(exc, self.database)
+            if room is None:
+                raise
+            raise room from None
 
     def after_read(self, query: str, tables: list[str], fetched: list[tuple]) -> dict:
         """The staging tables this read looked at for the first time (`looked_at` in its ledger entry)."""

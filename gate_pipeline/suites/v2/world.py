@@ -28,7 +28,7 @@ from functools import cached_property
 from ...kernel.cases import Case
 from ...kernel.errors import NoRoom
 from ...kernel.sandbox import own_statement, sql_function
-from ...kernel.world import ROOM_HINT, PreparedCase, World, connect, no_room, revenue_of
+from ...kernel.world import PreparedCase, World, connect, no_room, revenue_of
 from .contract import COLUMNS_V2, KEY_COLUMNS
 from .files import header_of, rows_of
 from .generator import LOAD_HOUR
@@ -319,12 +319,15 @@ class WorldV2(World):
     def __init__(self, prepared: PreparedCaseV2, listener=None, deferred_ledger: bool = False):
         conn, self._borrowed = prepared.open_db()
         staging = {prepared.staging[bid]: (prepared.headers[bid], prepared.row_counts[bid]) for bid in prepared.order}
-        super().__init__(prepared, conn, SandboxV2(conn, staging, prepared.total_rows), listener, deferred_ledger)
+        sandbox = SandboxV2(conn, staging, prepared.total_rows, f"case {prepared.case.case_id}'s database")
+        super().__init__(prepared, conn, sandbox, listener, deferred_ledger)
         self.prepared: PreparedCaseV2 = prepared
         self.sandbox: SandboxV2
         self.citations: dict[str, list[tuple[str, str]]] = {}
         self.held: dict[str, set[str]] = {}           # batch -> keys of the rows quarantined
         self.held_rows: dict[str, int] = {}           # batch -> rows those keys matched
+        self.applied: list[str] = []                 # the loads made, in their order (`restore`)
+        self.restored = 0                             # how many times `restore` made them again
         self._closed = False
 
     def _held_filter(self, batch_id: str) -> str:
@@ -359,15 +362,30 @@ class WorldV2(World):
     def rows_to_load(self, batch_id: str) -> int:
         return self.prepared.row_counts[batch_id] - self.held_rows.get(batch_id, 0)
 
-    def _intact(self) -> None:
-        """An episode on the borrowed database plays inside its transaction; SQLite rolls that back by itself when
-        a write finds no room (its temporary file), and then the episode's loads are gone: it cannot go on."""
-        if self._borrowed and not self.conn.in_transaction:
-            raise NoRoom(f"case {self.prepared.case.case_id}'s database: SQLite undid the episode's loads after a "
-                         f"write failed (no room for its temporary file?): {ROOM_HINT}")
+    def restore(self) -> None:
+        """Put the episode's loads back where SQLite undid them. An episode on the borrowed database plays inside
+        its transaction, and SQLite rolls that back by itself when a statement fails for want of room: a write of
+        its temporary file, or an agent's read whose sort spilled to one. The loads are made again, in their order,
+        in a new transaction (the loader is deterministic: the same rows, the same pages), so an agent's failed read
+        costs it only that read; where they find no room themselves, that is the machine's failure (NoRoom)."""
+        if not self._borrowed or self.conn.in_transaction:
+            return
+        conn = self.conn
+        try:
+            own_statement(conn, "BEGIN")
+            for batch_id in self.applied:
+                self._insert(batch_id)
+        except BaseException as exc:
+            if conn.in_transaction:  # nothing half made: the next restore makes them all
+                own_statement(conn, "ROLLBACK", must=True)
+            room = self.no_room(exc) if isinstance(exc, sqlite3.Error) else None
+            if room is None:
+                raise
+            raise room from None
+        self.restored += 1
 
     def revenue(self) -> float:
-        self._intact()
+        self.restore()
         return super().revenue()
 
     def no_room(self, exc: sqlite3.Error) -> NoRoom | None:
@@ -384,7 +402,12 @@ class WorldV2(World):
 
     def load(self, batch_id: str) -> int:
         """The loader: copies the file's rows (held rows aside) into the warehouse by position."""
-        self._intact()
+        self.restore()
+        rows = self._insert(batch_id)
+        self.applied.append(batch_id)
+        return rows
+
+    def _insert(self, batch_id: str) -> int:
         prepared = self.prepared
         table = prepared.batches[batch_id].table
         select = ", ".join(load_exprs(prepared, batch_id))
