@@ -375,3 +375,50 @@ def test_every_character_sqlite_skips_before_vacuum_the_refusal_skips_too():
             if not _VACUUM.match(query):
                 missed.append(hex(cp))
     assert skipped > 60_000 and missed == []  # the comment case alone is one a character
+
+
+SIDE_BY_SIDE_CHILD = """
+import json, threading, time
+from gate_pipeline.kernel.cases import load_case
+from gate_pipeline.kernel.contract import load_contract
+from gate_pipeline.kernel.engine import Session, prepare
+from gate_pipeline.suites.v2.generator import generate_case
+
+case = load_case(generate_case("v2-side-by-side", "partial-defect", 0, 11, load_contract("v2"), 8000))
+prepared = prepare(case)
+a, b = Session(prepared), Session(prepared)
+query = "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM r WHERE i < 300000) SELECT COUNT(*) FROM r"
+reading = threading.Event()
+
+def reads():
+    for _ in range(10):
+        a.call("run_sql", {"query": query})
+        reading.set()
+
+t = threading.Thread(target=reads)
+t.start()
+reading.wait()
+profiles = [b.call("profile_batch", {"batch_id": bid}) for bid in prepared.order]
+copy = prepared.profile_of(prepared.order[0])  # no episode's connection: a copy of the lent database
+b.call("submit_report", {"loaded": [], "quarantined": list(prepared.order)})
+graded = b.finish().grade.correct_revenue
+t.join()
+alone = prepare(case)
+print(json.dumps({"borrowed": [a.episode.world._borrowed, b.episode.world._borrowed],
+                  "same": profiles == [alone.profile(bid) for bid in alone.order] and copy == profiles[0],
+                  "mart": [graded, alone.correct_mart]}))
+"""
+
+
+def test_two_episodes_of_one_case_side_by_side_never_share_a_connection():
+    """`gate serve` and trainers play one case in several threads: one episode borrows the prepared database, the
+    others play on databases of their own. A first profile or correct mart asked for by the second while the first
+    runs a query must not be read through the first's connection (SQLite's callbacks on one thread and a second
+    thread on the same connection deadlock both, and the whole process with them): each episode reads through its
+    own. In a child process, so that a deadlock fails the test rather than hanging it."""
+    import subprocess
+    import sys
+    child = subprocess.run([sys.executable, "-c", SIDE_BY_SIDE_CHILD], capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr[-2000:]
+    got = json.loads(child.stdout.splitlines()[-1])
+    assert got["borrowed"] == [True, False] and got["same"] and got["mart"][0] == got["mart"][1], got

@@ -47,7 +47,12 @@ def batch_findings(prepared, batch_id: str, df=None, customers_loaded: list[tupl
     """The rules one batch breaks, as gate judges it from the case (see the module docstring), the
     customers batches in `customers_loaded` ((batch id, keys of its rows held back)) counted as loaded
     before it (default: as the truth loads them)."""
-    case, conn = prepared.case, prepared._reader()
+    with prepared.reading() as conn:
+        return _batch_findings(prepared, conn, batch_id, df, customers_loaded)
+
+
+def _batch_findings(prepared, conn, batch_id: str, df, customers_loaded) -> Findings:
+    case = prepared.case
     batch = prepared.batches[batch_id]
     table, header, staging = batch.table, prepared.headers[batch_id], prepared.staging[batch_id]
     contract = prepared.contract

@@ -89,6 +89,8 @@ class EpisodeV2(Episode):
 
     # -- the tools that differ in v2 -------------------------------------------------------------
     def profile_batch(self, batch_id):
+        if batch_id in self.prepared.batches:  # through this episode's connection, not the one it may have lent
+            self.prepared.profile_on(batch_id, self.world.conn)
         result = super().profile_batch(batch_id)
         if batch_id in self.prepared.batches:
             self.world.sandbox.mark_looked(self.prepared.staging[batch_id])

@@ -22,7 +22,8 @@ from __future__ import annotations
 import functools
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import cached_property
 
 from ...kernel.cases import Case
@@ -131,6 +132,9 @@ class PreparedCaseV2(PreparedCase):
             self.rulings.setdefault((r["batch_id"], r["column"]), []).append(r)
         self._db: sqlite3.Connection | None = None
         self._db_busy = False
+        # the database is lent to one episode at a time, and read by nobody else while it is: an episode's query
+        # runs SQLite's callbacks, and a second thread on the same connection meanwhile can deadlock both
+        self._lock = threading.RLock()
         self.total_rows = 0
         self._db = self.build()
         self.db_bytes = self.database_bytes(self._db)
@@ -181,32 +185,45 @@ class PreparedCaseV2(PreparedCase):
     def open_db(self) -> tuple[sqlite3.Connection, bool]:
         """(connection, borrowed): the prepared database inside a transaction when no episode holds it,
         else a database of the episode's own."""
-        if not self._db_busy and self._db is not None:
-            own_statement(self._db, "BEGIN")  # the last episode's callbacks are still on it: Ctrl-C's, perhaps
-            self._db_busy = True
-            return self._db, True
+        with self._lock:
+            if not self._db_busy and self._db is not None:
+                own_statement(self._db, "BEGIN")  # the last episode's callbacks are still on it: Ctrl-C's, perhaps
+                self._db_busy = True
+                return self._db, True
         return self.build(), False
 
     def release_db(self, conn: sqlite3.Connection, borrowed: bool) -> None:
         if borrowed:
-            try:
-                if conn.in_transaction:  # the episode's loads undone, whatever comes (Ctrl-C)
-                    own_statement(conn, "ROLLBACK", must=True)
-                elif conn is self._db:  # SQLite rolled the episode's transaction back itself (a write that found no
-                    # room): what it did after that stayed in the database, so no later episode is given it
-                    self._db = None
-                    conn.close()
-            finally:
-                self._db_busy = False
+            with self._lock:
+                try:
+                    if conn.in_transaction:  # the episode's loads undone, whatever comes (Ctrl-C)
+                        own_statement(conn, "ROLLBACK", must=True)
+                    elif conn is self._db:  # SQLite rolled the episode's transaction back itself (a write that found
+                        # no room): what it did after that stayed in the database, so no later episode is given it
+                        self._db = None
+                        conn.close()
+                finally:
+                    self._db_busy = False
         else:
             conn.close()
 
-    def _reader(self) -> sqlite3.Connection:
-        """A connection to read the staged files and the past from (the prepared database; staging never
-        changes, and the past is told apart from tonight's loads by batch_id)."""
-        if self._db is None:
-            self._db = self.build()
-        return self._db
+    @contextmanager
+    def reading(self) -> Iterator[sqlite3.Connection]:
+        """A connection to read the staged files and the past from, for as long as the block runs (staging never
+        changes, and the past is told apart from tonight's loads by batch_id): the prepared database when no
+        episode holds it, else a copy made for the read (an episode reads through its own connection instead:
+        `profile_on`, `correct_mart_on`)."""
+        with self._lock:
+            if not self._db_busy:
+                if self._db is None:
+                    self._db = self.build()
+                yield self._db
+                return
+        copy = self.build()
+        try:
+            yield copy
+        finally:
+            copy.close()
 
     # -- what the tools and the grader read ------------------------------------------------
     def preview(self, batch_id: str, n: int) -> tuple[list[str], list[list]]:
@@ -219,7 +236,16 @@ class PreparedCaseV2(PreparedCase):
         return list(self.headers[batch_id]), rows
 
     def profile_of(self, batch_id: str) -> dict:
-        return profile(self._reader(), self.batches[batch_id], self.staging[batch_id], self.headers[batch_id],
+        with self.reading() as conn:
+            return self._profile(conn, batch_id)
+
+    def profile_on(self, batch_id: str, conn: sqlite3.Connection) -> None:
+        """Compute the batch's profile through an episode's own connection, when it is not known yet."""
+        if batch_id not in self._profiles:
+            self._profiles[batch_id] = self._profile(conn, batch_id)
+
+    def _profile(self, conn: sqlite3.Connection, batch_id: str) -> dict:
+        return profile(conn, self.batches[batch_id], self.staging[batch_id], self.headers[batch_id],
                        self.row_counts[batch_id])
 
     def warehouse_rows(self) -> dict[str, int]:
@@ -229,7 +255,14 @@ class PreparedCaseV2(PreparedCase):
     def correct_mart(self) -> float:
         """The mart if every batch were handled as its truth says: the warehouse's past, every clean batch
         loaded once, every row-level batch loaded without its bad rows, by the loader's rules."""
-        return correct_mart(self._reader(), self)
+        with self.reading() as conn:
+            return correct_mart(conn, self)
+
+    def correct_mart_on(self, conn: sqlite3.Connection) -> float:
+        """`correct_mart`, computed through an episode's own connection when it is not known yet."""
+        if "correct_mart" not in self.__dict__:  # where the cached property keeps it
+            self.__dict__["correct_mart"] = correct_mart(conn, self)
+        return self.__dict__["correct_mart"]
 
     @cached_property
     def gold_rows(self) -> list[tuple]:
@@ -347,7 +380,7 @@ class WorldV2(World):
         prepared = self.prepared
         # a load is coming (a load's entry counts its orphans first): the grade's correct mart is computed before
         # it, so the temporary tables of its query never come on top of the loads and their rollback journal
-        prepared.correct_mart  # noqa: B018 (a cached property)
+        prepared.correct_mart_on(self.conn)
         if prepared.batches[batch_id].table != "orders":
             return 0
         header = prepared.headers[batch_id]
@@ -386,6 +419,7 @@ class WorldV2(World):
 
     def revenue(self) -> float:
         self.restore()
+        self.prepared.correct_mart_on(self.conn)  # the grade reads it next: through this episode's connection
         return super().revenue()
 
     def no_room(self, exc: sqlite3.Error) -> NoRoom | None:
