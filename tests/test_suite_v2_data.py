@@ -289,7 +289,7 @@ prepared = prepare(case)
 grown = rss() - before
 rewards = [play(prepared, "oracle").grade.reward for _ in range(2)]  # the second on the database the first gave back
 print(json.dumps({"db": prepared.db_bytes, "grown": grown, "rewards": rewards,
-                  "db_after": prepared.database_bytes(prepared._reader())}))
+                  "db_after": prepared.database_bytes(prepared._db)}))
 """
 
 
@@ -631,6 +631,55 @@ def test_an_agents_read_that_finds_no_room_is_its_querys_error_and_the_episodes_
     assert none[0] == "reported" and none[2] > 0
     for where in ("reads", "look"):
         assert got["out"][where][0] == "reported" and got["out"][where][2:] == none[2:], where
+
+
+PLAIN_READ_CHILD = """
+import json, os, resource, signal
+from gate_pipeline.kernel import world
+world.SPILL_CACHE_KIB = 2048
+from gate_pipeline.kernel.cases import load_case
+from gate_pipeline.kernel.contract import load_contract
+from gate_pipeline.kernel.engine import Session, prepare
+from gate_pipeline.kernel.errors import NoRoom
+from gate_pipeline.suites.v2.generator import generate_case
+
+prepared = prepare(load_case(generate_case("v2-plain-read", "partial-defect", 0, 11, load_contract("v2"), 8_000)))
+session = Session(prepared)
+for bid in prepared.order:  # the loads' pages fill the cache, not yet written
+    session.call("load_batch", {"batch_id": bid})
+bid = prepared.order[0]
+# the database's temporary file (SQLite unlinks it as it makes it): the disk holds what it holds and no more, as a
+# full disk does; what SQLite undoes it can write again where it was
+sizes = []
+for fd in os.listdir("/proc/self/fd"):
+    try:
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(os.environ["SQLITE_TMPDIR"]):
+            sizes.append(os.fstat(int(fd)).st_size)
+    except OSError:  # the listing's own descriptor, closed by now
+        pass
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (max(sizes), resource.RLIM_INFINITY))
+try:
+    out = session.call("run_sql", {"query": f"SELECT COUNT(*), SUM(length(customer_id)) FROM {prepared.staging[bid]}"})
+except NoRoom as exc:
+    out = "NoRoom: " + str(exc)
+print(json.dumps({"out": out, "done": session.done, "graded": session.result is not None}))
+"""
+
+
+def test_a_plain_read_that_finds_no_room_for_the_loads_pages_is_the_machines_failure(tmp_path):
+    """A read that makes nothing temporary of its own (no sort, no temporary b-tree: `EXPLAIN` says which) can need room
+    only for the database's own pages, the episode's loads spilled from the cache: where there is none (a file-size
+    limit here, as a full disk), that is the machine's failure (NoRoom), not the agent's query error, and the episode
+    is not graded. A read that sorts can need room of its own, and stays its query's error (the test above)."""
+    import subprocess
+    import sys
+    child = subprocess.run([sys.executable, "-c", PLAIN_READ_CHILD], capture_output=True, text=True, timeout=600,
+                           env={**os.environ, "SQLITE_TMPDIR": str(tmp_path)})
+    assert child.returncode == 0, child.stderr[-2000:]
+    got = json.loads(child.stdout.splitlines()[-1])
+    assert str(got["out"]).startswith("NoRoom: case v2-plain-read's database: ") and got["done"], got
+    assert not got["graded"], got
 
 
 @contextmanager

@@ -35,7 +35,16 @@ import re
 import sqlite3
 import time
 
-from ...kernel.sandbox import CAUGHT, DENIED_FUNCTIONS, INTERVAL, STEP_BUDGET, TIME_BUDGET_S, Sandbox, own_statement
+from ...kernel.sandbox import (
+    CAUGHT,
+    DENIED_FUNCTIONS,
+    INTERVAL,
+    STEP_BUDGET,
+    TIME_BUDGET_S,
+    Sandbox,
+    gates_own,
+    own_statement,
+)
 from ...kernel.world import no_room
 
 STEPS_PER_ROW = 100
@@ -59,6 +68,11 @@ _VACUUM = re.compile(r"(?:[ \t\n\f\r;\ufeff]|--[^\n]*(?:\n|\Z)|/\*.*?(?:\*/|\Z))
 def budgets(total_rows: int) -> tuple[int, float]:
     """(step budget, time budget in seconds) of a database holding `total_rows` rows."""
     return STEP_BUDGET + STEPS_PER_ROW * total_rows, TIME_BUDGET_S + SECONDS_PER_ROW * total_rows
+
+
+# the opcodes of a statement that makes temporary b-trees or sort files of its own (a sort, DISTINCT, a subquery or
+# CTE made once, an automatic index): only such a read can need room the database's own pages do not
+TEMP_OPCODES = frozenset({"SorterOpen", "OpenEphemeral", "OpenAutoindex", "OpenDup"})
 
 
 class _OverBudget(Exception):
@@ -119,7 +133,8 @@ class SandboxV2(Sandbox):
                 raise _OverBudget  # would take what is left (SQLite cannot stop a compilation)
             try:
                 rows, _, steps = self.execute(query, self.fine)
-            except CAUGHT:  # the agent's query's own failure (with the table emptied it may sort more, say)
+            except CAUGHT as exc:  # the agent's query's own failure (with the table emptied it may sort more, say)
+                self._machines(exc, query)
                 if self.steps > self.step_budget or time.monotonic() > self.deadline or self.compile_over:
                     raise _OverBudget from None
                 return None
@@ -143,6 +158,29 @@ class SandboxV2(Sandbox):
             room = no_room(exc, self.database)
             if room is None:
                 raise
+            raise room from None
+
+    def run(self, query: str) -> tuple[dict, list[str], dict]:
+        try:
+            return super().run(query)
+        except CAUGHT as exc:
+            self._machines(exc, query)
+            raise
+
+    def _machines(self, exc: BaseException, query: str) -> None:
+        """Raise NoRoom when a read failed for want of room it did not ask for: a statement that makes nothing
+        temporary of its own writes only the database's pages (the episode's loads, spilled from the cache), so the
+        room it lacked is the one the case needs, the machine's failure. A read that sorts, or makes any temporary
+        b-tree, can need room of its own without end within its budget: that failure stays its query's error."""
+        room = no_room(exc, self.database) if isinstance(exc, sqlite3.Error) else None
+        if room is None:
+            return
+        try:
+            with gates_own():
+                opcodes = {row[1] for row in self.conn.execute("EXPLAIN " + query)}
+        except sqlite3.Error:
+            return  # not known: the query's error
+        if not opcodes & TEMP_OPCODES:
             raise room from None
 
     def after_read(self, query: str, tables: list[str], fetched: list[tuple]) -> dict:
