@@ -422,3 +422,37 @@ def test_two_episodes_of_one_case_side_by_side_never_share_a_connection():
     assert child.returncode == 0, child.stderr[-2000:]
     got = json.loads(child.stdout.splitlines()[-1])
     assert got["borrowed"] == [True, False] and got["same"] and got["mart"][0] == got["mart"][1], got
+
+
+def test_a_dense_episode_reads_its_gold_rows_before_it_borrows_the_cases_database():
+    """The dense reward's gold rows are read from the case's database: read after the episode borrowed it, each read
+    built a copy of the whole database (seconds at real size, and its room again on disk). Made first, the episode
+    then borrows the database, and nothing is built."""
+    prepared = prepare(CASES["v2-eval-partial-defect-0"])
+    built = []
+    build = prepared.build
+    prepared.build = lambda: built.append(1) or build()  # type: ignore[method-assign]
+    s = Session(prepared, reward="dense")
+    assert s.episode.world._borrowed and built == [] and prepared.gold_rows
+    s.finish()
+
+
+def test_a_no_room_error_of_gates_own_statement_around_a_read_is_the_machines_and_compiles_no_agent_text():
+    """Only the agent's query itself, authorised and run under the guard, is ever compiled again to see whether it
+    makes temporary files of its own; a no-room error from gate's own statements around it (reading the schema) is
+    the machine's at once, and text the guard never let compile (a pragma, here in a comment's company) is not
+    compiled unguarded, where SQLite would carry the pragma out."""
+    import sqlite3
+
+    from gate_pipeline.kernel.errors import NoRoom
+    s = session("v2-eval-partial-defect-0")
+    sandbox = s.episode.world.sandbox
+    conn = s.episode.world.conn
+    before = conn.execute("PRAGMA hard_heap_limit").fetchone()[0]
+    exc = sqlite3.OperationalError("database or disk is full")
+    exc.sqlite_errorcode = sqlite3.SQLITE_FULL
+    sandbox.query_error = None
+    with pytest.raises(NoRoom):
+        sandbox._machines(exc, "/* stg */ PRAGMA hard_heap_limit = 2000000")
+    assert conn.execute("PRAGMA hard_heap_limit").fetchone()[0] == before
+    s.finish()

@@ -139,18 +139,26 @@ class Session:
         self._t0 = time.perf_counter()
         # with nobody watching entries as they are written, the chain is hashed once, when first read
         self.watchers = tuple(sink for sink in self.sinks if sink.wants_entries)
+        # a shaper that needs no episode is made first: what it reads of the case (the dense reward's gold rows) is
+        # read before the episode borrows the case's database, not from a copy of it
+        early = reward != "potential"
+        shaper = make_shaper(reward, prepared) if early else None
         self.episode = prepared.suite.episode(prepared, self._to_sinks if self.watchers else None,
                                               deferred_ledger=not self.watchers)
-        self.shaper = make_shaper(reward, prepared, self.episode)
         self.rewards: list[float] = []
         self.report_index: int | None = None
         self.result: EpisodeResult | None = None
         self.failure: NoRoom | None = None  # the machine failed the episode (no room): over, with no result
-        if self.sinks:
-            start = EpisodeStart(self.episode_id, prepared.case, agent, dict(options or {}), run_id, rollout,
-                                 self.started_at, prepared, agent_name or agent)
-            for sink in self.sinks:
-                sink.start(start)
+        try:  # whatever fails from here, the episode gives back what it borrowed
+            self.shaper = shaper if early else make_shaper(reward, prepared, self.episode)
+            if self.sinks:
+                start = EpisodeStart(self.episode_id, prepared.case, agent, dict(options or {}), run_id, rollout,
+                                     self.started_at, prepared, agent_name or agent)
+                for sink in self.sinks:
+                    sink.start(start)
+        except BaseException:
+            self.episode.close()
+            raise
 
     def _to_sinks(self, entry: dict) -> None:
         for sink in self.watchers:

@@ -343,6 +343,7 @@ class Sandbox:
         self.steps = 0
         self.deadline = time.monotonic() + self.time_budget
         self.compile_over = self.refused = self.budget_over = False
+        self.query_error: sqlite3.Error | None = None  # what the query itself raised (not a statement of gate's)
         raise_swallowed()  # what came during gate's own statements before this one
         if (not self.schema_trusted or may_grow(query)) and query != self._compiled:
             check = take()
@@ -375,6 +376,7 @@ class Sandbox:
             columns = [d[0] for d in cur.description] if cur.description else []
             cur.close()
         except sqlite3.DatabaseError as exc:
+            self.query_error = exc
             raise_swallowed()  # not the query's error: gate's, given back
             if _an_interrupt(str(exc), decided=self.stopped_itself()):
                 raise KeyboardInterrupt from None

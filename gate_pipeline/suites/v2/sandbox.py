@@ -168,14 +168,17 @@ class SandboxV2(Sandbox):
             raise
 
     def _machines(self, exc: BaseException, query: str) -> None:
-        """Raise NoRoom when a read failed for want of room it did not ask for: a statement that makes nothing
-        temporary of its own writes only the database's pages (the episode's loads, spilled from the cache), so the
-        room it lacked is the one the case needs, the machine's failure. A read that sorts, or makes any temporary
-        b-tree, can need room of its own without end within its budget: that failure stays its query's error."""
+        """Raise NoRoom when a read failed for want of room it did not ask for: a statement of gate's own around the
+        query (reading the schema, the look check's), or a query that makes nothing temporary of its own, which
+        writes only the database's pages (the episode's loads, spilled from the cache), so the room it lacked is
+        the one the case needs. A read that sorts, or makes any temporary b-tree, can need room of its own without
+        end within its budget: that failure stays its query's error (on a disk full for other reasons too)."""
         room = no_room(exc, self.database) if isinstance(exc, sqlite3.Error) else None
         if room is None:
             return
-        try:
+        if exc is not self.query_error:
+            raise room from None
+        try:  # text the guard let compile and run: compiling it again takes what it took
             with gates_own():
                 opcodes = {row[1] for row in self.conn.execute("EXPLAIN " + query)}
         except sqlite3.Error:
