@@ -148,7 +148,6 @@ class Session:
         self.rewards: list[float] = []
         self.report_index: int | None = None
         self.result: EpisodeResult | None = None
-        self.failure: NoRoom | None = None  # the machine failed the episode (no room): over, with no result
         try:  # whatever fails from here, the episode gives back what it borrowed
             self.shaper = shaper if early else make_shaper(reward, prepared, self.episode)
             if self.sinks:
@@ -172,6 +171,12 @@ class Session:
     @property
     def turn(self) -> int:
         return len(self.rewards)
+
+    @property
+    def failure(self) -> NoRoom | None:
+        """The machine's failure of the episode (no room for its database's pages): over, with no result. The
+        episode keeps it, whether a tool call or the grade found it."""
+        return self.episode.machine_failure
 
     @property
     def done(self) -> bool:
@@ -220,8 +225,7 @@ class Session:
     def _call(self, tool, args):
         try:
             return self.episode.call(tool, args)
-        except NoRoom as exc:  # the machine's failure: the episode is over, and closed now (its database freed)
-            self.failure = exc
+        except NoRoom:  # the machine's failure (the episode keeps it): over, and closed now (its database freed)
             self.episode.close()
             raise
 
@@ -241,16 +245,13 @@ class Session:
         """Grade the episode (0 with the reason when `error` is set), close it, tell the sinks."""
         if self.result is not None:
             return self.result
-        if self.failure is not None:  # failed by the machine, and closed: it stays so
+        if self.failure is not None:  # failed by the machine (not the agent): not graded, no result; closed, it stays so
+            self.episode.close()
+            raise_swallowed()  # Ctrl-C that came while gate's statements failed goes first
             raise NoRoom(str(self.failure))
         if not end_reason:
             end_reason = AGENT_ERROR if error else REPORTED if self.report_index is not None else NO_REPORT
         try:
-            failed = self.episode.machine_failure
-            if failed is not None:  # the machine failed the episode (not the agent): not graded, no result
-                self.failure = NoRoom(str(failed))
-                raise_swallowed()  # Ctrl-C that came while gate's statements failed goes first
-                raise self.failure
             try:
                 with gates_own():  # the grade's own statements: a failure is Ctrl-C's, perhaps
                     g = grade(self.episode, error)
@@ -258,10 +259,10 @@ class Session:
                 room = self.episode.world.no_room(exc)
                 if room is None:
                     raise
-                self.failure = room
+                self.episode.machine_failure = room
                 raise room from None
             except NoRoom as exc:
-                self.failure = exc
+                self.episode.machine_failure = exc
                 raise
             if self.report_index is not None:
                 self.rewards[self.report_index] += g.reward

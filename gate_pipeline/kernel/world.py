@@ -54,6 +54,14 @@ def no_room(exc: sqlite3.Error, what: str) -> NoRoom | None:
                   f"a temporary file: {ROOM_HINT})")
 
 
+def raise_no_room(exc: BaseException, what: str) -> None:
+    """Raise `no_room`'s NoRoom in place of `exc` (called where `exc` is handled) when it is SQLite finding no
+    room for a spilling database's pages; otherwise return, and the caller raises `exc` again."""
+    room = no_room(exc, what) if isinstance(exc, sqlite3.Error) else None
+    if room is not None:
+        raise room from None
+
+
 _SCRATCH = threading.local()
 
 

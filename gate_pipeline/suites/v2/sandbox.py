@@ -45,7 +45,7 @@ from ...kernel.sandbox import (
     gates_own,
     own_statement,
 )
-from ...kernel.world import no_room
+from ...kernel.world import no_room, raise_no_room
 
 STEPS_PER_ROW = 100
 SECONDS_PER_ROW = 10e-6
@@ -155,10 +155,8 @@ class SandboxV2(Sandbox):
         try:
             own_statement(self.conn, sql, must)
         except sqlite3.Error as exc:
-            room = no_room(exc, self.database)
-            if room is None:
-                raise
-            raise room from None
+            raise_no_room(exc, self.database)
+            raise
 
     def run(self, query: str) -> tuple[dict, list[str], dict]:
         try:

@@ -29,7 +29,7 @@ from functools import cached_property
 from ...kernel.cases import Case
 from ...kernel.errors import NoRoom
 from ...kernel.sandbox import own_statement, sql_function
-from ...kernel.world import PreparedCase, World, connect, no_room, revenue_of
+from ...kernel.world import PreparedCase, World, connect, no_room, raise_no_room, revenue_of
 from .contract import COLUMNS_V2, KEY_COLUMNS
 from .files import header_of, rows_of
 from .generator import LOAD_HOUR
@@ -124,6 +124,7 @@ class PreparedCaseV2(PreparedCase):
 
     def __init__(self, case: Case):
         super().__init__(case)
+        self.database = f"case {case.case_id}'s database"  # how an error (NoRoom) names it
         self.night: str = case.data["night"]
         self.headers = {bid: header_of(b.data["csv"]) for bid, b in self.batches.items()}
         self.row_counts = {bid: b.data["row_count"] for bid, b in self.batches.items()}
@@ -166,14 +167,9 @@ class PreparedCaseV2(PreparedCase):
             for ddl in INDEXES:
                 conn.execute(ddl)
             conn.execute("COMMIT")
-        except sqlite3.Error as exc:
+        except BaseException as exc:
             conn.close()
-            room = no_room(exc, f"case {self.case.case_id}'s database")
-            if room is None:
-                raise
-            raise room from None
-        except BaseException:
-            conn.close()
+            raise_no_room(exc, self.database)
             raise
         self.total_rows = total
         return conn
@@ -352,7 +348,7 @@ class WorldV2(World):
     def __init__(self, prepared: PreparedCaseV2, listener=None, deferred_ledger: bool = False):
         conn, self._borrowed = prepared.open_db()
         staging = {prepared.staging[bid]: (prepared.headers[bid], prepared.row_counts[bid]) for bid in prepared.order}
-        sandbox = SandboxV2(conn, staging, prepared.total_rows, f"case {prepared.case.case_id}'s database")
+        sandbox = SandboxV2(conn, staging, prepared.total_rows, prepared.database)
         super().__init__(prepared, conn, sandbox, listener, deferred_ledger)
         self.prepared: PreparedCaseV2 = prepared
         self.sandbox: SandboxV2
@@ -411,10 +407,8 @@ class WorldV2(World):
         except BaseException as exc:
             if conn.in_transaction:  # nothing half made: the next restore makes them all
                 own_statement(conn, "ROLLBACK", must=True)
-            room = self.no_room(exc) if isinstance(exc, sqlite3.Error) else None
-            if room is None:
-                raise
-            raise room from None
+            raise_no_room(exc, self.prepared.database)
+            raise
         self.restored += 1
 
     def revenue(self) -> float:
@@ -423,7 +417,7 @@ class WorldV2(World):
         return super().revenue()
 
     def no_room(self, exc: sqlite3.Error) -> NoRoom | None:
-        return no_room(exc, f"case {self.prepared.case.case_id}'s database")
+        return no_room(exc, self.prepared.database)
 
     def image(self) -> bytes:
         """The final database as a file's bytes, the same however it was kept: an in-memory database leaves the
