@@ -1286,8 +1286,9 @@ class StoreSink(Sink):
     writes what is kept once that many seconds have passed since the last write (so a process
     killed with -9 loses at most that much work, however slow its episodes). `before_commit`, when
     given, is called with the episodes about to be written, before the transaction (`gate run`
-    writes their transcript lines there, so every stored episode has one). `complete(run_id)` ends a run
-    played through the Python API: its manifest then lists its episodes (`RunStore.complete_api_run`)."""
+    writes their transcript lines there, so every stored episode has one). An episode the machine failed is
+    closed as cut off (`fail`). `complete(run_id)` ends a run played through the Python API: its manifest then
+    lists its episodes (`RunStore.complete_api_run`)."""
     wants_warehouse = True
 
     def __init__(self, store: RunStore, announce: bool = True, batch: int = 1,
@@ -1323,6 +1324,19 @@ class StoreSink(Sink):
     def flush(self) -> None:
         if self.ended:
             self._write()
+
+    def fail(self, episode_id: str, reason: str) -> None:
+        """An episode the machine failed (no room for its database) ends in the store as one cut off does: graded 0
+        with the reason, so its run can end and be completed. One written only when it ends (`announce=False`)
+        leaves nothing, and is played again on resume."""
+        self.starts.pop(episode_id, None)
+        row = self.announced.get(episode_id)
+        if row is None:
+            return
+        self.flush()  # the episodes that ended before it first, as they ended
+        del self.announced[episode_id]
+        if self.store.close_abandoned(episode_id, reason):
+            self.stored.setdefault(row["run_id"], []).append(episode_id)
 
     def complete(self, run_id: str = "") -> int:
         """Write what is kept, then seal run `run_id` (episodes stored through the Python API, this sink's or

@@ -462,9 +462,9 @@ def test_an_episode_whose_transaction_sqlite_undid_gets_its_loads_back_and_leave
 def test_a_write_of_gates_that_finds_no_room_in_a_tool_call_stops_the_run_and_is_not_the_agents_failure(v2_eval):
     """A load that finds no room for the database's pages (a full disk; here SQLite's own page limit, which fails
     the write with the same SQLITE_FULL) is the machine's failure, not the agent's: the episode is not graded (an
-    agent_error graded 0 would count against the agent), gate's error ends the run, and the sinks are not told
-    of an episode that did not happen. An agent that catches the error and plays on changes nothing: its
-    episode still ends in the error."""
+    agent_error graded 0 would count against the agent), gate's error ends the run, and the sinks are told the
+    machine failed it (once), never that it ended. An agent that catches the error and plays on changes nothing:
+    its episode still ends in the error."""
     from gate_pipeline.kernel.agents import AgentSpec
     from gate_pipeline.kernel.engine import Sink, play
     from gate_pipeline.kernel.errors import NoRoom
@@ -474,10 +474,14 @@ def test_a_write_of_gates_that_finds_no_room_in_a_tool_call_stops_the_run_and_is
     largest = max(prepared.order, key=prepared.row_counts.__getitem__)
 
     class Ended(Sink):
-        results: list = []
+        def __init__(self):
+            self.results, self.failed = [], []
 
         def end(self, result):
             self.results.append(result)
+
+        def fail(self, episode_id, reason):
+            self.failed.append((episode_id, reason))
 
     class Full:
         name, oracle = "full", False
@@ -499,9 +503,10 @@ def test_a_write_of_gates_that_finds_no_room_in_a_tool_call_stops_the_run_and_is
     for catches in (False, True):
         spec = AgentSpec("full", options={"catches": catches}, factory=Full, identity="full")
         sink = Ended()
-        with pytest.raises(NoRoom, match="database or disk is full"):
+        with pytest.raises(NoRoom, match="database or disk is full") as raised:
             play(prepared, spec, sinks=(sink,))
         assert sink.results == []
+        assert len(sink.failed) == 1 and sink.failed[0][1] == str(raised.value)
         if prepared._db is lent:  # not dropped (SQLite undid only the statement): lent as it was before
             lent.execute("PRAGMA max_page_count = 4294967294")
     assert play(prepared, "oracle").grade.reward == 1.0
@@ -699,6 +704,40 @@ def _fails_for_want_of_room(prepared, act) -> None:
     from gate_pipeline.kernel.errors import NoRoom
     with _no_room_for_the_next_page(prepared), pytest.raises(NoRoom):
         act()
+
+
+def test_an_episode_the_machine_failed_ends_in_the_store_as_cut_off_so_its_api_run_can_be_completed(home, v2_eval):
+    """A StoreSink keeps an episode's row as it opens; one the machine failed (no room) never ends, and its row stayed
+    running: the run it was stored in through the Python API could not be completed. It is closed as a cut-off
+    episode is (graded 0, NoRoom's text as the reason); the run then completes, listing it with the one that ended
+    before it. A sink that writes episodes only when they end (`gate run`, which plays them again on resume) keeps
+    nothing of it."""
+    from gate_pipeline.kernel.engine import Session, play
+    from gate_pipeline.kernel.grading import grade_stored
+    from gate_pipeline.store import ABANDONED, ENDED, RunStore, StoreSink
+
+    case = v2_eval[0]
+    prepared = prepare(case)
+    largest = max(prepared.order, key=prepared.row_counts.__getitem__)
+    store = RunStore()
+    try:
+        sink = StoreSink(store, batch=4)
+        play(prepared, "oracle", sinks=[sink], run_id="api-run")  # ended, kept by the sink, not written yet
+        session = Session(prepared, "by-hand", sinks=[sink], run_id="api-run")
+        _fails_for_want_of_room(prepared, lambda: session.call("load_batch", {"batch_id": largest}))
+        rows = {r["agent"]: r for r in store.episodes(run_id="api-run")}
+        assert {a: (r["status"], r["end_reason"]) for a, r in rows.items()} == {
+            "oracle": (ENDED, "reported"), "by-hand": (ENDED, ABANDONED)}
+        assert "database or disk is full" in rows["by-hand"]["error"]
+        assert grade_stored(store.load(session.episode_id)).reward == 0.0
+        assert sink.complete("api-run") == 2
+
+        quiet = StoreSink(store, announce=False)
+        session = Session(prepared, "by-hand", sinks=[quiet], run_id="resumable")
+        _fails_for_want_of_room(prepared, lambda: session.call("load_batch", {"batch_id": largest}))
+        assert store.episodes(run_id="resumable") == [] and quiet.starts == {}
+    finally:
+        store.dispose()
 
 
 def test_an_episode_the_machine_failed_is_over_so_envs_reset_and_close_and_an_interrupt_goes_through(v2_eval):

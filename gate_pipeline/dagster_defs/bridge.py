@@ -122,6 +122,9 @@ class ToolBridge(Sink):
             detail = f"read {args.get('tables_read')}: {args['query']}" if action == "run_sql" else f"{action} {args}"
             self.context.log.debug(f"[{self.case_id} {self.agent}] {detail}")
 
+    def fail(self, episode_id: str, reason: str) -> None:
+        self.context.log.error(f"[{self.case_id} {self.agent}] the machine failed episode {episode_id}: {reason}")
+
     # -- per chunk -----------------------------------------------------------------------------
     def end(self, result: EpisodeResult) -> None:
         if self.chunk_asset is None:

@@ -72,6 +72,10 @@ class Sink:
     def end(self, result: EpisodeResult) -> None:
         pass
 
+    def fail(self, episode_id: str, reason: str) -> None:
+        """The machine failed the episode (`NoRoom`): it is over with no result, and no `end` follows."""
+        pass
+
 
 @dataclass(slots=True)
 class Step:
@@ -148,6 +152,7 @@ class Session:
         self.rewards: list[float] = []
         self.report_index: int | None = None
         self.result: EpisodeResult | None = None
+        self._failure_told = False  # whether the sinks were told the machine failed the episode
         try:  # whatever fails from here, the episode gives back what it borrowed
             self.shaper = shaper if early else make_shaper(reward, prepared, self.episode)
             if self.sinks:
@@ -226,7 +231,7 @@ class Session:
         try:
             return self.episode.call(tool, args)
         except NoRoom:  # the machine's failure (the episode keeps it): over, and closed now (its database freed)
-            self.episode.close()
+            self._failed()
             raise
 
     def _account(self, tool, args, result) -> dict | None:
@@ -246,7 +251,7 @@ class Session:
         if self.result is not None:
             return self.result
         if self.failure is not None:  # failed by the machine (not the agent): not graded, no result; closed, it stays so
-            self.episode.close()
+            self._failed()
             raise_swallowed()  # Ctrl-C that came while gate's statements failed goes first
             raise NoRoom(str(self.failure))
         if not end_reason:
@@ -260,9 +265,11 @@ class Session:
                 if room is None:
                     raise
                 self.episode.machine_failure = room
+                self._failed()
                 raise room from None
             except NoRoom as exc:
                 self.episode.machine_failure = exc
+                self._failed()
                 raise
             if self.report_index is not None:
                 self.rewards[self.report_index] += g.reward
@@ -282,6 +289,14 @@ class Session:
             sink.end(self.result)
         raise_swallowed()  # Ctrl-C while the grade's statements ran, which finished: the episode is recorded
         return self.result
+
+    def _failed(self) -> None:
+        """Close the episode the machine failed and tell the sinks so, once (closing again is nothing)."""
+        self.episode.close()
+        if not self._failure_told:
+            self._failure_told = True
+            for sink in self.sinks:
+                sink.fail(self.episode_id, str(self.failure))
 
     def abandon(self, why: str) -> EpisodeResult:
         """End an episode that was cut off (an interrupt, a crash around it): graded 0 with `why`."""
