@@ -123,18 +123,25 @@ def rebuild(stored: StoredEpisode, row: dict) -> str | None:
     try:
         names = {t.name: t.arg_names for t in prepared.suite.tools}
         session = Session(prepared, "rebuild", sinks=(_Warehouse(),))
+        ledger = session.episode.ledger
+        made: list[dict | None] = []  # per executed entry stored: the entry its call makes now (None: not applied)
         for e in stored.entries:
-            if isinstance(e, dict) and e.get("executed") is True and e.get("action") in names \
-                    and isinstance(e.get("args"), dict):
-                session.call(e["action"], {k: v for k, v in e["args"].items() if k in names[e["action"]]})
+            if not (isinstance(e, dict) and e.get("executed") is True):
+                continue
+            action, args = e.get("action"), e.get("args")
+            if action in names and isinstance(args, dict):
+                before = len(ledger.entries)
+                session.call(action, {k: v for k, v in args.items() if k in names[action]})
+                new = ledger.entries[before:]
+                made.append(new[0] if len(new) == 1 else None)
+            else:
+                made.append(None)
         result = session.finish()
     finally:
         prepared.close()
     want, got = _executed(stored.entries), _executed(result.ledger)
     if want != got:
         at = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
-        # each executed call was made once, in order, and each call makes one entry: the call's entry now
-        made = list(result.ledger)
         now = made[at] if at < len(made) else None
         refused = (f" (applied now, it is refused: {now.get('note')})"
                    if isinstance(now, dict) and now.get("executed") is False else "")

@@ -150,6 +150,13 @@ def test_a_stored_ledger_with_a_third_load_of_one_batch_does_not_replay_and_gate
     problem = rebuild(stored, {"warehouse_sha256": ""})
     assert problem == ("its ledger does not replay: applied to the stored case, executed call 2 (load_batch) does not "
                        "give the entry stored (applied now, it is refused: load limit)")
+    # an executed entry no tool makes, before it: the hint is of that entry's call (none was made), not of the load's
+    unknown = {**entries[-1], "action": "frobnicate", "args": {}}
+    stored = StoredEpisode("e", case, "scripted", {}, "r", 0, "ended", "no_report", "", [*entries[:-1], unknown,
+                                                                                         entries[-1]], "", None)
+    assert rebuild(stored, {"warehouse_sha256": ""}) == (
+        "its ledger does not replay: applied to the stored case, executed call 2 (frobnicate) does not give the "
+        "entry stored")
 
 
 def test_cite_defect_needs_a_quarantine_and_cites_once():
