@@ -133,6 +133,7 @@ class PreparedCaseV2(PreparedCase):
             self.rulings.setdefault((r["batch_id"], r["column"]), []).append(r)
         self._db: sqlite3.Connection | None = None
         self._db_busy = False
+        self._correct_mart: float | None = None  # `correct_mart`, once computed
         # the database is lent to one episode at a time, and read by nobody else while it is: an episode's query
         # runs SQLite's callbacks, and a second thread on the same connection meanwhile can deadlock both
         self._lock = threading.RLock()
@@ -255,18 +256,20 @@ class PreparedCaseV2(PreparedCase):
     def warehouse_rows(self) -> dict[str, int]:
         return {t: sum(1 for _ in rows_of(self.case.data["warehouse"][t])) for t in ("customers", "orders")}
 
-    @cached_property
+    @property
     def correct_mart(self) -> float:
         """The mart if every batch were handled as its truth says: the warehouse's past, every clean batch
-        loaded once, every row-level batch loaded without its bad rows, by the loader's rules."""
-        with self.reading() as conn:
-            return correct_mart(conn, self)
+        loaded once, every row-level batch loaded without its bad rows, by the loader's rules (computed once)."""
+        if self._correct_mart is None:
+            with self.reading() as conn:
+                self._correct_mart = correct_mart(conn, self)
+        return self._correct_mart
 
     def correct_mart_on(self, conn: sqlite3.Connection) -> float:
         """`correct_mart`, computed through an episode's own connection when it is not known yet."""
-        if "correct_mart" not in self.__dict__:  # where the cached property keeps it
-            self.__dict__["correct_mart"] = correct_mart(conn, self)
-        return self.__dict__["correct_mart"]
+        if self._correct_mart is None:
+            self._correct_mart = correct_mart(conn, self)
+        return self._correct_mart
 
     @cached_property
     def gold_rows(self) -> list[tuple]:
