@@ -431,36 +431,6 @@ def test_two_episodes_of_one_case_side_by_side_never_share_a_connection():
     assert got["borrowed"] == [True, False] and got["same"] and got["mart"][0] == got["mart"][1], got
 
 
-def test_an_episode_opens_and_ends_while_a_reader_without_one_reads_the_cases_database():
-    """A reader with no episode (the Dagster findings check, the first dense episode's gold rows) borrows the case's
-    database as an episode does, rather than holding the lock through its read: an episode of another thread that
-    opens meanwhile plays on a database of its own, and one that ends gives its database back, neither waiting for
-    the read to end (the second thread is joined with a timeout: waiting, it would not have finished)."""
-    import threading
-    prepared = prepare(CASES["v2-eval-partial-defect-0"])
-    held = Session(prepared)  # borrows the prepared database: the reader reads a copy, the next episode builds one
-    done: list = []
-
-    def other():
-        s = Session(prepared)
-        done.append(s.episode.world._borrowed)
-        s.finish()
-        done.append(s.result is not None)
-
-    with prepared.reading() as copy:
-        assert copy is not prepared._db
-        held.finish()  # gives it back while a reader reads: not waiting for the read
-    with prepared.reading() as conn:
-        assert conn is prepared._db
-        t = threading.Thread(target=other)
-        t.start()
-        t.join(timeout=30)
-        assert not t.is_alive() and done == [False, True]
-    s = Session(prepared)
-    assert s.episode.world._borrowed  # the reader gave it back
-    s.finish()
-
-
 def test_a_dense_episode_reads_its_gold_rows_before_it_borrows_the_cases_database():
     """The dense reward's gold rows are read from the case's database: read after the episode borrowed it, each read
     built a copy of the whole database (seconds at real size, and its room again on disk). Made first, the episode

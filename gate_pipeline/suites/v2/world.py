@@ -209,26 +209,18 @@ class PreparedCaseV2(PreparedCase):
         """A connection to read the staged files and the past from, for as long as the block runs (staging never
         changes, and the past is told apart from tonight's loads by batch_id): the prepared database when no
         episode holds it, else a copy made for the read (an episode reads through its own connection instead:
-        `profile_on`, `correct_mart_on`). The prepared database is lent to the reader as to an episode, not read
-        under the lock: an episode that opens or ends meanwhile does not wait for the read (pandera's checks of a
-        large batch take seconds)."""
+        `profile_on`, `correct_mart_on`)."""
         with self._lock:
-            lent = not self._db_busy
-            if lent:
+            if not self._db_busy:
                 if self._db is None:
                     self._db = self.build()
-                self._db_busy = True
-                conn = self._db
-        if not lent:
-            conn = self.build()
+                yield self._db
+                return
+        copy = self.build()
         try:
-            yield conn
+            yield copy
         finally:
-            if lent:
-                with self._lock:
-                    self._db_busy = False
-            else:
-                conn.close()
+            copy.close()
 
     # -- what the tools and the grader read ------------------------------------------------
     def preview(self, batch_id: str, n: int) -> tuple[list[str], list[list]]:
