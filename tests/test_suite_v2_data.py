@@ -740,6 +740,65 @@ def test_an_episode_the_machine_failed_ends_in_the_store_as_cut_off_so_its_api_r
         store.dispose()
 
 
+def test_a_failure_whose_ctrl_c_came_in_its_place_or_a_sink_that_cannot_record_it_still_closes_and_tells(
+        v2_eval, monkeypatch):
+    """A Ctrl-C kept while gate's statement failed for want of room is raised in NoRoom's place: the episode is over
+    all the same, and an environment's close closes it (its database given back) and tells the sinks, once. A sink
+    that cannot record the failure (its store on the same full disk) neither hides NoRoom nor keeps it from the
+    sinks after it: what it raised is a note on the failure."""
+    import sqlite3
+
+    from gate_pipeline.integrations.gymnasium_env import GateEnv
+    from gate_pipeline.kernel import sandbox
+    from gate_pipeline.kernel.engine import Session, Sink
+    from gate_pipeline.kernel.errors import NoRoom
+    from gate_pipeline.suites.v2.world import WorldV2
+
+    class Told(Sink):
+        def __init__(self):
+            self.told = []
+
+        def fail(self, episode_id, reason):
+            self.told.append(reason)
+
+        def end(self, result):
+            self.told.append("end")
+
+    class Broken(Sink):
+        def fail(self, episode_id, reason):
+            raise sqlite3.OperationalError("database or disk is full")  # the store's write
+
+    case = v2_eval[0]
+    env = GateEnv([case])
+    env.reset(options={"case_id": case.case_id})
+    session, told = env.session, Told()
+    session.sinks = (told,)
+    prepared = session.prepared
+    with monkeypatch.context() as m:
+        def load(self, batch_id):
+            sandbox._keep(KeyboardInterrupt())  # a Ctrl-C kept in a callback of gate's own statement
+            raise NoRoom("case x's database: database or disk is full")
+        m.setattr(WorldV2, "load", load)
+        with pytest.raises(KeyboardInterrupt):
+            env.step({"tool": "load_batch", "args": {"batch_id": prepared.order[0]}})
+    assert session.done and session.result is None
+    env.close()
+    assert session.episode.world._closed and not prepared._db_busy
+    assert told.told == ["case x's database: database or disk is full"]
+
+    prepared = prepare(case)
+    largest = max(prepared.order, key=prepared.row_counts.__getitem__)
+    after = Told()
+    session = Session(prepared, sinks=(Broken(), after))
+    with _no_room_for_the_next_page(prepared), pytest.raises(NoRoom) as raised:
+        session.call("load_batch", {"batch_id": largest})
+    assert after.told == [str(raised.value)]
+    assert raised.value.__notes__ == ["Broken could not record the failure: OperationalError: database or disk is full"]
+    with pytest.raises(NoRoom):
+        session.finish()
+    assert after.told == [str(raised.value)]
+
+
 def test_an_episode_the_machine_failed_is_over_so_envs_reset_and_close_and_an_interrupt_goes_through(v2_eval):
     """After NoRoom the episode is over (done, closed, further calls answered as over) and stays failed: the
     gymnasium env and the TRL env can be reset and closed (they end an open episode as abandoned, which a failed one

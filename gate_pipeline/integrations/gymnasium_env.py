@@ -227,8 +227,8 @@ class GateEnv(gymnasium.Env):
         return f"case {self.case_id or '-'} turn {turn}\n> {_action_text(action)}\n{result[:2000]}\n"
 
     def close(self) -> None:
-        if self.session is not None and not self.session.done:
-            self.session.abandon("the environment was reset or closed before the episode ended")
+        if self.session is not None:
+            self.session.close("the environment was reset or closed before the episode ended")
         self.session = None
 
 

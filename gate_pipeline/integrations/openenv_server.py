@@ -233,9 +233,9 @@ class GateServerEnv(Environment[GateAction, GateObservation, GateState]):
         """End the episode in play, if any (abandoned: graded 0), as the gymnasium env does. (Only a
         server stopping mid-step closes a session while its step still runs: that episode is dropped.)"""
         session, self.session = self.session, None
-        if session is not None and not session.done and self.busy.acquire(timeout=5):
+        if session is not None and session.result is None and self.busy.acquire(timeout=5):
             try:
-                session.abandon("the session was reset or closed before the episode ended")
+                session.close("the session was reset or closed before the episode ended")
             finally:
                 self.busy.release()
 

@@ -90,8 +90,8 @@ class GateTRLEnv:
         return float(result.grade.reward if self.reward_mode == "terminal" else result.total_reward)
 
     def _close(self, why: str) -> None:
-        if self.session is not None and not self.session.done:
-            self.session.abandon(why)
+        if self.session is not None:
+            self.session.close(why)
         self.session = None
 
 

@@ -230,8 +230,9 @@ class Session:
     def _call(self, tool, args):
         try:
             return self.episode.call(tool, args)
-        except NoRoom:  # the machine's failure (the episode keeps it): over, and closed now (its database freed)
-            self._failed()
+        except BaseException:  # NoRoom, or Ctrl-C raised in its place: the machine's failure (the episode keeps it)
+            if self.failure is not None:  # is over, and closed now (its database freed)
+                self._failed()
             raise
 
     def _account(self, tool, args, result) -> dict | None:
@@ -291,12 +292,29 @@ class Session:
         return self.result
 
     def _failed(self) -> None:
-        """Close the episode the machine failed and tell the sinks so, once (closing again is nothing)."""
+        """Close the episode the machine failed and tell the sinks so, once (closing again is nothing). A sink that
+        cannot record it (its store on the same full disk) does not hide the failure nor keep it from the sinks
+        after it: what it raised is a note on the failure."""
         self.episode.close()
-        if not self._failure_told:
-            self._failure_told = True
-            for sink in self.sinks:
-                sink.fail(self.episode_id, str(self.failure))
+        if self._failure_told:
+            return
+        self._failure_told = True
+        failure = self.failure
+        assert failure is not None
+        for sink in self.sinks:
+            try:
+                sink.fail(self.episode_id, str(failure))
+            except Exception as exc:  # noqa: BLE001 - noted on the failure, which is what is raised
+                failure.add_note(f"{type(sink).__name__} could not record the failure: {type(exc).__name__}: {exc}")
+
+    def close(self, why: str) -> None:
+        """End the episode however it stands, quietly (an environment's reset or close): graded, it stays so; failed
+        by the machine, it is closed and its sinks told, once; in play, it is cut off now (`abandon`, graded 0)."""
+        if self.result is None:
+            try:
+                self.abandon(why)
+            except NoRoom:
+                pass
 
     def abandon(self, why: str) -> EpisodeResult:
         """End an episode that was cut off (an interrupt, a crash around it): graded 0 with `why`."""
@@ -355,11 +373,8 @@ def _guarded(session: Session):
         error, end_reason = _failure(exc)
         run.result = session.finish(error, end_reason, _log(run.built))
         return
-    except BaseException:  # an interrupt (or a cancelled task): record the episode as cut off, then let it through
-        try:
-            session.abandon("interrupted before the agent finished")
-        except NoRoom:  # the machine failed the episode first: the interrupt is what goes through
-            pass
+    except BaseException:  # an interrupt (or a cancelled task): record the episode as cut off (unless the machine
+        session.close("interrupted before the agent finished")  # failed it first), then let it through
         raise
     run.result = session.finish(agent_log=_log(run.built))
 

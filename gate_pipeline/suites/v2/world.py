@@ -209,7 +209,9 @@ class PreparedCaseV2(PreparedCase):
         """A connection to read the staged files and the past from, for as long as the block runs (staging never
         changes, and the past is told apart from tonight's loads by batch_id): the prepared database when no
         episode holds it, else a copy made for the read (an episode reads through its own connection instead:
-        `profile_on`, `correct_mart_on`)."""
+        `profile_on`, `correct_mart_on`). The lock is held through the read, which it holds only while no episode
+        has the database: an episode that opens meanwhile waits for the read (seconds at most, at real size) rather
+        than build a copy of the whole database."""
         with self._lock:
             if not self._db_busy:
                 if self._db is None:
