@@ -41,7 +41,7 @@ def connect(spill: bool = False) -> sqlite3.Connection:
     return conn
 
 
-ROOM_HINT = "set SQLITE_TMPDIR to a directory with room"
+ROOM_HINT = "set SQLITE_TMPDIR to a directory it can write, with room"
 _NO_ROOM = frozenset({sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CANTOPEN})
 
 
