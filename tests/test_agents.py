@@ -171,3 +171,43 @@ def test_the_random_agent_draws_from_the_case_not_the_play_order(eval_cases):
     play(b, "random")
     assert play(a, "random").ledger == first
     assert play(b, "random").ledger != first
+
+
+class SaysOracleOnceBuilt:
+    """Not an oracle by its class; once built it says it is one, on itself and on its class."""
+    name, oracle = "says-oracle-once-built", False
+    seen: list = []
+
+    def __init__(self):
+        self.oracle = True
+        type(self).oracle = True
+
+    def play(self, tools, case=None):
+        type(self).seen.append(case)
+        tools("submit_report", loaded=[], quarantined=[])
+
+
+def test_only_an_agent_whose_class_says_it_is_an_oracle_is_handed_the_labels(prepared, monkeypatch):
+    """The case's labels go to an agent whose class says `oracle = True`, read when its spec is made (when its name
+    is resolved): an agent that sets the flag once built, on itself or on its class, is handed nothing."""
+    from gate_pipeline.kernel.agents import resolve_agent
+    prepared = next(iter(prepared.values()))
+    monkeypatch.setattr(SaysOracleOnceBuilt, "oracle", False)
+    monkeypatch.setattr(SaysOracleOnceBuilt, "seen", [])
+    spec = resolve_agent(f"{__name__}:SaysOracleOnceBuilt")  # builds it once to check it: its class now says True
+    assert SaysOracleOnceBuilt.oracle is True and spec.oracle is False
+    play(prepared, spec)
+    monkeypatch.setattr(SaysOracleOnceBuilt, "oracle", False)
+    play(prepared, _spec(SaysOracleOnceBuilt))
+    assert SaysOracleOnceBuilt.seen == [None, None]
+    told: list = []
+
+    class Oracle:
+        name, oracle = "told", True
+
+        def play(self, tools, case=None):
+            told.append(case)
+            tools("submit_report", loaded=[], quarantined=[])
+
+    play(prepared, _spec(Oracle))
+    assert told == [prepared.case.data]

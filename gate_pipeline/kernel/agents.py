@@ -4,7 +4,8 @@ An agent is any object with `play(tools, case=None)` (or `play_async`). `tools(n
 returns exactly what the tool returns to any agent; `tools.act(action)` takes an action in any
 spelling `actions.py` accepts; `tools.episode_seed` is a number fixed by the case, for agents
 that draw at random; `tools.suite` is the episode's suite (its vocabulary and tools, no labels).
-Only oracle agents (`oracle = True`) are also handed the case's JSON object, truth labels included.
+Only oracle agents (their class says `oracle = True`, read when the spec is made) are also handed the case's
+JSON object, truth labels included.
 
 `resolve_agent(name, options)` checks a name and its options once and returns an `AgentSpec`;
 the engine builds a fresh agent from the spec for every episode (nothing an agent keeps carries
@@ -88,6 +89,13 @@ class AgentSpec:
     factory: Callable[..., Any] = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
     identity: str = ""
     deterministic: bool = False  # plays a case the same way every time (module docstring)
+    # handed the case's labels: its class says so (`oracle = True`), read here, when the spec is made, so an agent
+    # cannot make itself one once built (an instance or its __init__ setting the flag changes nothing)
+    oracle: bool | None = None
+
+    def __post_init__(self):
+        if self.oracle is None:
+            object.__setattr__(self, "oracle", getattr(self.factory, "oracle", False) is True)
 
     def build(self):
         try:

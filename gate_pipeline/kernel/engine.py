@@ -338,9 +338,10 @@ def _failure(exc: BaseException) -> tuple[str, str]:
     return f"{type(exc).__name__}: {exc}", AGENT_ERROR
 
 
-def _oracle_case(agent, prepared: PreparedCase) -> dict | None:
-    """The case's JSON object, truth labels included, for an agent that says it is an oracle; else None."""
-    return prepared.case.data if getattr(agent, "oracle", False) else None  # type: ignore[return-value]
+def _oracle_case(spec: AgentSpec, prepared: PreparedCase) -> dict | None:
+    """The case's JSON object, truth labels included, for an agent whose class says it is an oracle (`AgentSpec.oracle`,
+    read before any agent was built); else None."""
+    return prepared.case.data if spec.oracle is True else None  # type: ignore[return-value]
 
 
 def prepare(case: Case) -> PreparedCase:
@@ -386,7 +387,7 @@ def play(prepared: PreparedCase, agent, *, sinks: Iterable[Sink] = (), reward: s
     session = _open(prepared, spec, sinks, reward, run_id, rollout)
     with _guarded(session) as run:
         run.built = spec.build()
-        run.built.play(session.tools, _oracle_case(run.built, prepared))
+        run.built.play(session.tools, _oracle_case(spec, prepared))
     assert run.result is not None
     return run.result
 
@@ -398,7 +399,7 @@ async def play_async(prepared: PreparedCase, agent, *, sinks: Iterable[Sink] = (
     session = _open(prepared, spec, sinks, reward, run_id, rollout)
     with _guarded(session) as run:
         run.built = built = spec.build()
-        case = _oracle_case(built, prepared)
+        case = _oracle_case(spec, prepared)
         if hasattr(built, "play_async"):
             await built.play_async(session.tools, case)
         else:
