@@ -794,9 +794,9 @@ def test_a_failure_whose_ctrl_c_came_in_its_place_or_a_sink_that_cannot_record_i
         session.call("load_batch", {"batch_id": largest})
     assert after.told == [str(raised.value)]
     assert raised.value.__notes__ == ["Broken could not record the failure: OperationalError: database or disk is full"]
-    with pytest.raises(NoRoom):
+    with pytest.raises(NoRoom) as again:
         session.finish()
-    assert after.told == [str(raised.value)]
+    assert after.told == [str(raised.value)] and again.value.__notes__ == raised.value.__notes__
 
 
 def test_an_episode_the_machine_failed_is_over_so_envs_reset_and_close_and_an_interrupt_goes_through(v2_eval):

@@ -254,7 +254,10 @@ class Session:
         if self.failure is not None:  # failed by the machine (not the agent): not graded, no result; closed, it stays so
             self._failed()
             raise_swallowed()  # Ctrl-C that came while gate's statements failed goes first
-            raise NoRoom(str(self.failure))
+            again = NoRoom(str(self.failure))  # a new one, with the first's notes: no traceback piled on the first's
+            for note in getattr(self.failure, "__notes__", ()):
+                again.add_note(note)
+            raise again
         if not end_reason:
             end_reason = AGENT_ERROR if error else REPORTED if self.report_index is not None else NO_REPORT
         try:
