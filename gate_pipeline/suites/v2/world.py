@@ -256,7 +256,7 @@ class PreparedCaseV2(PreparedCase):
         loaded once, every row-level batch loaded without its bad rows, by the loader's rules (computed once)."""
         if self._correct_mart is None:
             with self.reading() as conn:
-                self._correct_mart = correct_mart(conn, self)
+                return self.correct_mart_on(conn)
         return self._correct_mart
 
     def correct_mart_on(self, conn: sqlite3.Connection) -> float:
