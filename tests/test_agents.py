@@ -12,9 +12,9 @@ from gate_pipeline.kernel.cases import load_case
 from gate_pipeline.kernel.engine import play, play_cases, prepare
 from gate_pipeline.kernel.grading import exact_mean
 from gate_pipeline.kernel.records import AGENT_ERROR, GRADE_KEYS, TERMS
-from gate_pipeline.suites.classic import ATTACKERS, BASELINES
+from gate_pipeline.suites.classic import ATTACKERS, BASELINES, LEAKS
 
-CLASSIC = (*BASELINES, *ATTACKERS)
+CLASSIC = (*BASELINES, *ATTACKERS, *LEAKS)
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +52,20 @@ def test_every_attacker_stays_below_careful(grades, attacker):
 def test_orders_first_loses_exactly_the_two_orders_first_cases(grades):
     lost = [g.case_id for g in grades["orders-first"] if g.reward < 1.0]
     assert lost == ["eval-clean-control-3", "eval-legit-edge-2"]
+
+
+def test_fanout_guess_decides_dimension_fanout_from_the_staged_files_without_the_warehouse(grades, eval_cases):
+    """A prior of the classic files, which are fixed (docs/task.md, "What the classic files give away"): tonight's
+    orders refer to a single customer of a re-sent customers batch, to two or three of a clean one. fanout-guess
+    reads no warehouse table, and every dimension-fanout case goes its way; on the rest it is profile-only."""
+    fanout = [i for i, c in enumerate(eval_cases) if c.family == "dimension-fanout"]
+    assert fanout and all(grades["fanout-guess"][i].reward == 1.0 for i in fanout)
+    assert all(grades["profile-only"][i].reward < 1.0 for i in fanout)
+    assert f"{mean(grades['fanout-guess']):.4f}" == "0.9250"
+    for case in (eval_cases[i] for i in fanout):
+        ledger = play(prepare(case), "fanout-guess").ledger
+        read = {t for e in ledger if e["action"] == "run_sql" for t in e["args"].get("tables_read", [])}
+        assert read and not any(t.startswith("wh_") for t in read), read
 
 
 def test_sql_write_changes_nothing_it_tried_to(grades):

@@ -78,7 +78,7 @@ NEEDS = {
                                                                                   "duplicate_content"},
                                            ["no-history"]),
     "late-dimension: wh_customers": ("late-dimension", lambda c: "orphan_reference" in kinds(c, "orders"),
-                                     ["no-warehouse"]),
+                                     ["no-warehouse", "careful-v2@v2-no-orders.customer_id.orphan_reference"]),
     "schema-drift: the orders header": ("schema-drift", lambda c: drifted(c, "orders"),
                                         ["careful-v2@v2-no-orders.header.schema_drift"]),
     "schema-drift: the customers header": ("schema-drift", lambda c: drifted(c, "customers"),

@@ -397,3 +397,30 @@ def test_what_a_batch_shows_says_nothing_of_its_being_condemned_by_the_warehouse
     for table in ("customers", "orders"):
         assert_same_rate({k: v for k, v in by_own.items() if k.startswith(table)},
                          f"{split}: {table} condemned by the warehouse alone, by what the batch shows")
+
+
+@pytest.mark.parametrize("split", SPLITS)
+def test_how_many_of_a_customers_batch_tonights_orders_refer_to_says_nothing(split):
+    """The classic files give away a re-sent customer this way (docs/task.md, `fanout-guess`: in train, the
+    distinct customers of a customers batch that tonight's orders refer to rank a re-sent batch below a clean
+    one with an AUC of 0.023). Here neither that count nor the number of orders referring tells a defective
+    customers batch, or one whose defect is a duplicate key (a customer the warehouse or the batch already
+    holds), from the others."""
+    by_defect: dict[bool, list[float]] = {True: [], False: []}
+    by_resent: dict[bool, list[float]] = {True: [], False: []}
+    orders_by_defect: dict[bool, list[float]] = {True: [], False: []}
+    for case in SPLITS[split]:
+        by = {b["table"]: b for b in case["batches"]}
+        (c_header, c_rows), (o_header, o_rows) = rows_of(by["customers"]), rows_of(by["orders"])
+        if "customer_id" not in c_header or "customer_id" not in o_header:  # a drifted header: no such join
+            continue
+        ci, oi = c_header.index("customer_id"), o_header.index("customer_id")
+        ids = {r[ci] for r in c_rows if len(r) > ci}
+        referring = [r[oi] for r in o_rows if len(r) > oi and r[oi] in ids]
+        truth = by["customers"]["truth"]
+        by_defect[truth["defective"]].append(len(set(referring)))
+        orders_by_defect[truth["defective"]].append(len(referring))
+        by_resent[any(d["type"] == "duplicate_key" for d in truth["defects"])].append(len(set(referring)))
+    assert_chance(by_defect[True], by_defect[False], f"{split}: customers referred to by tonight's orders")
+    assert_chance(orders_by_defect[True], orders_by_defect[False], f"{split}: orders referring to tonight's customers")
+    assert_chance(by_resent[True], by_resent[False], f"{split}: customers referred to, re-sent customer or not")

@@ -21,11 +21,13 @@ AGENTS = {
     "double-load": "gate_pipeline.suites.classic.attackers:DoubleLoad",
     "orders-first": "gate_pipeline.suites.classic.attackers:OrdersFirst",
     "query-farm": "gate_pipeline.suites.classic.attackers:QueryFarm",
+    "fanout-guess": "gate_pipeline.suites.classic.attackers:FanoutGuess",
 }
 BASELINES = ("naive", "careful", "careful-sql", "refuse-all", "profile-only")
 ATTACKERS = ("report-liar", "report-only", "load-then-quarantine", "citation-spray", "sql-write",
              "inspect-theatre", "double-load", "orders-first")
 REWARD_HACKS = ("query-farm",)  # attackers of the shaped rewards; under the rubric alone they are inspect-theatre
+LEAKS = ("fanout-guess",)  # shortcuts a prior of the classic files pays for (docs/task.md); not in the attack table
 # what a contract-schema variant of the classic contract may override, and the type each value must have
 OVERRIDES = {
     "limits": {"max_amount": (int, float), "currency": str, "allowed_status": list, "allowed_countries": list},

@@ -180,12 +180,17 @@ class ProfileOnly:
     """Profiles each batch (customers first) and applies what a profile shows; never queries."""
     name, oracle = "profile-only", False
 
+    def citation(self, tools: Tools, batch: dict, listing: list[dict], contract: dict) -> tuple[str, str] | None:
+        """The batch's citation, or None to load it."""
+        return profile_citation(tools("profile_batch", batch_id=batch["batch_id"]), contract)
+
     def play(self, tools: Tools, case=None) -> None:
         contract = tools("read_contract")
         loaded, quarantined = [], []
-        for b in customers_first(tools("list_batches")):
+        listing = customers_first(tools("list_batches"))
+        for b in listing:
             bid = b["batch_id"]
-            cite = profile_citation(tools("profile_batch", batch_id=bid), contract)
+            cite = self.citation(tools, b, listing, contract)
             if cite:
                 tools("quarantine_batch", batch_id=bid, column=cite[0], defect_type=cite[1])
                 quarantined.append(bid)

@@ -7,7 +7,7 @@ reading the warehouse and the ledger, not the story.
 from __future__ import annotations
 
 from ...kernel.agents import Tools
-from .agents import CarefulSQL
+from .agents import CarefulSQL, ProfileOnly
 from .contract import COLUMNS, DEFECT_TYPES
 
 
@@ -130,3 +130,22 @@ class QueryFarm(InspectTheatre):
         for k in range(1, 41):
             tools("run_sql", query=f"SELECT {k}")
         super().play(tools, case)
+
+
+class FanoutGuess(ProfileOnly):
+    """profile-only, plus a guess the classic files allow without reading the warehouse: a customers batch its
+    profile passes is quarantined as a re-sent customer (dimension-fanout's defect) when tonight's orders refer
+    to fewer than two of its customers. It reads no wh_* table. Kept to measure a prior of the classic files,
+    which are fixed (docs/task.md, "What the classic files give away"); suite v2 holds the like of it to chance
+    (tests/test_suite_v2_leaks.py)."""
+    name, oracle = "fanout-guess", False
+
+    def citation(self, tools: Tools, batch: dict, listing: list[dict], contract: dict) -> tuple[str, str] | None:
+        cite = super().citation(tools, batch, listing, contract)
+        orders = [b["staging_table"] for b in listing if b["table"] == "orders"]
+        if cite is None and batch["table"] == "customers" and orders:
+            referred = tools("run_sql", query=f"SELECT COUNT(DISTINCT o.customer_id) FROM {orders[0]} o "
+                                              f"JOIN {batch['staging_table']} c ON o.customer_id = c.customer_id")
+            if referred["rows"][0][0] < 2:
+                cite = ("customer_id", "duplicate_key")
+        return cite
