@@ -34,6 +34,9 @@ from gate_pipeline.integrations.openenv_client import GateEnvClient, with_token 
 from gate_pipeline.model_agent.tool_schemas import tool_schemas  # noqa: E402
 
 CASES = read_cases(EVAL)
+# a query that runs until the sandbox's 2 s time budget stops it: string work inside each step
+SLOW_SQL = ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c WHERE "
+            f"instr(upper(lower(upper(substr('{'ab' * 4000}', x % 3)))), 'zz') > x")
 TOKEN = "s3cret-t0ken/with:odd@chars"
 
 
@@ -232,6 +235,85 @@ def test_a_client_that_hangs_up_before_its_body_ends_leaves_no_traceback():
         stopped_cleanly(proc, err)  # no "Traceback" in its log: it said ClientDisconnect, three times
 
 
+def _closed_within(sock, seconds: float) -> float | None:
+    """Seconds until the server closed `sock` (it sent nothing more, or an answer then closed), or None."""
+    sock.settimeout(0.1)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        try:
+            if sock.recv(65536) == b"":
+                return time.monotonic() - t0
+        except TimeoutError:
+            pass
+        except OSError:  # reset
+            return time.monotonic() - t0
+    return None
+
+
+def test_a_request_that_never_ends_or_never_finishes_arriving_holds_nothing():
+    """One connection streaming a header line that never ends froze every session and grew the server's memory
+    without limit (uvicorn's httptools protocol, which bounds nothing), and half-sent requests on thousands of
+    connections took every file descriptor (no protocol of uvicorn's times one out). Now a head over 16 KiB
+    is a 400 at once, a request that has not arrived whole after --request-timeout is closed, head or body,
+    an answer that takes longer than that is not cut, and one client holds at most 1,024 HTTP connections."""
+    import resource
+    import select
+    import socket
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2048:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    proc, url, err = start_server("--cases", str(EVAL), "--request-timeout", "1")
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port))) as endless:
+            endless.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ")
+            sent = 0
+            try:
+                while sent < 64 << 20 and not select.select([endless], [], [], 0.01)[0]:  # until an answer comes
+                    endless.sendall(b"a" * (1 << 16))
+                    sent += 1 << 16
+            except OSError:
+                pass
+            endless.settimeout(5)
+            assert endless.recv(64).startswith(b"HTTP/1.1 400 "), sent
+            assert sent < 1 << 20, sent  # refused after about 16 KiB of it
+        for partial in (b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: ",  # a head that stops
+                        b"POST /reset HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"):  # a body that stops
+            with socket.create_connection((host, int(port))) as sock:
+                sock.sendall(partial)
+                took = _closed_within(sock, 5)
+                assert took is not None and 0.8 < took < 3, (partial, took)
+        with socket.create_connection((host, int(port))) as slow:  # asked in time, answered after the timeout
+            sid = rpc(url, "openenv/session/create", {"reset": {"case_id": CASES[0].case_id}})["result"]["session_id"]
+            body = json.dumps({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+                "session_id": sid, "name": "run_sql", "arguments": {"query": SLOW_SQL}}}).encode()
+            slow.sendall(b"POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            slow.settimeout(15)
+            t0 = time.monotonic()
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                answer += slow.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 200 ") and time.monotonic() - t0 > 1.2, answer[:80]
+        held = [socket.create_connection((host, int(port))) for _ in range(1030)]
+        try:
+            time.sleep(0.3)  # within the request timeout: only the connections over the cap are closed by now
+            poll = select.poll()
+            for sock in held:
+                poll.register(sock, select.POLLIN)
+            readable = {fd for fd, _ in poll.poll(0)}
+            closed = [sock for sock in held if sock.fileno() in readable and _closed_within(sock, 0.01) is not None]
+            assert len(closed) == 1030 - 1024, len(closed)
+            assert request(url, "GET", "/health", source="127.0.0.2")[0] == 200  # another client is served
+        finally:
+            for sock in held:
+                sock.close()
+        time.sleep(0.3)
+        assert request(url, "GET", "/health")[0] == 200  # and, its connections gone, this one again
+    finally:
+        stopped_cleanly(proc, err)
+
+
 @pytest.mark.slow
 def test_the_per_client_cap_counts_mcp_and_websocket_sessions_alike():
     proc, url, err = start_server("--cases", str(EVAL), "--max-sessions", "5", "--max-per-client", "2",
@@ -280,6 +362,8 @@ def test_an_address_other_machines_reach_refuses_to_start_without_a_token(host):
     (("--stall-timeout", "1e-12"), "--stall-timeout must be from 5 to 86,400, not '1e-12'"),
     (("--stall-timeout", "86401"), "--stall-timeout must be from 5 to 86,400, not '86401'"),
     (("--stall-timeout", "nan"), "--stall-timeout must be a finite number, not 'nan'"),
+    (("--request-timeout", "0.1"), "--request-timeout must be from 0.5 to 3,600, not '0.1'"),
+    (("--request-timeout", "inf"), "--request-timeout must be a finite number, not 'inf'"),
     (("--stall-timeout", "1" * 5000), f"--stall-timeout must be a finite number, not {'1' * 40!r}... (5,000 characters)"),
     (("--max-sessions", "9" * 5000), f"--max-sessions must be a whole number, not {'9' * 40!r}... (5,000 characters)"),
 ])

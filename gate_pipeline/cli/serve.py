@@ -40,7 +40,7 @@ def cmd_serve(a, settings: Settings) -> int:
     where = a.cases or "the train split"
     config = ServeConfig(max_sessions=a.max_sessions, max_per_client=a.max_per_client, idle_timeout=a.idle_timeout,
                          stall_timeout=a.stall_timeout, token=token, remote_without_token=a.no_token,
-                         trainer_state=a.trainer_state)
+                         trainer_state=a.trainer_state, request_timeout=a.request_timeout)
 
     def ready(url: str) -> None:
         guard = "token required" if token else ("no token: anyone who reaches the port" if a.no_token
@@ -77,6 +77,9 @@ def register(subparsers) -> None:
     p.add_argument("--stall-timeout", type=positive_arg("--stall-timeout", 5, 86_400), default=60, metavar="SECONDS",
                    help="drop a connection whose client has left what it was sent untaken this long (5 to 86,400; "
                         "default: 60)")
+    p.add_argument("--request-timeout", type=positive_arg("--request-timeout", 0.5, 3_600), default=10,
+                   metavar="SECONDS", help="close an HTTP connection whose request has not arrived whole this long after "
+                                           "it opened or after the answer before (0.5 to 3,600; default: 10)")
     p.add_argument("--token", default=None, help="the bearer token every request must carry (default: "
                                                  "GATE_SERVE_TOKEN; required on an address other machines reach)")
     p.add_argument("--no-token", action="store_true", help="serve clients on other machines without a token")

@@ -70,6 +70,7 @@ from ..kernel.errors import GateError
 from ..kernel.pool import CasePool
 from ..kernel.rewards import REWARD_MODES
 from ..model_agent.tool_schemas import tool_schemas
+from .openenv_http import MAX_HEAD_BYTES, REQUEST_SECONDS, client_key, protocol_class
 from .openenv_lanes import Lanes
 from .openenv_models import ACTION_SCHEMA, GateAction, GateObservation, GateState
 
@@ -83,6 +84,7 @@ REAP_SECONDS = 2.0  # what telling an idle WebSocket client its session is close
 # (its connection's buffers full) is cut off after it, so no client holds the reaper, which closes every session
 DEFAULT_STALL_TIMEOUT = 60.0  # seconds a connection may hold answers its client does not take before the kernel drops it
 STALL_TIMEOUT_RANGE = (5.0, 86_400.0)  # below, a client that merely reads in bursts is dropped; above, a day
+REQUEST_TIMEOUT_RANGE = (0.5, 3_600.0)  # for an HTTP request to arrive whole, from its connection or the last answer
 SLICE_S = 0.02  # CPU seconds a call may use before it moves to the slow lane
 WS_MAX_BYTES = 1 << 20  # one message; far more than a tool call needs (the sandbox refuses queries over 10,000 characters)
 HTTP_MAX_BYTES = 1 << 20  # one HTTP request body
@@ -329,11 +331,16 @@ class ServeConfig:
     step_threads: int = STEP_THREADS
     slow_threads: int = SLOW_THREADS
     slice_s: float = SLICE_S
+    request_timeout: float = REQUEST_SECONDS  # for an HTTP request to arrive whole (openenv_http.py)
 
     def __post_init__(self) -> None:
         low, high = STALL_TIMEOUT_RANGE
         if not (isinstance(self.stall_timeout, (int, float)) and low <= self.stall_timeout <= high):
             raise ServeError(f"the stall timeout must be from {low:g} to {high:,g} seconds, not {self.stall_timeout!r}")
+        low, high = REQUEST_TIMEOUT_RANGE
+        if not (isinstance(self.request_timeout, (int, float)) and low <= self.request_timeout <= high):
+            raise ServeError(f"the request timeout must be from {low:g} to {high:,g} seconds, not "
+                             f"{self.request_timeout!r}")
 
     @property
     def per_client(self) -> int:
@@ -757,7 +764,7 @@ def create_gate_app(pool: CasePool, config: ServeConfig | None = None):
 
     @app.post("/mcp", tags=["MCP"], summary="MCP JSON-RPC: tools/list, tools/call, openenv/session/create|close")
     async def mcp(request: Request):
-        client = (request.client.host if request.client else "") or ""
+        client = client_key((request.client.host if request.client else "") or "")
         try:
             message = decode_json(await bounded_body(request, "request"), "request")
         except BadRequest as exc:
@@ -768,7 +775,7 @@ def create_gate_app(pool: CasePool, config: ServeConfig | None = None):
     @app.websocket("/ws")
     async def ws(websocket: WebSocket):
         await websocket.accept()
-        client = (websocket.client.host if websocket.client else "") or ""
+        client = client_key((websocket.client.host if websocket.client else "") or "")
         try:
             session = gate.sessions.add(client, "ws")
         except CapacityError as exc:
@@ -931,7 +938,8 @@ def serve(pool: CasePool, host: str = "127.0.0.1", port: int = 8000, config: Ser
     # no per-message compression: a step's messages are a few hundred bytes, and deflating them cost
     # a fifth of the server's time per step in a profile of the load test (benchmarks/bench_serve.py)
     uv_config = uvicorn.Config(app, log_level="warning", access_log=False, ws_max_size=WS_MAX_BYTES,
-                               ws_per_message_deflate=False, timeout_graceful_shutdown=5, lifespan="on")
+                               ws_per_message_deflate=False, timeout_graceful_shutdown=5, lifespan="on",
+                               http=protocol_class(config.request_timeout), h11_max_incomplete_event_size=MAX_HEAD_BYTES)
     server = uvicorn.Server(uv_config)
     stopped: list[int] = []
 

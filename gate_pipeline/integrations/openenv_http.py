@@ -1,0 +1,111 @@
+"""The HTTP connections `gate serve` accepts: bounded, on time, and few per client.
+
+uvicorn's own protocols hold whatever a client sends for as long as it sends it: with httptools (its
+default where installed) a header line that never ends grows without limit and costs the event loop
+more at each chunk, so one connection froze every session; and no protocol of uvicorn's closes a
+request that never finishes arriving, so a client that sends half a request on each of thousands of
+connections took every file descriptor. `gate serve` speaks HTTP through h11 instead, with:
+
+- a request's head (its request line and headers) at most `MAX_HEAD_BYTES`: beyond it h11 stops and
+  the connection gets **400** and is closed;
+- `REQUEST_SECONDS` for a request to arrive whole, head and body, counted from the connection's
+  opening or from the answer before it: a connection still sending a request then is closed (a
+  request that has arrived takes as long as its answer takes; a WebSocket, once upgraded, is the
+  session's business: its idle and stall timeouts);
+- at most `CONNECTIONS_PER_CLIENT` HTTP connections open at once per client: one more is closed as
+  it opens. A WebSocket stops counting here once it is upgraded (its session counts against
+  `--max-sessions` and `--max-per-client`).
+
+A client, for these caps and for `--max-per-client`, is `client_key` of its address: the address, but an
+IPv6 address (other than loopback) counts by its /64, since a host is given a /64 and picks addresses
+from it at will. Each loopback address is a client of its own, as each machine's address is (the tests
+stand other machines' clients on 127.0.0.2, 127.0.0.3): a user of this machine can take more places by
+binding more of them (docs/serve.md).
+"""
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+from typing import Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+MAX_HEAD_BYTES = 16 * 1024
+REQUEST_SECONDS = 10.0
+CONNECTIONS_PER_CLIENT = 1024
+
+
+def client_key(host: str) -> str:
+    """Who a connection is from, as the caps count clients (see the module docstring)."""
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address) and not ip.is_loopback:
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
+
+
+def protocol_class(request_seconds: float = REQUEST_SECONDS,
+                   per_client: int = CONNECTIONS_PER_CLIENT) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with the deadline and the cap above; each server gets a class of its own (its
+    count of open connections per client is the class's)."""
+    open_by_client: dict[str, int] = {}
+
+    class Bounded(H11Protocol):
+        _key: str | None = None
+        _timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            key = client_key(self.client[0] if self.client else "")
+            if open_by_client.get(key, 0) >= per_client:
+                transport.close()
+                return
+            self._key = key
+            open_by_client[key] = open_by_client.get(key, 0) + 1
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._release()
+            super().connection_lost(exc)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if self._key is not None and not self.transport.is_closing():
+                self._arm()  # the next request has as long from here
+
+        def handle_websocket_upgrade(self, event: h11.Request) -> None:
+            self._release()  # a session now: counted by the server's sessions
+            super().handle_websocket_upgrade(event)
+
+        def _arm(self) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = self.loop.call_later(request_seconds, self._late)
+
+        def _release(self) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            if self._key is not None:
+                left = open_by_client[self._key] - 1
+                if left:
+                    open_by_client[self._key] = left
+                else:
+                    del open_by_client[self._key]
+                self._key = None
+
+        def _late(self) -> None:
+            """A request still arriving when its time is up: the connection goes (an answer being made, or a
+            connection that became a WebSocket, stays)."""
+            self._timer = None
+            if self.transport.is_closing() or self.transport.get_protocol() is not self:
+                return
+            if self.conn.their_state in (h11.IDLE, h11.SEND_BODY):
+                self.transport.close()
+
+    return Bounded
