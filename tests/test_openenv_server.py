@@ -239,6 +239,31 @@ def test_budget_long_queries_in_other_sessions_hold_up_a_step_by_a_slice_at_most
     assert len(waits) >= 10 and max(waits) < 0.25, (len(waits), max(waits))
 
 
+def test_a_query_answers_beside_budget_long_queries_what_it_answers_alone(server):
+    """Its wait for its turn on the baton does not count against its budget: a query of about half a second
+    alone came back `interrupted` beside sessions running budget-long queries (found by an outside review)."""
+    heavy = MAX_SESSIONS - 1
+    medium = SLOW_SQL.replace("FROM c)", "FROM c WHERE x < 20000)")
+
+    async def both():
+        clients = [await open_session(server, CASES[i].case_id) for i in range(heavy + 1)]
+        try:
+            alone = json.loads((await clients[-1].call("run_sql", query=medium)).observation.result)
+            slow = [asyncio.create_task(c.call("run_sql", query=SLOW_SQL)) for c in clients[:heavy]]
+            await asyncio.sleep(0.3)  # every slow query is running
+            t = time.perf_counter()
+            beside = json.loads((await clients[-1].call("run_sql", query=medium)).observation.result)
+            took = time.perf_counter() - t
+            return alone, beside, took, [json.loads((await t).observation.result) for t in slow]
+        finally:
+            for c in clients:
+                await c.close()
+
+    alone, beside, took, results = run(both())
+    assert alone["rows"] == [[0]] and beside == alone, (alone, beside, took)
+    assert results == [{"error": "interrupted"}] * heavy  # they ran to their budget
+
+
 def test_the_seed_picks_the_case_the_gymnasium_env_picks(server):
     from gate_pipeline.integrations.gymnasium_env import GateEnv
     gym = GateEnv(CASES)

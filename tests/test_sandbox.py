@@ -79,38 +79,66 @@ def test_time_budget(ep, monkeypatch):
 
 
 class HoldingPacer:
-    """A pacer that holds a query at its first progress check until its deadline (as `gate serve`'s baton may
-    hold a query waiting for its turn), and records what it was told."""
+    """A pacer that holds a query at its first progress check for `hold` seconds, or until the deadline it is told
+    (as `gate serve`'s baton may hold a query waiting for its turn), and records what it was told."""
 
-    def __init__(self):
+    def __init__(self, hold: float | None = None):
+        self.hold = hold
         self.deadlines: list[float] = []
         self.ended = 0
 
     def wait(self, deadline):
         self.deadlines.append(deadline)
-        time.sleep(max(0.0, deadline - time.monotonic()))
+        if len(self.deadlines) > 1:
+            return 0.0
+        start = time.monotonic()
+        until = deadline if self.hold is None else min(deadline, start + self.hold)
+        time.sleep(max(0.0, until - start))
+        return time.monotonic() - start
 
     def done(self):
         self.ended += 1
 
 
-def test_a_pacer_that_holds_a_query_cannot_stretch_its_budget(ep, monkeypatch):
+LOOP = "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT COUNT(*) FROM r"
+
+
+def test_a_query_held_for_its_turn_keeps_its_whole_budget_and_waits_no_longer_than_max_wait(ep, monkeypatch):
+    """Waiting for its turn (gate serve's baton) is not the query's time: beside other sessions' queries it ran
+    out of its budget waiting and answered `interrupted` where it answers rows alone. It may wait MAX_WAIT_S
+    beyond its budget, no more."""
     from gate_pipeline.kernel import sandbox
     monkeypatch.setattr(ep.world.sandbox, "step_budget", 10**12)
     monkeypatch.setattr(ep.world.sandbox, "time_budget", 0.3)
-    q = "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT COUNT(*) FROM r"
-    pacer = HoldingPacer()
-    sandbox.pace(pacer)
+    monkeypatch.setattr(sandbox, "MAX_WAIT_S", 0.6)
+    for hold, least, most in ((0.4, 0.3 + 0.4, 0.3 + 0.4 + 0.4), (None, 0.3 + 0.6, 0.3 + 0.6 + 0.4)):
+        pacer = HoldingPacer(hold)
+        sandbox.pace(pacer)
+        try:
+            start = time.monotonic()
+            assert ep.call("run_sql", {"query": LOOP}) == {"error": "interrupted"}
+            took = time.monotonic() - start
+            assert ep.call("run_sql", {"query": "SELECT 1"})["rows"] == [[1]]  # too short for a progress check
+        finally:
+            sandbox.pace(None)
+        assert least <= took <= most, (hold, took)  # its budget after the hold; held at most MAX_WAIT_S
+        assert pacer.ended == 2  # told of both queries' ends
+        assert pacer.deadlines[0] == pytest.approx(start + 0.3 + 0.6, abs=0.05)  # told how long it may wait
+    assert ep.call("run_sql", {"query": LOOP}) == {"error": "interrupted"} and pacer.ended == 2  # no pacer now
+
+
+def test_a_query_held_for_its_turn_answers_as_it_does_alone(ep, monkeypatch):
+    """A query that finishes well within its budget alone finishes so however long it waits for its turn."""
+    from gate_pipeline.kernel import sandbox
+    monkeypatch.setattr(ep.world.sandbox, "time_budget", 0.3)
+    query = "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 50000) SELECT COUNT(*) FROM r"
+    alone = ep.call("run_sql", {"query": query})
+    assert alone["rows"] == [[50000]]
+    sandbox.pace(HoldingPacer(1.0))  # held three times its budget at its first progress check
     try:
-        start = time.monotonic()
-        assert ep.call("run_sql", {"query": q}) == {"error": "interrupted"}
-        took = time.monotonic() - start
-        assert ep.call("run_sql", {"query": "SELECT 1"})["rows"] == [[1]]  # too short for a progress check
+        assert ep.call("run_sql", {"query": query}) == alone
     finally:
         sandbox.pace(None)
-    assert 0.3 <= took <= 0.3 + 0.5, took  # held to its deadline, then stopped by its budget as ever
-    assert len(pacer.deadlines) == 1 and pacer.ended == 2  # told once; told of both queries' ends
-    assert ep.call("run_sql", {"query": q}) == {"error": "interrupted"} and pacer.ended == 2  # no pacer now
 
 
 class Broken(Exception):

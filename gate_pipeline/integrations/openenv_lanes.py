@@ -16,8 +16,9 @@ its last long call took, until `SHORT_TO_CLEAR` of them in a row are short.
 
 *One long query at a time.* The queries of moved calls and of the slow lane take turns on one
 *baton* (`Baton`): the sandbox's progress handler (`kernel.sandbox.pace`) holds a query that does
-not have it, waiting without the GIL and without CPU, until its turn comes or its deadline passes
-(then the sandbox stops it as ever, `interrupted`); the holder passes it on after a turn of
+not have it, waiting without the GIL and without CPU, until its turn comes (its wait does not count
+against its time budget, up to `kernel.sandbox.MAX_WAIT_S` in all: a query waiting then is stopped
+by its budget as ever, `interrupted`); the holder passes it on after a turn of
 `slice_s` seconds when others wait, first come first served. So the long queries of all sessions
 together use at most one CPU, at the lowest priority. Why one at a time, when each runs in SQLite
 without the GIL: a running query takes the GIL back at every progress check (every 1,000 SQLite
@@ -73,7 +74,7 @@ class _Turn:
 class Baton:
     """One long query runs at a time; the others wait for their turn at their progress checks (in a wait
     that holds neither the GIL nor a CPU), first come first served, a turn being `turn_s` seconds while
-    others wait. A query still waiting at its deadline goes on (and is stopped by its budget)."""
+    others wait. A query still waiting at the deadline it gives goes on (and is stopped by its budget)."""
 
     def __init__(self, turn_s: float):
         self.turn_s = turn_s
@@ -81,21 +82,24 @@ class Baton:
         self._holder: _Turn | None = None
         self._waiting: collections.deque[_Turn] = collections.deque()
 
-    def take(self, turn: _Turn, deadline: float) -> None:
+    def take(self, turn: _Turn, deadline: float) -> float:
+        """Return when `turn` has the baton, or at `deadline`; the seconds it waited."""
         with self._lock:
             if self._holder is turn:
                 if not self._waiting or time.monotonic() - turn.since < self.turn_s:
-                    return  # its turn goes on
+                    return 0.0  # its turn goes on
                 self._pass_on()
             elif self._holder is None and not self._waiting:
                 self._holder, turn.since = turn, time.monotonic()
-                return
+                return 0.0
             turn.granted.clear()
             self._waiting.append(turn)
-        turn.granted.wait(max(0.0, deadline - time.monotonic()))
+        start = time.monotonic()
+        turn.granted.wait(max(0.0, deadline - start))
         with self._lock:
             if self._holder is not turn:  # the deadline came first: out of the queue
                 self._waiting.remove(turn)
+        return time.monotonic() - start
 
     def give_up(self, turn: _Turn) -> None:
         with self._lock:
@@ -119,9 +123,10 @@ class _Pacer:
     def __init__(self, baton: Baton, worker: _Worker | None):
         self.baton, self.worker, self.turn = baton, worker, _Turn()
 
-    def wait(self, deadline: float) -> None:
+    def wait(self, deadline: float) -> float:
         if self.worker is None or self.worker.moved:
-            self.baton.take(self.turn, deadline)
+            return self.baton.take(self.turn, deadline)
+        return 0.0
 
     def done(self) -> None:
         self.baton.give_up(self.turn)

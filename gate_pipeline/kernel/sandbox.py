@@ -28,10 +28,13 @@ go on, and it is raised again (`raise_swallowed`) by `execute` and after every t
 gate's, never an `interrupted` answer to the agent, nor an agent's error, while the run plays on.
 
 A server that runs many episodes' queries on its threads can give a thread a *pacer* (`pace`): at
-every progress check of agent SQL on that thread it is told the query's deadline and may hold the
-query there (a wait that lets go of the GIL and uses no CPU), never past the deadline, so the budgets
-hold as they do in process; `gate serve` uses it to run one long query at a time
-(`integrations/openenv_lanes.py`). In process no thread has one.
+every progress check of agent SQL on that thread it may hold the query (a wait that lets go of the GIL
+and uses no CPU) for its turn; `gate serve` uses it to run one long query at a time
+(`integrations/openenv_lanes.py`). The time a query waits so does not count against its time budget:
+what a query answers does not depend on how many other sessions' queries it waited for (a query of
+0.45 s alone came back `interrupted` beside eight sessions running budget-long ones). It may wait
+MAX_WAIT_S in all; a query still waiting then is stopped by its budget as ever. In process no thread
+has one.
 
 A suite changes the sandbox through a subclass: its budgets (`step_budget`, `time_budget`), more
 functions it refuses (`denied`), and `after_read`, called after each successful read with its
@@ -55,6 +58,7 @@ STEP_BUDGET = 2_000_000
 TIME_BUDGET_S = 2.0
 INTERVAL = 1000  # virtual-machine steps between two calls of the progress handler
 COMPILE_SHARE = 0.25  # of the time budget: what compiling in the child may take
+MAX_WAIT_S = 30.0  # what a query may wait for its turn under a pacer, beyond its time budget
 LIMITS = {  # (limit id, value while agent SQL runs)
     "length": (sqlite3.SQLITE_LIMIT_LENGTH, 20_000),
     "like_pattern": (sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, 200),
@@ -77,9 +81,9 @@ CAUGHT = (sqlite3.Error, sqlite3.Warning, ValueError, OverflowError, MemoryError
 
 
 class Pacer(Protocol):
-    def wait(self, deadline: float) -> None:
+    def wait(self, deadline: float) -> float:
         """At a progress check of agent SQL on this thread: return when the query may go on (by `deadline`,
-        a time.monotonic() value, at the latest)."""
+        a time.monotonic() value, at the latest), with the seconds it waited (its budget is moved on by them)."""
 
     def done(self) -> None:
         """The query has ended (its result read, or its error raised)."""
@@ -281,6 +285,8 @@ class Sandbox:
         self.tables_read: set[str] = set()
         self.steps = 0
         self.deadline = 0.0
+        self.wait_limit = 0.0  # how far waiting for its turn may move the deadline (`execute`)
+        self.call_wait_limit: float | None = None  # the same, for every run of the tool call under way (`run`)
         self.compile_over = False
         self.refused = False  # whether the authorizer refused something in the last execution
         self.budget_over = False  # whether the progress handler stopped it for its budget
@@ -327,7 +333,9 @@ class Sandbox:
                 return 0
             pacer = getattr(_PACING, "pacer", None)
             if pacer is not None:
-                pacer.wait(self.deadline)
+                waited = pacer.wait(self.wait_limit)
+                if waited > 0:  # its turn's wait is not the query's time
+                    self.deadline = min(self.deadline + waited, self.wait_limit)
             self.steps += self.interval
             if self.steps > self.step_budget or time.monotonic() > self.deadline:
                 self.budget_over = True
@@ -342,6 +350,8 @@ class Sandbox:
         conn = self.conn
         self.steps = 0
         self.deadline = time.monotonic() + self.time_budget
+        # waiting for its turn (a pacer's) moves the deadline on, to this at most: a tool call's runs share it
+        self.wait_limit = self.deadline + MAX_WAIT_S if self.call_wait_limit is None else self.call_wait_limit
         self.compile_over = self.refused = self.budget_over = False
         self.query_error: sqlite3.Error | None = None  # what the query itself raised (not a statement of gate's)
         raise_swallowed()  # what came during gate's own statements before this one
@@ -410,8 +420,12 @@ class Sandbox:
 
     def run(self, query: str) -> tuple[dict, list[str], dict]:
         self.tables_read = set()
-        fetched, columns, _ = self.execute(query)
-        tables = sorted(self.tables_read)
-        extra = self.after_read(query, tables, fetched)
+        self.call_wait_limit = time.monotonic() + self.time_budget + MAX_WAIT_S
+        try:
+            fetched, columns, _ = self.execute(query)
+            tables = sorted(self.tables_read)
+            extra = self.after_read(query, tables, fetched)
+        finally:
+            self.call_wait_limit = None
         result = {"columns": columns, "rows": rows_as_json(fetched[:MAX_ROWS]), "truncated": len(fetched) > MAX_ROWS}
         return result, tables, extra
