@@ -153,3 +153,62 @@ def test_long_queries_moved_off_the_fast_threads_take_turns_and_keep_their_budge
     late = [tid for t, tid in checks if t > start + 0.3]
     switches = sum(a != b for a, b in zip(late, late[1:]))
     assert switches <= 2 * (max(took) - 0.3) / 0.02 + 4, (switches, len(late))
+
+
+def test_a_call_that_waits_without_cpu_is_moved_too_and_a_short_call_never_waits_for_it():
+    """A call waiting on something else (a compile check's child compiles its statement for up to half a
+    second) used no CPU, so it was never moved: sessions sending such statements held every fast thread, and a
+    cheap step waited 1.6 s (outside review, 32 sessions). Past WALL_SLICES slices of wall time it is moved."""
+    lanes = Lanes(threads=1, slice_s=0.02)
+
+    async def main():
+        waiting = asyncio.create_task(lanes.run(time.sleep, 1.0, key="waits"))
+        await asyncio.sleep(0.05)  # it has the only fast thread
+        t = time.perf_counter()
+        await lanes.run(lambda: 1, key="quiet")
+        took = time.perf_counter() - t
+        await waiting
+        return took
+
+    try:
+        took = asyncio.run(main())
+    finally:
+        lanes.shutdown()
+    assert lanes.moved == 1 and "waits" in lanes._heavy and took < 0.5, (lanes.moved, took)
+
+
+def test_a_session_back_from_a_long_call_is_never_queued_behind_other_sessions_long_calls(monkeypatch):
+    """A session that ran one long query had its next cheap calls queued on the slow lane behind every other
+    long-querying session's calls and the rests their threads took after them: 4 to 12 s a cheap step beside 8
+    to 24 such sessions (outside review). The slow lane has a thread for each session that may use it, and a
+    session rests after its own long call, no thread does."""
+    lanes = Lanes(threads=2, slice_s=0.02, slow_threads=6)
+    stop = False
+
+    async def noisy(i):
+        while not stop:  # long calls back to back, each on the slow lane once the first was moved
+            await lanes.run(long_query, 1_500_000, key=f"noisy-{i}")
+
+    async def main():
+        loud = [asyncio.create_task(noisy(i)) for i in range(5)]
+        await asyncio.sleep(1.0)  # every noisy session is on the slow lane, resting or running
+        await lanes.run(long_query, 1_500_000, key="victim")  # moved: the victim is on the slow lane too
+        waits = []
+        for _ in range(openenv_lanes.SHORT_TO_CLEAR):
+            t = time.perf_counter()
+            await lanes.run(lambda: 1, key="victim")
+            waits.append(time.perf_counter() - t)
+        return waits, loud
+
+    async def run_all():
+        nonlocal stop
+        waits, loud = await main()
+        stop = True
+        await asyncio.gather(*loud)
+        return waits
+
+    try:
+        waits = asyncio.run(run_all())
+    finally:
+        lanes.shutdown()
+    assert max(waits) < 0.25, waits

@@ -8,11 +8,15 @@ Here a call starts on one of `threads` threads at normal priority; while it runs
 looks at the CPU time it has used every `slice_s` seconds, and once that passes `slice_s` the call
 is *moved*: its thread's OS scheduling priority is lowered to the lowest (Linux `nice` 19, a
 per-thread value there) and a new thread takes its place among the `threads`, so there are always
-`threads` threads at normal priority for everyone else. The moved call still runs to its end (the
-sandbox stops it at its budget, as in process); its thread then exits (a raised nice value cannot
-be lowered again without privileges). Its session (the call's `key`) is marked: its next calls
-queue on the *slow lane*, `slow_threads` threads at the lowest priority, each resting as long as
-its last long call took, until `SHORT_TO_CLEAR` of them in a row are short.
+`threads` threads at normal priority for everyone else. A call that has run `WALL_SLICES` slices of
+wall time is moved too, whatever CPU it used: a call waiting (on a compile check's child, say) holds
+a thread as surely as one computing. The moved call still runs to its end (the sandbox stops it at
+its budget, as in process); its thread then exits (a raised nice value cannot be lowered again
+without privileges). Its session (the call's `key`) is marked: its next calls go to the *slow lane*,
+`slow_threads` threads at the lowest priority (`gate serve` has one per session, so a call there
+never waits for another session's to end), until `SHORT_TO_CLEAR` of them in a row are short. After
+a call there that used more than a slice of CPU, the session's next call waits as long as that CPU
+time before it starts (a duty cycle: the session rests, no thread does, so no other session waits for it).
 
 *One long query at a time.* The queries of moved calls and of the slow lane take turns on one
 *baton* (`Baton`): the sandbox's progress handler (`kernel.sandbox.pace`) holds a query that does
@@ -46,8 +50,9 @@ from typing import Any, Callable
 from ..kernel import sandbox
 
 LOW_PRIORITY = 19  # the largest nice value: runs on what CPU the others leave
-REST = 1.0  # a slow lane thread rests as long as its last long call took
+REST = 1.0  # a session whose call on the slow lane ran long waits as long as that call's CPU time before its next
 SHORT_TO_CLEAR = 10  # short calls in a row on the slow lane before a session's calls go to the fast lane again
+WALL_SLICES = 10  # a call that has run this many slices of wall time is moved whatever CPU it used (a wait)
 PER_THREAD_NICE = sys.platform.startswith("linux")
 
 
@@ -165,6 +170,7 @@ class Lanes:
         self._lock = threading.Lock()
         self._fast: set[_Worker] = set()
         self._heavy: dict = {}  # key (a session) whose call was moved -> its short calls on the slow lane since
+        self._rest_until: dict = {}  # key -> when its next call may start (after a long call on the slow lane)
         self._closed = False
         self.moved = 0  # calls moved to the slow lane so far
         self.baton = Baton(slice_s)
@@ -223,25 +229,26 @@ class Lanes:
             if item is None:
                 return
             call, key = item
-            cpu0, wall0 = time.thread_time(), time.monotonic()
+            cpu0 = time.thread_time()
             try:
                 result, error = call.fn(*call.args), None
             except BaseException as exc:  # noqa: BLE001
                 result, error = None, exc
+            used = time.thread_time() - cpu0
             with self._lock:
                 if key in self._heavy:
-                    short = time.thread_time() - cpu0 < self.slice_s
+                    short = used < self.slice_s
                     self._heavy[key] = self._heavy[key] + 1 if short else 0
                     if self._heavy[key] >= SHORT_TO_CLEAR:  # short again for a while: back to the fast lane
                         del self._heavy[key]
+                    if not short:  # a duty cycle: the long queries' share of the CPU stays small. The session
+                        # rests, not the thread: another session's call never waits for it
+                        self._rest_until[key] = time.monotonic() + min(REST * used, 30.0)
             call.done = True
             try:
                 call.loop.call_soon_threadsafe(_settle, call.future, result, error)
             except RuntimeError:
                 pass
-            took = time.monotonic() - wall0
-            if took > self.slice_s:
-                time.sleep(min(REST * took, 30.0))  # a duty cycle: the long queries' share of the CPU stays small
 
     # -- the event loop's side --------------------------------------------------------------------
     async def run(self, fn: Callable[..., Any], *args: Any, key=None) -> Any:
@@ -253,6 +260,9 @@ class Lanes:
         call = _Call(fn, args, loop.create_future(), loop)
         call.key = key
         if key is not None and key in self._heavy:
+            rest = self._rest_until.pop(key, 0.0) - time.monotonic()
+            if rest > 0:
+                await asyncio.sleep(rest)
             self._slow_calls.put((call, key))
             return await call.future
         self._calls.put(call)
@@ -272,9 +282,9 @@ class Lanes:
                 return
             if worker is None:  # still queued (every fast thread busy): look again later
                 used = 0.0
-            elif worker.clock is not None:
+            elif worker.clock is not None and time.monotonic() - call.wall0 < WALL_SLICES * self.slice_s:
                 used = time.clock_gettime(worker.clock) - call.cpu0
-            else:
+            else:  # or no CPU clock here; or it has waited long, on CPU or not (a compile check's child)
                 used = time.monotonic() - call.wall0
             if worker is None or used < self.slice_s:
                 call.loop.call_later(self.slice_s, self._look, call)
@@ -296,6 +306,7 @@ class Lanes:
         """A session has ended: its key means nothing any more."""
         with self._lock:
             self._heavy.pop(key, None)
+            self._rest_until.pop(key, None)
 
     def shutdown(self) -> None:
         """Stop the fast threads once they are idle (calls in flight end on their own; daemon threads)."""

@@ -79,7 +79,8 @@ MAX_TURNS_LIMIT = 1024
 DEFAULT_MAX_SESSIONS = 64
 DEFAULT_IDLE_TIMEOUT = 300.0  # seconds without a message before a session is closed
 STEP_THREADS = 8  # threads at normal priority for steps, resets and closes (openenv_lanes.py)
-SLOW_THREADS = 8  # the slow lane's threads, at the lowest priority; their queries take turns on one baton
+SLOW_THREADS = 8  # the slow lane's threads at least (one per session), at the lowest priority; their queries take
+# turns on one baton
 REAP_SECONDS = 2.0  # what telling an idle WebSocket client its session is closed may take: one that does not read
 # (its connection's buffers full) is cut off after it, so no client holds the reaper, which closes every session
 DEFAULT_STALL_TIMEOUT = 60.0  # seconds a connection may hold answers its client does not take before the kernel drops it
@@ -445,7 +446,8 @@ class Gate:
 
     def __init__(self, pool: CasePool, config: ServeConfig):
         self.pool, self.config = pool, config
-        self.lanes = Lanes(config.step_threads, config.slice_s, slow_threads=config.slow_threads)
+        # a slow-lane thread for every session that may have a call there: none waits for another's to end
+        self.lanes = Lanes(config.step_threads, config.slice_s, slow_threads=max(config.slow_threads, config.max_sessions))
         # a compile-check child ready for each fast thread: no session's first statement waits for one to start
         compile_check.warm(config.step_threads)
         self.sessions = Sessions(pool, config, self.lanes)
