@@ -95,6 +95,7 @@ KEY_HINT = "make one with: python3 -c 'import secrets; print(secrets.token_hex(3
 LOCKS = "locks"  # GATE_HOME/locks/<run id>.lock: held by the process playing a night, free once it is gone
 CREATE_ATTEMPTS = 20
 CONNECT_TIMEOUT_S = 10  # an unreachable database server is one error after this, not a hang
+MAX_WAREHOUSE_FILE = 4 * 2**30  # a schema-3 warehouse file migrated into the database: at most this
 RUNNING, ENDED = "running", "ended"
 NEVER_ENDED = "the episode never ended"
 OPEN, COMPLETE, STOPPED, DIED = "open", "complete", "stopped", "died"  # a sealed run's status
@@ -240,6 +241,15 @@ WAL_PAGES = 1000  # SQLite's own checkpoint interval: the WAL is copied into the
 HELD_WAL_PAGES = 10000  # while `holding`: once per chunk of a night (or every 10000 pages), when it ends
 
 
+def _sqlite_reader_pragmas(dbapi_conn, _record) -> None:
+    """A reader's (`gate verify`): the database as it is (its journal mode too: switching it rewrites the file's
+    header), and no statement of the reader's may write."""
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA busy_timeout=10000")
+    cur.execute("PRAGMA query_only=ON")
+    cur.close()
+
+
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")  # readers (the sensor) never block the writer
@@ -372,7 +382,15 @@ def key_id(key: bytes) -> str:
 def _sqlite_file(url) -> Path | None:
     if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
         return None
-    return Path(url.database).expanduser().resolve()
+    path = Path(url.database)
+    try:
+        path = path.expanduser()
+    except RuntimeError:  # ~someone who is no user here: the name as it is (opening it says what is wrong)
+        pass
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError):  # a link that loops: the name as it is (opening it says so, in one line)
+        return path.absolute()
 
 
 @contextmanager
@@ -456,7 +474,7 @@ class RunStore:
             except (SQLAlchemyError, ValueError, ImportError) as exc:
                 raise StoreError(f"run store URL {self.url!r}: {_first_line(exc)}") from None
             if self.engine.dialect.name == "sqlite":
-                event.listen(self.engine, "connect", _sqlite_pragmas)
+                event.listen(self.engine, "connect", _sqlite_pragmas if check_key else _sqlite_reader_pragmas)
             elif self.engine.dialect.driver == "psycopg":
                 event.listen(self.engine, "connect", _postgresql_session(self.engine.dialect.loaded_dbapi.Error))
             if once:
@@ -600,9 +618,8 @@ class RunStore:
             done = set(c.execute(select(warehouses.c.episode_id)).scalars())
             for episode_id, name in c.execute(select(episodes.c.episode_id, episodes.c.warehouse)
                                               .where(episodes.c.warehouse_sha256.is_not(None))).all():
-                try:
-                    image = (self.home / name).read_bytes()
-                except OSError:
+                image = self._migrated_warehouse(name)
+                if image is None:
                     continue
                 if episode_id not in done:
                     c.execute(insert(warehouses).values(episode_id=episode_id, image=image))
@@ -610,6 +627,20 @@ class RunStore:
         for column, kind in (("agent_name", "TEXT"), ("transcript_sha256", "VARCHAR(64)")):
             if column not in have:
                 c.execute(sql_text(f"ALTER TABLE episodes ADD COLUMN {column} {kind}"))
+
+    def _migrated_warehouse(self, name) -> bytes | None:
+        """The bytes of a schema-3 episode's warehouse file, which the row names: only a regular file under GATE_HOME
+        (a stored row is anyone's to edit: a name that leads elsewhere, to a FIFO or to /dev/zero, is no warehouse
+        file), up to MAX_WAREHOUSE_FILE; else None (the episode's warehouse stays missing, as a missing file's)."""
+        if not isinstance(name, str) or not name:
+            return None
+        path = self.home / name
+        try:
+            if not path.resolve().is_relative_to(self.home.resolve()):
+                return None
+            return read_bytes(path, "warehouse file", MAX_WAREHOUSE_FILE, StoreError)
+        except (StoreError, OSError, RuntimeError, ValueError):
+            return None
 
     def seal(self, row: dict) -> str:
         """The HMAC of an episode row's sealed fields, under the store's key."""
@@ -1186,7 +1217,7 @@ def manifest_body(cases: list[Case], cases_file: str | Path | None, agents: list
             file_sha = sha256(read_bytes(cases_file, "case file", None, StoreError))
         except StoreError:
             file_sha = None
-    return {"cases_file": None if cases_file is None else str(cases_file), "cases_file_sha256": file_sha,
+    return {"cases_file": None if cases_file is None else str(Path(cases_file).absolute()), "cases_file_sha256": file_sha,
             "cases": [c.case_id for c in cases],
             "case_sha256": {c.case_id: sha256(json.dumps(c.data, sort_keys=True)) for c in cases},
             "agents": [{"name": a.name, "identity": a.identity, "deterministic": a.deterministic,

@@ -474,13 +474,15 @@ def test_workers_play_when_gate_is_pid_1(tmp_path):
 
 
 def test_a_failed_export_leaves_the_file_it_names_as_it_was(tmp_path, monkeypatch, capsys):
-    """cases export emptied its OUT (a case file named by mistake) before it found --run had no transcripts."""
+    """cases export emptied its OUT (an earlier export) before it found --run had no transcripts. (A case file
+    named by mistake is refused before that: test_a_file_that_is_no_case_file_is_not_overwritten...)"""
     from gate_pipeline.cli.main import main
     monkeypatch.setenv("GATE_HOME", str(tmp_path / "home"))
-    out = tmp_path / "mycases.jsonl"
-    out.write_text(EVAL.read_text())
+    out = tmp_path / "earlier.jsonl"
+    earlier = '{"messages": [], "tools": [], "case_id": "c", "reward": 1.0}\n'
+    out.write_text(earlier)
     assert main(["cases", "export", "--format", "jsonl-chat", "--run", str(tmp_path / "nothing"), str(out)]) == 2
-    assert "no transcripts.jsonl there" in capsys.readouterr().err and out.read_text() == EVAL.read_text()
+    assert "no transcripts.jsonl there" in capsys.readouterr().err and out.read_text() == earlier
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary file left
 
 
@@ -668,3 +670,214 @@ def test_more_workers_than_file_descriptors_allow_is_one_line(tmp_path):
                        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (48, 48)))
     assert p.returncode == 2 and p.stderr.startswith("gate: error: could not start 32 worker processes") \
         and p.stderr.count("\n") == 1, p.stderr
+
+
+# -- found by an outside review of the command line -------------------------------------------------------
+
+@pytest.mark.parametrize("name, make, words", [
+    ("run.json", "fifo", "run.json: is a FIFO, not a run description (only regular files are read)"),
+    ("tools.json", "fifo", "tools.json: is a FIFO, not a tools file (only regular files are written)"),
+    ("run.json", "[" * 100_000, "run.json: not a run description (JSON nested too deep)"),
+    ("run.json", '{"settings": null}', "run.json: not a run description ('settings' is not an object)"),
+    ("run.json", '{"settings": [1]}', "run.json: not a run description ('settings' is not an object)"),
+])
+def test_a_run_directory_whose_files_are_hostile_is_one_line_never_a_hang(tmp_path, monkeypatch, capsys, never_hang,
+                                                                         name, make, words):
+    """A FIFO as run.json or tools.json held `gate run` in open() for ever (SIGTERM did not end it); a run.json
+    nested too deep or whose settings are no object was a traceback."""
+    from gate_pipeline.cli.main import main
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GATE_HOME", str(tmp_path / "home"))
+    run = tmp_path / "runs" / "x"
+    run.mkdir(parents=True)
+    if make == "fifo":
+        os.mkfifo(run / name)
+    else:
+        (run / name).write_text(make)
+    assert main(["run", "--model", "m", "--base-url", "http://127.0.0.1:1/v1", "--run-id", "x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gate: error: ") and err.count("\n") == 1 and words in err, err
+
+
+@pytest.mark.parametrize("args, env, words", [
+    (["report", "--agents", "...:x"], {}, "cannot import ...:x (TypeError: "),
+    (["report", "--agents", ".foo:x"], {}, "cannot import .foo:x (TypeError: "),
+    (["report"], {"GATE_SUITES": ".:x"}, "GATE_SUITES: cannot import .:x (TypeError: "),
+    (["nightly", "--agent-options", "[" * 100_000], {}, "--agent-options is not JSON gate reads (nested too deep)"),
+    (["report"], {"GATE_HOME": "~nobody-gate-knows/x"}, "GATE_HOME=~nobody-gate-knows/x: cannot expand"),
+    (["verify", "--key-file", "~nobody-gate-knows/k"], {}, "--key-file ~nobody-gate-knows/k: cannot expand"),
+])
+def test_names_gate_cannot_import_or_expand_are_one_line(tmp_path, monkeypatch, capsys, args, env, words):
+    """Each was a traceback: a relative module name (TypeError), JSON nested too deep (RecursionError), a home
+    directory of no user (RuntimeError)."""
+    from gate_pipeline.cli.main import main
+    monkeypatch.setenv("GATE_HOME", str(tmp_path / "home"))
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    one = tmp_path / "one.jsonl"
+    one.write_text(EVAL.read_text().splitlines()[0] + "\n")
+    cases = ["--cases", str(one)] if args[0] != "verify" else []
+    assert main([*args, *cases]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gate: error: ") and err.count("\n") == 1 and words in err, err
+
+
+def test_a_file_that_is_no_case_file_is_not_overwritten_by_generate_or_export(tmp_path, capsys):
+    """`gate cases generate --out DIR` wrote over any eval_curated.jsonl there, and `gate cases export
+    --format jsonl-chat OUT` over a case file or another run's transcripts (both begin '{"')."""
+    from gate_pipeline.cli.main import main
+    (tmp_path / "eval_curated.jsonl").write_text("precious\n")
+    assert main(["cases", "generate", "--suite", "classic", "--split", "eval", "--out", str(tmp_path)]) == 2
+    assert "a file is there that gate did not write" in capsys.readouterr().err
+    assert (tmp_path / "eval_curated.jsonl").read_text() == "precious\n"
+    (tmp_path / "RUN").mkdir()
+    (tmp_path / "RUN" / "transcripts.jsonl").write_text("")
+    for kept in (EVAL.read_text().splitlines()[0] + "\n", '{"run_id": "r1", "key": "k"}\n'):
+        target = tmp_path / "kept.jsonl"
+        target.write_text(kept)
+        assert main(["cases", "export", "--format", "jsonl-chat", str(target), "--run", str(tmp_path / "RUN")]) == 2
+        assert "a file is there that gate did not write" in capsys.readouterr().err
+        assert target.read_text() == kept
+
+
+def test_stored_nightly_summaries_cannot_forge_lines_of_the_history(tmp_path, monkeypatch, capsys):
+    """A stored summary is anyone's to edit: its agent names and case file were printed as they were (a newline
+    made a line of its own, an escape coloured the terminal), and a reward of -1e308 as 300 digits."""
+    import sqlite3
+
+    from gate_pipeline.cli.main import main
+    monkeypatch.setenv("GATE_HOME", str(tmp_path / "home"))
+    one = tmp_path / "one.jsonl"
+    one.write_text(EVAL.read_text().splitlines()[0] + "\n")
+    assert main(["nightly", "--cases", str(one), "--agents", "naive"]) == 0
+    forged = {"agents": {"naive\nnight    7  forged  careful 1.0000": {"reward": 0.5}, "\x1b[31mRED": {"reward": -1e308}},
+              "cases_file": "a\rb"}
+    db = sqlite3.connect(tmp_path / "home" / "runs.db")
+    db.execute("UPDATE nightly_scores SET summary = ?", (json.dumps(forged),))
+    db.commit()
+    db.close()
+    capsys.readouterr()
+    assert main(["nightly", "--cases", str(one), "--agents", "naive"]) == 0
+    out = capsys.readouterr().out
+    history = out[out.index("nightly history"):]
+    assert "\x1b" not in history and "\r" not in history
+    assert not any(line.startswith("night    7") for line in history.splitlines())
+    assert "naive\\nnight" in history and "\\x1b[31mRED ?" in history
+
+
+def _night(tmp_path) -> subprocess.CompletedProcess:
+    """`gate nightly` of two cases and naive under tmp_path/home, in a process of its own (a store this process
+    opened stays open and ready in it)."""
+    one = tmp_path / "one.jsonl"
+    if not one.exists():
+        one.write_text("".join(line + "\n" for line in EVAL.read_text().splitlines()[:2]))
+    return subprocess.run([GATE, "nightly", "--cases", str(one), "--agents", "naive"], capture_output=True, text=True,
+                          env={**os.environ, "GATE_HOME": str(tmp_path / "home")}, timeout=120)
+
+
+def _one_night(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("GATE_HOME", str(tmp_path / "home"))
+    night = _night(tmp_path)
+    assert night.returncode == 0, night.stderr[-2000:]
+    return tmp_path / "home" / "runs.db"
+
+
+def test_gate_verify_leaves_a_store_it_refuses_byte_for_byte(tmp_path, monkeypatch, capsys):
+    """A reader changes nothing: `gate verify` switched a store it then refused (schema 3) to WAL, rewriting the
+    file's header, and left -wal and -shm files beside it."""
+    import hashlib
+    import sqlite3
+
+    from gate_pipeline.cli.main import main
+    db = _one_night(tmp_path, monkeypatch)
+    conn = sqlite3.connect(db)
+    conn.execute("UPDATE gate_store SET value = '3' WHERE key = 'schema'")
+    conn.commit()
+    conn.execute("PRAGMA journal_mode = DELETE")
+    conn.close()
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    capsys.readouterr()
+    assert main(["verify"]) == 2
+    assert "has schema 3" in capsys.readouterr().err
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+    assert sorted(p.name for p in db.parent.glob("runs.db*")) == ["runs.db"]
+
+
+def test_migrating_a_schema_3_store_reads_only_warehouse_files_under_gate_home(tmp_path, monkeypatch):
+    """The migration read whatever path a stored row named: a FIFO hung it, /dev/zero filled the memory."""
+    import sqlite3
+
+    db = _one_night(tmp_path, monkeypatch)
+    os.mkfifo(tmp_path / "stuck")
+    conn = sqlite3.connect(db)
+    conn.execute("UPDATE gate_store SET value = '3' WHERE key = 'schema'")
+    conn.execute("DELETE FROM warehouses")
+    for statement in ("DROP TABLE manifests", "ALTER TABLE episodes DROP COLUMN agent_name",
+                      "ALTER TABLE episodes DROP COLUMN transcript_sha256"):
+        conn.execute(statement)
+    ids = [r[0] for r in conn.execute("SELECT rowid FROM episodes ORDER BY rowid")]
+    for rowid, name in zip(ids, (str(tmp_path / "stuck"), "/dev/zero", "../../etc/hostname")):
+        conn.execute("UPDATE episodes SET warehouse = ? WHERE rowid = ?", (name, rowid))
+    conn.commit()
+    conn.close()
+    night = _night(tmp_path)  # migrated, and the night played
+    assert night.returncode == 0, night.stderr[-2000:]
+    conn = sqlite3.connect(db)
+    assert conn.execute("SELECT value FROM gate_store WHERE key = 'schema'").fetchone()[0] != "3"
+    assert conn.execute("SELECT count(*) FROM warehouses WHERE episode_id IN (SELECT episode_id FROM episodes "
+                        "WHERE rowid IN (?, ?))", ids[:2]).fetchone()[0] == 0  # nothing read from them
+    conn.close()
+
+
+def test_a_case_file_that_changes_while_the_night_plays_fails_the_night(tmp_path, monkeypatch, capsys):
+    """Each chunk read the case file again and played what it found there: a file changed mid-night gave a night
+    of two files' cases, stored, scored and sealed complete, exit 0."""
+    from gate_pipeline.cli.main import main
+    from gate_pipeline.dagster_defs import scoreboard
+    monkeypatch.setenv("GATE_HOME", str(tmp_path / "home"))
+    mid = tmp_path / "mid.jsonl"
+    lines = EVAL.read_text().splitlines()
+    mid.write_text("".join(line + "\n" for line in lines[:4]))
+    seal = scoreboard.manifest_body
+
+    def then_change(*args):  # once the night is planned and sealed, another file takes its place
+        body = seal(*args)
+        mid.write_text("".join(line + "\n" for line in lines[4:8]))
+        return body
+    monkeypatch.setattr(scoreboard, "manifest_body", then_change)
+    assert main(["nightly", "--cases", str(mid), "--agents", "naive", "--chunk-size", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "changed while the night played" in err and "Failure" not in err, err
+    from gate_pipeline.kernel.settings import Settings
+    from gate_pipeline.store import RunStore
+    store = RunStore(Settings.from_env())
+    try:
+        assert store.nightly_history() == []  # no night scored
+    finally:
+        store.dispose()
+
+
+def test_a_run_named_by_a_relative_case_file_is_verified_from_anywhere(tmp_path):
+    """The manifest kept the case file's name as given (`one.jsonl`), so `gate verify` run from elsewhere said it
+    had changed since the run was sealed, and its check turned into a note."""
+    (tmp_path / "one.jsonl").write_text("".join(line + "\n" for line in EVAL.read_text().splitlines()[:2]))
+    env = {**os.environ, "GATE_HOME": str(tmp_path / "home")}
+    night = subprocess.run([GATE, "nightly", "--cases", "one.jsonl", "--agents", "naive"], capture_output=True,
+                           text=True, env=env, cwd=tmp_path, timeout=120)
+    assert night.returncode == 0, night.stderr[-2000:]
+    (tmp_path / "elsewhere").mkdir()
+    checked = subprocess.run([GATE, "verify"], capture_output=True, text=True, env=env, cwd=tmp_path / "elsewhere",
+                             timeout=120)
+    assert checked.returncode == 0 and "changed since" not in checked.stdout + checked.stderr, checked
+
+
+@pytest.mark.parametrize("args, words", [
+    (["report", "--cases", ""], "--cases is empty"),  # it played the eval split in its place
+    (["report", "--agents", "x" * 100_000], "an agent name is at most 500 characters, not 100,000"),  # quoted whole
+    (["serve", "--port", "0", "--token", "ab\ncd"], "the token holds a character that is not printable"),
+])
+def test_an_empty_case_file_name_a_huge_agent_name_or_an_unsendable_token_is_one_short_line(capsys, args, words):
+    from gate_pipeline.cli.main import main
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gate: error: ") and err.count("\n") == 1 and len(err) < 400 and words in err, err[:300]

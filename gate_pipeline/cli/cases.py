@@ -4,9 +4,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..kernel.errors import GateError
-from ..kernel.settings import Settings
+from ..kernel.settings import SPLIT_FILES, Settings
 from ..kernel.suite import suites
-from .common import Parser, int_arg
+from .common import Parser, int_arg, output_file
 from .errors import UsageError
 
 SPLITS = ("eval", "train")
@@ -23,6 +23,9 @@ def cmd_cases_generate(a, settings: Settings) -> int:
     out = a.out or f"cases/{suite.name}"
     if Path(out).exists() and not Path(out).is_dir():
         raise UsageError(f"--out {out}: is a file; --out names the folder the case files are written into")
+    if Path(out).is_dir():  # a file there that is not a case file (gate's begin '{"') is not overwritten
+        for split in splits:
+            output_file("--out", Path(out) / SPLIT_FILES[split], b'{"')
     try:
         paths = suite.generate(out, settings.contracts_dir, a.rows, splits)
     except OSError as exc:

@@ -108,6 +108,8 @@ def checked_settings() -> Settings:
 
 def cases_arg(a, settings: Settings) -> Path:
     """The --cases file, or the eval split of the case library (GATE_CASES_DIR, else the shipped one)."""
+    if a.cases is not None and not a.cases.strip():  # `--cases "$UNSET"`: not the eval split in its place
+        raise UsageError("--cases is empty: give a case file, or leave --cases out for the eval split")
     if not a.cases:
         path = settings.cases_file("eval")
         if not path.is_file():

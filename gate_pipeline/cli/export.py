@@ -162,7 +162,7 @@ def cmd_cases_export(a, settings: Settings) -> int:
         return 0
     if not a.run:
         raise UsageError("--format jsonl-chat exports transcripts: name a run directory with --run runs/RUN_ID")
-    out = output_file("", out, b'{"')  # one conversation a line, a JSON object
+    out = output_file("", out, b'{"messages"')  # one conversation a line, as _chat_line writes it
     try:
         written, left = export_chat(settings, out, a.run, a.min_reward)
     except OSError as exc:

@@ -14,6 +14,7 @@ import sys
 import uuid
 from pathlib import Path
 
+from ..kernel.cases import printable
 from ..kernel.settings import Settings
 from .common import CASES_HELP, agent_list, agents_epilog, cases_arg, int_arg, resolve_agents
 from .errors import UsageError
@@ -27,9 +28,24 @@ def _options(text: str | None):
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise UsageError(f"--agent-options is not JSON ({exc.msg})") from None
+    except RecursionError:
+        raise UsageError("--agent-options is not JSON gate reads (nested too deep)") from None
+    except ValueError as exc:  # an integer of more digits than Python converts
+        raise UsageError(f"--agent-options is not JSON gate reads ({exc})") from None
     if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
         raise UsageError("--agent-options must be a JSON object {agent: {option: value}}")
     return value
+
+
+def _shown(name) -> str:
+    """A stored name as one line shows it: escaped where not printable (no line or escape of its own), cut."""
+    text = printable(name)
+    return text if len(text) <= 80 else text[:80] + "..."
+
+
+def _reward(value) -> str:
+    """A stored mean reward as the history shows it (one outside 0..1, which no night gives, as '?')."""
+    return f"{value:.4f}" if isinstance(value, (int, float)) and 0.0 <= value <= 1.0 else "?"
 
 
 def _root_message(error) -> str:
@@ -37,7 +53,10 @@ def _root_message(error) -> str:
     while getattr(error, "cause", None) is not None:
         error = error.cause
     lines = [ln for ln in error.message.strip().splitlines() if ln.strip()]
-    return lines[0] if lines else "the nightly run failed"
+    if not lines:
+        return "the nightly run failed"
+    head, sep, rest = lines[0].partition(": ")  # a step's Failure: its description, not the class's dotted name
+    return rest if sep and head.endswith(".Failure") and " " not in head else lines[0]
 
 
 def _interrupted(error) -> bool:
@@ -156,10 +175,10 @@ def _play_night(a, settings: Settings, collecting: bool, store, cases_file: str,
     print(board["tables"])
     history = RunStore(settings, once=True).nightly_history(5)
     print("\nnightly history (mean reward):")
-    for night in history:
+    for night in history:  # a stored summary is a cache anyone with the store could edit: shown, never obeyed
         s = night["summary"]
-        cells = "  ".join(f"{n} {v['reward']:.4f}" for n, v in s["agents"].items())
-        print(f"  night {night['night']:>4}  {Path(s.get('cases_file') or '').name}  {cells}")
+        cells = "  ".join(f"{_shown(n)} {_reward(v['reward'])}" for n, v in s["agents"].items())
+        print(f"  night {night['night']:>4}  {_shown(Path(str(s.get('cases_file') or '')).name)}  {cells}")
     for line in board["regressions"]:
         print(f"REGRESSION {line}")
     return 0

@@ -23,6 +23,7 @@ episodes count for the run it re-executes); `gate verify` checks the store again
 agents a run's config may name are the ones the code location lists (`catalog.AgentName`).
 """
 
+import hashlib
 from pathlib import Path
 
 import dagster as dg
@@ -79,20 +80,30 @@ def remember_cases(path: str, text: str, cases: list[Case]) -> None:
     """The cases checked from a case file's text, for the night's steps in this process (`gate nightly`
     checks its file before Dagster starts: its plan does not check it again)."""
     _READ.clear()  # one file is enough: a night reads one
-    _READ[path] = (text, cases)
+    _READ[str(Path(path).absolute())] = (text, cases)
 
 
-def _cases(path: str) -> list[Case]:
+def _read(path: str, sha: str | None = None) -> tuple[list[Case], str]:
+    """The cases of the file at `path` and the SHA-256 of its text; with `sha` (the SHA-256 it had when the night
+    was planned), a Failure if the file has changed since: a night never plays or scores the cases of two files."""
     try:
         text = read_case_text(path)
-        known = _READ.get(path)
+        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        if sha is not None and digest != sha:
+            raise dg.Failure(description=f"nightly cases file: {path} changed while the night played (its "
+                                         "SHA-256 is not the one it had when the night was planned); run it again")
+        known = _READ.get(str(Path(path).absolute()))
         if known is not None and known[0] == text:
-            return known[1]
+            return known[1], digest
         cases = cases_of_text(text, str(Path(path)))
         remember_cases(path, text, cases)
-        return cases
+        return cases, digest
     except (CaseError, OSError) as exc:
         raise dg.Failure(description=f"nightly cases file: {exc}") from None
+
+
+def _cases(path: str, sha: str | None = None) -> list[Case]:
+    return _read(path, sha)[0]
 
 
 def _specs(chunk: dict, case_library: CaseLibrary) -> list:
@@ -114,14 +125,15 @@ def plan_nightly(context: dg.OpExecutionContext, config: NightlyConfig, case_lib
     for name, options in config.agent_options.items():
         if not isinstance(options, dict):
             raise dg.Failure(description=f"nightly: agent_options[{name!r}] must be a mapping")
-    cases_file = config.cases_file or str(case_library.settings().cases_file("eval"))
-    cases = _cases(cases_file)
+    # absolute: the manifest and the summary name the file wherever `gate verify` runs from
+    cases_file = str(Path(config.cases_file or case_library.settings().cases_file("eval")).absolute())
+    cases, digest = _read(cases_file)
     try:
         agents = [a.value for a in config.agents] or list(suite_of_cases(cases).report_agents)
     except CaseError as exc:
         raise dg.Failure(description=f"nightly cases file: {exc}") from None
-    plan = {"cases_file": cases_file, "agents": agents, "agent_options": dict(config.agent_options),
-            "log_reads": config.log_reads}
+    plan = {"cases_file": cases_file, "cases_sha256": digest, "agents": agents,
+            "agent_options": dict(config.agent_options), "log_reads": config.log_reads}
     specs = _specs(plan, case_library)  # every agent checked before anything is played
     who = "gate nightly" if context.run.tags.get("gate/trigger") == "cli" else f"the Dagster run {context.run.run_id}"
     store = gate_store.open()
@@ -159,7 +171,7 @@ def _played(indices: list[int], cases: int, agents: int) -> str:
 
 
 def _play(context, chunk: dict, gate_store: GateStore, case_library: CaseLibrary) -> list[dict]:
-    cases = _cases(chunk["cases_file"])
+    cases = _cases(chunk["cases_file"], chunk.get("cases_sha256"))  # (a plan of an older gate has none)
     specs = _specs(chunk, case_library)
     store = gate_store.open(once=True)
     # every episode stored as it opens, with those that ended before it in the same transaction (the
@@ -244,7 +256,7 @@ def build_scoreboard(context: dg.OpExecutionContext, parts: list, plan: dict, ga
     try:
         agents = identities
         cases_file = plan["cases_file"]
-        cases = _cases(cases_file)
+        cases = _cases(cases_file, plan.get("cases_sha256"))
         grades: dict[str, list] = {a: [None] * len(cases) for a in agents}
         for p in played:  # graded once, as each episode ended (a step output of an older gate: from the store)
             grades[p["agent"]][p["index"]] = (Grade.from_dict(p["grade"]) if "grade" in p

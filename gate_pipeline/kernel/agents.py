@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import reprlib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib.metadata import entry_points
@@ -43,6 +44,7 @@ from .suite import suites
 from .variants import variant_agent_factory
 
 ENTRY_POINT_GROUP = "gate.agents"
+MAX_NAME_CHARS = 500  # an agent name (`module:Class`, `name@variant`)
 
 
 class AgentUnfinished(Exception):
@@ -137,6 +139,8 @@ def import_target(target: str, name: str):
             obj = getattr(obj, part)
     except (ImportError, AttributeError, ValueError) as exc:
         raise UnknownAgent(f"agent {name!r}: cannot import {target} ({exc})") from None
+    except Exception as exc:  # noqa: BLE001  (a relative name, ':x' or '.:x', or a module that fails as it loads)
+        raise UnknownAgent(f"agent {name!r}: cannot import {target} ({type(exc).__name__}: {exc})") from None
     return obj
 
 
@@ -205,7 +209,10 @@ def resolve_agent(name, options: dict | None = None, contracts=None) -> AgentSpe
     What the name names is checked to be an agent class before anything is called (module docstring).
     `contracts` is where `<agent>@<variant>` finds its variant (default: the shipped contracts)."""
     if not isinstance(name, str) or not name.strip():
-        raise UnknownAgent(f"an agent name must be a non-empty string, not {name!r}")
+        raise UnknownAgent(f"an agent name must be a non-empty string, not {reprlib.repr(name)}")
+    if len(name) > MAX_NAME_CHARS:  # every message below quotes it
+        raise UnknownAgent(f"an agent name is at most {MAX_NAME_CHARS} characters, not {len(name):,} "
+                           f"({reprlib.repr(name)})")
     options = dict(options or {})
     if "@" in name and ":" not in name:
         factory, builtin = variant_agent_factory(name, contracts), True  # gate's own careful, under a variant

@@ -72,6 +72,21 @@ def read_bytes(path: str | Path, what: str, limit: int | None, error: type[GateE
     return data
 
 
+def writable_file(path: str | Path, what: str, error: type[GateError] = GateError) -> Path:
+    """`path`, refused unless nothing is there or a regular file is: writing to a FIFO nobody reads holds the
+    writer for ever (a signal does not end the wait), and a directory or a device is no `what`."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return Path(path)
+    except OSError as exc:
+        raise error(f"{path}: cannot write the {what} ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in KINDS if test(mode)), "not a regular file")
+        raise error(f"{path}: is {kind}, not a {what} (only regular files are written)")
+    return Path(path)
+
+
 def json_lines(text: str) -> list[str]:
     """The lines of a JSON Lines text: split at "\n" only. (`str.splitlines` also splits at U+2028, U+0085 and
     other characters a JSON string holds as they are, so a valid line was read as two broken ones.)"""

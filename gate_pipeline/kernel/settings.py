@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .contract import SHIPPED_CONTRACTS
+from .errors import GateError
 from .suite import suites
 
 SHIPPED_CASES = Path(__file__).resolve().parents[1] / "data" / "cases"
@@ -65,7 +66,12 @@ class Settings:
 
         def path(name: str, default):
             value = (env.get(name) or "").strip()
-            return _resolved(Path(value).expanduser()) if value else default
+            if not value:
+                return default
+            try:
+                return _resolved(Path(value).expanduser())
+            except RuntimeError:  # ~someone who is no user here
+                raise GateError(f"{name}={value}: cannot expand {value.split('/', 1)[0]} (no such user)") from None
 
         return cls(home=path("GATE_HOME", Path(".gate").resolve()),
                    db_url=(env.get("GATE_DB_URL") or "").strip() or None,
@@ -101,7 +107,7 @@ class Settings:
             raw = (env.get(name) or "").strip()
             if raw and not path.is_dir():
                 out.append(f"{name}={raw}: no such directory (looked for {path}"
-                           + (f", from {Path.cwd()})" if not Path(raw).expanduser().is_absolute() else ")"))
+                           + (f", from {Path.cwd()})" if not path.is_absolute() else ")"))
         if self.home.exists() and not self.home.is_dir():
             out.append(f"GATE_HOME: {self.home} is a file, not a directory")
         return out

@@ -200,6 +200,8 @@ class Registry:
                     obj = getattr(obj, part)
             except (ImportError, AttributeError) as exc:
                 raise UnknownSuite(f"GATE_SUITES: cannot import {target} ({exc})") from None
+            except Exception as exc:  # noqa: BLE001  (a relative name, or a module that fails as it loads)
+                raise UnknownSuite(f"GATE_SUITES: cannot import {target} ({type(exc).__name__}: {exc})") from None
             with self._lock:
                 self._load()
                 self._add(obj, f"GATE_SUITES entry {target}")

@@ -35,7 +35,7 @@ from ..kernel.agents import AgentSpec
 from ..kernel.cases import Case
 from ..kernel.engine import fewer_collections, play_async
 from ..kernel.errors import GateError
-from ..kernel.files import json_lines, read_text
+from ..kernel.files import json_lines, read_text, writable_file
 from ..kernel.grading import grade_stored
 from ..kernel.pool import CasePool
 from ..kernel.records import ABANDONED, API_ERROR, TIMEOUT, EpisodeResult, Grade
@@ -45,6 +45,7 @@ from .agent import ModelAgent, ModelSettings, describe_error, make_client
 from .tool_schemas import tool_schemas
 
 TRANSCRIPTS, META, TOOLS = "transcripts.jsonl", "run.json", "tools.json"
+META_LIMIT = 2**20  # a run description is a few hundred bytes
 REDONE_ON_RESUME = (API_ERROR, TIMEOUT, ABANDONED)
 STORE_BATCH, STORE_EVERY_S = 16, 1.0  # ended episodes are written 16 to a transaction, or after a second
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -233,18 +234,23 @@ def write_tools(run_dir: Path, cases: list[Case]) -> None:
     names = sorted({case.suite for case in cases})
     doc = {name: {"system_prompt": suites.get(name).prompt, "tools": tool_schemas(suites.get(name))}
            for name in names}
-    (run_dir / TOOLS).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    writable_file(run_dir / TOOLS, "tools file", RunError).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
 
 
 def _check_meta(run_dir: Path, settings: ModelSettings, rollouts: int) -> None:
     meta_path = run_dir / META
     wanted = {k: getattr(settings, k) for k in BINDING}
-    if meta_path.exists():
+    if os.path.lexists(meta_path):
+        text = read_text(meta_path, "run description", META_LIMIT, RunError)  # a FIFO there: refused, not waited on
         try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            meta = json.loads(text)
             before = meta["settings"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except RecursionError:
+            raise RunError(f"{meta_path}: not a run description (JSON nested too deep)") from None
+        except (ValueError, KeyError, TypeError) as exc:
             raise RunError(f"{meta_path}: not a run description ({exc})") from None
+        if not isinstance(before, dict):
+            raise RunError(f"{meta_path}: not a run description ('settings' is not an object)")
         for key, value in wanted.items():
             if before.get(key) != value:
                 raise RunError(f"run {run_dir.name!r} was made with {key}={before.get(key)!r}, not {value!r}; "
@@ -253,7 +259,7 @@ def _check_meta(run_dir: Path, settings: ModelSettings, rollouts: int) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     meta = {"run_id": run_dir.name, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "settings": settings.public(), "rollouts": rollouts}
-    meta_path.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    writable_file(meta_path, "run description", RunError).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
 
 
 def transcript_record(result: EpisodeResult) -> dict:
