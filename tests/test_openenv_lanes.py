@@ -120,8 +120,9 @@ def test_the_baton_lets_one_query_on_at_a_time_in_turns_and_a_waiter_never_past_
 
 def test_long_queries_moved_off_the_fast_threads_take_turns_and_keep_their_budget():
     """Four budget-long queries at once: once moved, one runs at a time (their progress checks come in runs
-    of one thread's, a turn each), and each runs for its budget, its waits for its turn not counted: the four
-    end within four budgets and a half, none before its own budget has passed."""
+    of one thread's, a turn each, a turn's rest before each turn handed over), and each runs for its budget, its
+    waits for its turn not counted: the four end within twice four budgets and a half, none before its own
+    budget has passed."""
     from gate_pipeline.kernel.sandbox import Sandbox
     checks: list[tuple[float, int]] = []
 
@@ -147,7 +148,7 @@ def test_long_queries_moved_off_the_fast_threads_take_turns_and_keep_their_budge
         took = asyncio.run(main())
     finally:
         lanes.shutdown()
-    assert lanes.moved == 4 and 0.8 <= min(took) and max(took) <= 4 * 0.8 + 0.5, (lanes.moved, took)
+    assert lanes.moved == 4 and 0.8 <= min(took) and max(took) <= 2 * 4 * 0.8 + 0.5, (lanes.moved, took)
     # once all four are moved (a slice of CPU each, on 4 threads: well within 0.3 s), they run in turns: the
     # checks change hands about once a turn (0.02 s), where four threads on their own interleave all the time
     late = [tid for t, tid in checks if t > start + 0.3]

@@ -23,7 +23,7 @@ time before it starts (a duty cycle: the session rests, no thread does, so no ot
 not have it, waiting without the GIL and without CPU, until its turn comes (its wait does not count
 against its time budget, up to `kernel.sandbox.MAX_WAIT_S` in all: a query waiting then is stopped
 by its budget as ever, `interrupted`); the holder passes it on after a turn of
-`slice_s` seconds when others wait, first come first served. So the long queries of all sessions
+`slice_s` seconds when others wait, first come first served, the next turn starting after a turn's rest. So the long queries of all sessions
 together use at most one CPU, at the lowest priority. Why one at a time, when each runs in SQLite
 without the GIL: a running query takes the GIL back at every progress check (every 1,000 SQLite
 steps, about every 2 ms for string work), and a thread at the lowest priority that has asked for
@@ -53,6 +53,7 @@ LOW_PRIORITY = 19  # the largest nice value: runs on what CPU the others leave
 REST = 1.0  # a session whose call on the slow lane ran long waits as long as that call's CPU time before its next
 SHORT_TO_CLEAR = 10  # short calls in a row on the slow lane before a session's calls go to the fast lane again
 WALL_SLICES = 10  # a call that has run this many slices of wall time is moved whatever CPU it used (a wait)
+HANDOVER_REST = 1.0  # turns of rest before a turn handed over: the baton is idle as long as it is held, when shared
 PER_THREAD_NICE = sys.platform.startswith("linux")
 
 
@@ -102,8 +103,14 @@ class Baton:
         start = time.monotonic()
         turn.granted.wait(max(0.0, deadline - start))
         with self._lock:
-            if self._holder is not turn:  # the deadline came first: out of the queue
+            handed = self._holder is turn
+            if not handed:  # the deadline came first: out of the queue
                 self._waiting.remove(turn)
+        if handed:  # a turn handed over starts after a turn's rest, the baton held and idle: long queries that
+            # take turns use at most half a CPU between them, and take the GIL at their progress checks half as often
+            time.sleep(max(0.0, min(self.turn_s * HANDOVER_REST, deadline - time.monotonic())))
+            with self._lock:
+                turn.since = time.monotonic()  # its turn starts now
         return time.monotonic() - start
 
     def give_up(self, turn: _Turn) -> None:
