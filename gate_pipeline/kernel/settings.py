@@ -46,6 +46,14 @@ def _resolved(path: Path) -> Path:
         return path.absolute()
 
 
+def _given(value: str) -> Path:
+    """A path as the environment gives it, `~` expanded where it names a user."""
+    try:
+        return Path(value).expanduser()
+    except RuntimeError:  # ~someone who is no user here
+        return Path(value)
+
+
 @dataclass(frozen=True)
 class Settings:
     home: Path
@@ -107,7 +115,7 @@ class Settings:
             raw = (env.get(name) or "").strip()
             if raw and not path.is_dir():
                 out.append(f"{name}={raw}: no such directory (looked for {path}"
-                           + (f", from {Path.cwd()})" if not path.is_absolute() else ")"))
+                           + (f", from {Path.cwd()})" if not _given(raw).is_absolute() else ")"))
         if self.home.exists() and not self.home.is_dir():
             out.append(f"GATE_HOME: {self.home} is a file, not a directory")
         return out
