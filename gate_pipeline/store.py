@@ -83,7 +83,7 @@ from .kernel.files import read_bytes
 from .kernel.ledger import canonical_json, chain_intact, last_hash
 from .kernel.records import ABANDONED, EpisodeResult, Grade, StoredEpisode
 from .kernel.sandbox import CAUGHT, Sandbox
-from .kernel.settings import Settings
+from .kernel.settings import Settings, given_path, resolved_path
 from .kernel.suite import MART_SQL, suites
 from .kernel.world import revenue_of
 
@@ -382,15 +382,7 @@ def key_id(key: bytes) -> str:
 def _sqlite_file(url) -> Path | None:
     if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
         return None
-    path = Path(url.database)
-    try:
-        path = path.expanduser()
-    except RuntimeError:  # ~someone who is no user here: the name as it is (opening it says what is wrong)
-        pass
-    try:
-        return path.resolve()
-    except (RuntimeError, OSError):  # a link that loops: the name as it is (opening it says so, in one line)
-        return path.absolute()
+    return resolved_path(given_path(url.database))
 
 
 @contextmanager

@@ -11,7 +11,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from ..kernel.settings import Settings
+from ..kernel.settings import Settings, expanded_path
 from .errors import UsageError
 
 
@@ -25,10 +25,7 @@ def cmd_verify(a, settings: Settings) -> int:
             raise UsageError(f"--run {a.run}: no such run directory")
         run_id = run_dir.name
     if a.key_file is not None:  # the key held apart from the store: it wins over GATE_STORE_KEY
-        try:
-            key_file = Path(a.key_file).expanduser().absolute()
-        except RuntimeError:  # ~someone who is no user here
-            raise UsageError(f"--key-file {a.key_file}: cannot expand {a.key_file.split('/', 1)[0]} (no such user)") from None
+        key_file = expanded_path(a.key_file, f"--key-file {a.key_file}", UsageError).absolute()
         settings = dataclasses.replace(settings, store_key=None, store_key_file=key_file)
     store = RunStore(settings, check_key=False)
     try:

@@ -37,7 +37,7 @@ VARIABLES = ("GATE_HOME", "GATE_DB_URL", "GATE_CASES_DIR", "GATE_CONTRACTS", "GA
 DEFAULT_CELERY_BROKER = "redis://127.0.0.1:6379/0"
 
 
-def _resolved(path: Path) -> Path:
+def resolved_path(path: Path) -> Path:
     """`path` made absolute, its links followed where they can be: a link that loops is left as it is (what
     reads or writes it then says so in one line), not a RuntimeError."""
     try:
@@ -46,12 +46,21 @@ def _resolved(path: Path) -> Path:
         return path.absolute()
 
 
-def _given(value: str) -> Path:
-    """A path as the environment gives it, `~` expanded where it names a user."""
+def given_path(value: str) -> Path:
+    """A path as it is given, `~` expanded where it names a user (the name kept as it is where it names
+    none: what opens it then says what is wrong)."""
     try:
         return Path(value).expanduser()
     except RuntimeError:  # ~someone who is no user here
         return Path(value)
+
+
+def expanded_path(value: str, label: str, error: type[Exception] = GateError) -> Path:
+    """A path as it is given, `~` expanded; `error` naming `label` where `~someone` names no user here."""
+    try:
+        return Path(value).expanduser()
+    except RuntimeError:
+        raise error(f"{label}: cannot expand {value.split('/', 1)[0]} (no such user)") from None
 
 
 @dataclass(frozen=True)
@@ -76,10 +85,7 @@ class Settings:
             value = (env.get(name) or "").strip()
             if not value:
                 return default
-            try:
-                return _resolved(Path(value).expanduser())
-            except RuntimeError:  # ~someone who is no user here
-                raise GateError(f"{name}={value}: cannot expand {value.split('/', 1)[0]} (no such user)") from None
+            return resolved_path(expanded_path(value, f"{name}={value}"))
 
         return cls(home=path("GATE_HOME", Path(".gate").resolve()),
                    db_url=(env.get("GATE_DB_URL") or "").strip() or None,
@@ -115,7 +121,7 @@ class Settings:
             raw = (env.get(name) or "").strip()
             if raw and not path.is_dir():
                 out.append(f"{name}={raw}: no such directory (looked for {path}"
-                           + (f", from {Path.cwd()})" if not _given(raw).is_absolute() else ")"))
+                           + (f", from {Path.cwd()})" if not given_path(raw).is_absolute() else ")"))
         if self.home.exists() and not self.home.is_dir():
             out.append(f"GATE_HOME: {self.home} is a file, not a directory")
         return out
