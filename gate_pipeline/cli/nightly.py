@@ -48,15 +48,17 @@ def _reward(value) -> str:
     return f"{value:.4f}" if isinstance(value, (int, float)) and 0.0 <= value <= 1.0 else "?"
 
 
-def _root_message(error) -> str:
-    """The innermost cause of a step failure, first line (what went wrong, not where)."""
-    while getattr(error, "cause", None) is not None:
-        error = error.cause
-    lines = [ln for ln in error.message.strip().splitlines() if ln.strip()]
-    if not lines:
-        return "the nightly run failed"
-    head, sep, rest = lines[0].partition(": ")  # a step's Failure: its description, not the class's dotted name
-    return rest if sep and head.endswith(".Failure") and " " not in head else lines[0]
+def _step_message(failure) -> str:
+    """What a failed step says, first line: a step's Failure its own description, anything else the
+    innermost cause's message (what went wrong, not where)."""
+    description = failure.user_failure_data.description if failure.user_failure_data is not None else None
+    if not description:
+        error = failure.error
+        while error.cause is not None:
+            error = error.cause
+        description = error.message
+    lines = [ln for ln in description.strip().splitlines() if ln.strip()]
+    return lines[0] if lines else "the nightly run failed"
 
 
 def _interrupted(error) -> bool:
@@ -156,8 +158,8 @@ def _play_night(a, settings: Settings, collecting: bool, store, cases_file: str,
                   if (e.is_step_failure or e.is_run_failure) and getattr(e.event_specific_data, "error", None)]
         if any(_interrupted(error) for error in errors):
             raise KeyboardInterrupt  # Ctrl-C: `gate: interrupted`, exit 130, as every command
-        failures = [_root_message(e.event_specific_data.error)
-                    for e in result.all_events if e.is_step_failure and e.event_specific_data.error]
+        failures = [_step_message(e.step_failure_data) for e in result.all_events
+                    if e.is_step_failure and e.step_failure_data.error is not None]
         raise UsageError(failures[0] if failures else "the nightly run failed")
     board = result.output_for_node("scoreboard")
     grades = {agent: [Grade.from_dict(g) for g in gs] for agent, gs in board["grades"].items()}

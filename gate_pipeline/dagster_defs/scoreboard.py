@@ -66,7 +66,7 @@ MIN_CHUNK, AUTO_STEPS = 8, 8  # chunk_size 0: at least MIN_CHUNK cases a step, a
 
 # the case file this process read last, with its text: every step of a night reads the same file, and
 # checking its cases is most of the cost of reading it; a file whose text changed is checked again
-_READ: dict[str, tuple[str, list[Case]]] = {}
+_READ: dict[str, tuple[str, str, list[Case]]] = {}
 _PAGES: list[PageProcess] = []  # draw_pages_in
 
 
@@ -79,8 +79,16 @@ def chunk_size_for(cases: int) -> int:
 def remember_cases(path: str, text: str, cases: list[Case]) -> None:
     """The cases checked from a case file's text, for the night's steps in this process (`gate nightly`
     checks its file before Dagster starts: its plan does not check it again)."""
+    _remember(path, text, _sha256(text), cases)
+
+
+def _remember(path: str, text: str, digest: str, cases: list[Case]) -> None:
     _READ.clear()  # one file is enough: a night reads one
-    _READ[str(Path(path).absolute())] = (text, cases)
+    _READ[str(Path(path).absolute())] = (text, digest, cases)
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _read(path: str, sha: str | None = None) -> tuple[list[Case], str]:
@@ -88,15 +96,17 @@ def _read(path: str, sha: str | None = None) -> tuple[list[Case], str]:
     was planned), a Failure if the file has changed since: a night never plays or scores the cases of two files."""
     try:
         text = read_case_text(path)
-        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        known = _READ.get(str(Path(path).absolute()))
+        if known is not None and known[0] == text:  # the text this process checked: its digest and cases with it
+            digest, cases = known[1], known[2]
+        else:
+            digest, cases = _sha256(text), None
         if sha is not None and digest != sha:
             raise dg.Failure(description=f"nightly cases file: {path} changed while the night played (its "
                                          "SHA-256 is not the one it had when the night was planned); run it again")
-        known = _READ.get(str(Path(path).absolute()))
-        if known is not None and known[0] == text:
-            return known[1], digest
-        cases = cases_of_text(text, str(Path(path)))
-        remember_cases(path, text, cases)
+        if cases is None:
+            cases = cases_of_text(text, str(Path(path)))
+            _remember(path, text, digest, cases)
         return cases, digest
     except (CaseError, OSError) as exc:
         raise dg.Failure(description=f"nightly cases file: {exc}") from None
