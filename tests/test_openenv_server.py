@@ -382,11 +382,17 @@ def test_the_http_endpoints(server):
     status, body = http(server, "/step", {"action": {"tool": "list_batches"}})  # a bare tool call
     assert status == 200 and "reset first" in json.loads(body["observation"]["result"])["error"]
     for bad, words in (({"action": "list_batches"}, "'action' must be a JSON object"), ({}, "needs 'action'"),
-                       ({"action": {}, "timeout_s": "5"}, "'timeout_s' must be a number"),
-                       ({"action": {}, "timeout_s": True}, "'timeout_s' must be a number"),
+                       ({"action": {}, "timeout_s": "5"}, "'timeout_s' must be a finite number"),
+                       ({"action": {}, "timeout_s": True}, "'timeout_s' must be a finite number"),
+                       ({"action": {}, "timeout_s": float("inf")}, "Infinity is not a JSON number"),
                        ({"action": {}, "extra": 1}, "unexpected field 'extra'")):
         status, body = http(server, "/step", bad)
         assert status == 422 and words in body["detail"], (bad, body)
+    overflow = urllib.request.Request(server + "/step", data=b'{"action": {}, "timeout_s": 1e999}', method="POST",
+                                      headers={"content-type": "application/json"})  # a float that overflows to inf
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(overflow, timeout=10)
+    assert refused.value.code == 422 and "must be a finite number above 0, not inf" in json.loads(refused.value.read())["detail"]
     big = {"case_id": "x" * (2 << 20)}  # over the 1 MiB a body may have: refused, not read to its end
     status, body = http(server, "/reset", big)
     assert status == 422 and "over 1,048,576 bytes" in body["detail"]
@@ -423,6 +429,8 @@ def test_frames_that_are_not_valid_messages_are_error_frames_and_the_session_liv
         ("[" * 100_000 + "]" * 100_000, "error", "INVALID_JSON"),          # nested too deep to read
         ("1" * 5000, "error", "INVALID_JSON"),                             # a number too long to read
         (b"\xff\xfe", "error", "INVALID_JSON"),                          # binary, not UTF-8
+        ('{"type": "step", "data": {"tool": "list_batches"}, "x": NaN}', "error", "INVALID_JSON"),  # not JSON's
+        ('{"type": "reset", "data": {"seed": -Infinity}}', "error", "INVALID_JSON"),
         ({"type": "nope"}, "error", "UNKNOWN_TYPE"),
         ({"data": {}}, "error", "UNKNOWN_TYPE"),
         ({"type": 5}, "error", "UNKNOWN_TYPE"),

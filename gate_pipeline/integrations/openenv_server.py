@@ -264,10 +264,15 @@ def observation_payload(obs: GateObservation) -> dict:
 
 # -- strict reading of requests -------------------------------------------------------------------
 
+def _not_json(constant: str):
+    raise ValueError(f"{constant} is not a JSON number")
+
+
 def decode_json(raw: str | bytes, what: str = "message"):
-    """The JSON value of a frame or a body, or BadRequest (not JSON, nested too deep, a huge number)."""
+    """The JSON value of a frame or a body, or BadRequest (not JSON, nested too deep, a huge number, or
+    Python's NaN and Infinity, which JSON has not)."""
     try:
-        return json.loads(raw)
+        return json.loads(raw, parse_constant=_not_json)
     except RecursionError:
         raise BadRequest(f"the {what} is nested too deep to read") from None
     except (ValueError, UnicodeDecodeError) as exc:
@@ -738,8 +743,8 @@ def create_gate_app(pool: CasePool, config: ServeConfig | None = None):
             action = step_action(strict_object(data["action"], "'action'"))
             timeout = data.get("timeout_s")
             if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                        or not timeout > 0):
-                raise BadRequest(f"'timeout_s' must be a number above 0, not {_short(timeout)}")
+                                        or not 0 < timeout < float("inf")):
+                raise BadRequest(f"'timeout_s' must be a finite number above 0, not {_short(timeout)}")
             request_id = data.get("request_id")
             if request_id is not None and (not isinstance(request_id, str) or len(request_id) > 255):
                 raise BadRequest("'request_id' must be text of at most 255 characters")
