@@ -467,7 +467,22 @@ def test_frames_that_are_not_valid_messages_are_error_frames_and_the_session_liv
                 await asyncio.wait_for(ws.recv(), 10)
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009  # "message too big"
 
+    async def too_big_in_pieces():
+        # 3 MiB sent as fragments of 4 KiB, each within the limit: the server fails the connection at 1 MiB while
+        # the client still sends; closed at once, the socket was reset with bytes unread and the reset lost the
+        # close frame
+        async def pieces():
+            for _ in range(768):
+                yield "x" * (1 << 12)
+        for _ in range(3):
+            async with connect(ws_url) as ws:
+                with pytest.raises(ConnectionClosed) as closed:
+                    await ws.send(pieces())
+                    await asyncio.wait_for(ws.recv(), 10)
+                assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+
     run(too_big())
+    run(too_big_in_pieces())
     assert http(server, "/health") == (200, {"status": "healthy"})
 
 

@@ -16,6 +16,13 @@ connections took every file descriptor. `gate serve` speaks HTTP through h11 ins
   it opens. A WebSocket stops counting here once it is upgraded (its session counts against
   `--max-sessions` and `--max-per-client`).
 
+A WebSocket that sends a message over its 1 MiB is failed by its protocol with close code 1009
+("message too big"). uvicorn then closes the socket at once, while the client is still sending the rest of
+its message: a socket closed with bytes unread is reset, and the reset loses the close frame sent just
+before it, so the client saw a connection dropped without a reason. `closing_websocket` sends the close
+frame, then its end of the stream, and reads and drops what the client still sends for up to
+`LINGER_SECONDS` before it closes the socket.
+
 A client, for these caps and for `--max-per-client`, is `client_key` of its address: the address, but an
 IPv6 address (other than loopback) counts by its /64, since a host is given a /64 and picks addresses
 from it at will. Each loopback address is a client of its own, as each machine's address is (the tests
@@ -30,10 +37,12 @@ from typing import Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 MAX_HEAD_BYTES = 16 * 1024
 REQUEST_SECONDS = 10.0
 CONNECTIONS_PER_CLIENT = 1024
+LINGER_SECONDS = 2.0
 
 
 def client_key(host: str) -> str:
@@ -109,3 +118,32 @@ def protocol_class(request_seconds: float = REQUEST_SECONDS,
                 self.transport.close()
 
     return Bounded
+
+
+class ClosingWebSocket(WebSocketsSansIOProtocol):
+    """uvicorn's WebSocket protocol (websockets' sans-I/O one), but a connection its protocol fails (a message
+    over the size limit, a frame that breaks the protocol) gets its close frame: see the module docstring."""
+
+    _failed = False
+
+    def data_received(self, data: bytes) -> None:
+        if not self._failed:
+            super().data_received(data)
+        # else: failed, and closing: what the client still sends is dropped unread
+
+    def handle_parser_exception(self) -> None:
+        if self._failed:
+            return
+        self._failed = True
+        sent = self.conn.close_sent
+        self.queue.put_nowait({"type": "websocket.disconnect", "code": sent.code if sent else 1006,
+                               "reason": sent.reason if sent else ""})
+        self.transport.write(b"".join(self.conn.data_to_send()))  # the close frame
+        self.close_sent = True
+        if self.transport.can_write_eof():
+            self.transport.write_eof()  # after the close frame; the socket is still read
+        if self.close_timer is not None:
+            self.close_timer.cancel()
+        # uvicorn's timer for a closing handshake (cancelled when the connection is lost; while it is set, the
+        # application's end does not close the socket)
+        self.close_timer = self.loop.call_later(LINGER_SECONDS, self.transport.close)
