@@ -193,6 +193,11 @@ step_outputs = Table(  # Dagster step outputs of the nightly job (JSON), readabl
 _INSERT_EPISODES = insert(episodes)
 _END_COLUMNS = ("status", "end_reason", "error", "ledger_digest", "ledger_entries", "ended_at", "warehouse_sha256",
                 "transcript_sha256", "seal")
+def _has_an_end(row) -> bool:
+    """Whether an episode row holds anything only its end writes (a row still running holds none of it)."""
+    return any(row[k] is not None for k in _END_COLUMNS if k != "status")
+
+
 _END_EPISODES = update(episodes).where(episodes.c.episode_id == bindparam("key"), episodes.c.status == RUNNING)
 _WRITES = {"new": (_INSERT_EPISODES, None), "end": (_END_EPISODES, _END_COLUMNS),
            "images": (insert(warehouses), None), "logs": (insert(transcripts), None)}
@@ -818,7 +823,7 @@ class RunStore:
         with self.engine.begin() as c:
             row = c.execute(select(episodes).where(episodes.c.episode_id == episode_id,
                                                    episodes.c.status == RUNNING)).mappings().first()
-            if row is None:
+            if row is None or _has_an_end(row):  # ended, or a row altered to look running: left as it is
                 return False
             end = {"status": ENDED, "end_reason": ABANDONED, "error": reason, "ended_at": time.time()}
             done = c.execute(update(episodes).where(episodes.c.episode_id == episode_id,
@@ -894,7 +899,10 @@ class RunStore:
         warehouse image against its hash. Whatever does not hold is listed in `problems`."""
         row = self.episode(episode_id)
         problems: list[str] = []
-        if row["status"] != ENDED:
+        if row["status"] != ENDED and _has_an_end(row):
+            problems.append("the episode's record was altered (it holds what an ended episode records, and a "
+                            "status that says it never ended)")
+        elif row["status"] != ENDED:
             problems.append(NEVER_ENDED)
         elif not row["seal"] or not hmac.compare_digest(row["seal"], self.seal(row)):
             problems.append("the episode's record was altered (its seal does not match)")

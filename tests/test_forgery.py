@@ -182,6 +182,26 @@ def test_a_deleted_episode_is_caught(home, night, capsys):
     assert "night 1: its summary cannot be recomputed" in out
 
 
+def test_a_sealed_episode_edited_back_to_running_is_named_altered_and_never_closed_as_abandoned(home, night, capsys):
+    """Its status set back to 'running', an ended episode read as one that never ended (its seal, which holds
+    the status, was not checked): verify called it a process that died, and closing it as abandoned would have
+    replaced its grade."""
+    naive = episode_of(home, "naive", BAD)
+    conn = db(home)
+    before = conn.execute("SELECT * FROM episodes WHERE episode_id = ?", (naive,)).fetchone()
+    conn.execute("UPDATE episodes SET status = 'running' WHERE episode_id = ?", (naive,))
+    code, out, _ = verify(capsys)
+    assert code == 1 and "the episode's record was altered (it holds what an ended episode records" in out, out
+    assert "the episode never ended" not in out, out
+    store = RunStore(Settings(home=home), check_key=False)
+    try:
+        assert store.close_abandoned(naive, "its process died") is False
+    finally:
+        store.dispose()
+    after = conn.execute("SELECT * FROM episodes WHERE episode_id = ?", (naive,)).fetchone()
+    assert after == tuple("running" if v == "ended" else v for v in before)  # nothing but the forger's edit
+
+
 def test_an_api_run_once_completed_names_an_episode_deleted_from_it_or_added_to_it(home, capsys):
     """Episodes stored through the Python API (a StoreSink, no night around them) belong to a run of kind api,
     which lists no episodes while its caller plays it: deleting the episode where an agent failed (its row and
