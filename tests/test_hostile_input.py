@@ -680,6 +680,9 @@ def test_more_workers_than_file_descriptors_allow_is_one_line(tmp_path):
     ("run.json", "[" * 100_000, "run.json: not a run description (JSON nested too deep)"),
     ("run.json", '{"settings": null}', "run.json: not a run description ('settings' is not an object)"),
     ("run.json", '{"settings": [1]}', "run.json: not a run description ('settings' is not an object)"),
+    ("run.json", '{}', "run.json: not a run description (not a JSON object with 'settings')"),
+    ("run.json", '[1]', "run.json: not a run description (not a JSON object with 'settings')"),
+    ("run.json", '{"settings"', "run.json: not a run description (not JSON: Expecting ':' delimiter"),
 ])
 def test_a_run_directory_whose_files_are_hostile_is_one_line_never_a_hang(tmp_path, monkeypatch, capsys, never_hang,
                                                                          name, make, words):

@@ -137,8 +137,12 @@ def test_resume_is_decided_by_the_store_not_by_the_transcripts(server, eval_case
     assert {t["episode_id"] for t in written} == set(stored) and all(t["grade"]["reward"] == 1.0 for t in written)
     assert all(t["ledger"] == store.entries(t["episode_id"]) and t["messages"] for t in written)
     path.write_text("not json\n" + kept + "\n")
-    with pytest.raises(RunError, match=r"transcripts.jsonl:1: not a rollout record"):
+    with pytest.raises(RunError, match=r"transcripts.jsonl:1: not a rollout record \(not JSON: Expecting value"):
         read_transcripts(path)
+    path.write_text("[1]\n" + kept + "\n")
+    with pytest.raises(RunError) as refused:
+        read_transcripts(path)
+    assert str(refused.value).endswith("transcripts.jsonl:1: not a rollout record (not a JSON object with a text 'key')")
 
 
 def test_running_and_abandoned_episodes_are_played_again_a_finished_one_is_kept(server, eval_cases, tmp_path,

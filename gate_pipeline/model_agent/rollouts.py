@@ -132,14 +132,20 @@ def read_transcripts(path: Path) -> list[dict]:
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
+        why = None
         try:
             record = json.loads(line)
+        except RecursionError:
+            why = "JSON nested too deep"
+        except ValueError as exc:
+            why = f"not JSON: {exc}"
+        else:
             if not isinstance(record, dict) or not isinstance(record.get("key"), str):
-                raise ValueError("not a rollout record")
-        except (ValueError, RecursionError) as exc:
+                why = "not a JSON object with a text 'key'"
+        if why is not None:
             if n == len(lines):
                 continue
-            raise RunError(f"{path}:{n}: not a rollout record ({exc})") from None
+            raise RunError(f"{path}:{n}: not a rollout record ({why})")
         records.append(record)
     return records
 
@@ -244,11 +250,13 @@ def _check_meta(run_dir: Path, settings: ModelSettings, rollouts: int) -> None:
         text = read_text(meta_path, "run description", META_LIMIT, RunError)  # a FIFO there: refused, not waited on
         try:
             meta = json.loads(text)
-            before = meta["settings"]
         except RecursionError:
             raise RunError(f"{meta_path}: not a run description (JSON nested too deep)") from None
-        except (ValueError, KeyError, TypeError) as exc:
-            raise RunError(f"{meta_path}: not a run description ({exc})") from None
+        except ValueError as exc:
+            raise RunError(f"{meta_path}: not a run description (not JSON: {exc})") from None
+        if not isinstance(meta, dict) or "settings" not in meta:
+            raise RunError(f"{meta_path}: not a run description (not a JSON object with 'settings')")
+        before = meta["settings"]
         if not isinstance(before, dict):
             raise RunError(f"{meta_path}: not a run description ('settings' is not an object)")
         for key, value in wanted.items():
