@@ -314,6 +314,52 @@ def test_a_request_that_never_ends_or_never_finishes_arriving_holds_nothing():
         stopped_cleanly(proc, err)
 
 
+def _too_big_on_a_raw_websocket(host: str, port: int):
+    """A socket upgraded to a WebSocket that then announces a 2 MiB message and sends part of it, never reading
+    or closing: the server fails it (1009) and lingers on it."""
+    import base64
+    import socket
+    import struct
+    sock = socket.create_connection((host, port))
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall(f"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                 f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(4096)
+    assert head.startswith(b"HTTP/1.1 101"), head[:80]
+    sock.sendall(b"\x81\xff" + struct.pack("!Q", 2 << 20) + b"\0\0\0\0" + b"x" * 4096)  # a masked text frame
+    return sock
+
+
+def test_connections_failed_for_a_message_too_big_linger_a_bounded_number_at_once():
+    """A connection failed for a message over 1 MiB is kept open (reading and dropping) for up to 2 s, so its
+    close frame is not lost to a reset; it belongs to no session then, so at most LINGER_MAX linger at once:
+    a client that fails connections as fast as it can holds no more of the server's descriptors than that."""
+    from gate_pipeline.integrations.openenv_http import LINGER_MAX
+    proc, url, err = start_server("--cases", str(EVAL))
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    held = []
+    try:
+        time.sleep(0.5)
+        before = len(os.listdir(f"/proc/{proc.pid}/fd"))
+        held = [_too_big_on_a_raw_websocket(host, int(port)) for _ in range(LINGER_MAX + 40)]
+        time.sleep(0.3)  # within the linger: the ones over the bound are closed by now
+        during = len(os.listdir(f"/proc/{proc.pid}/fd"))
+        assert LINGER_MAX - 5 <= during - before <= LINGER_MAX + 5, (before, during)
+        first = held[0]  # one that lingers: its close frame came, 1009
+        first.settimeout(5)
+        frame = first.recv(4)
+        assert frame[0] == 0x88 and frame[2:4] == (1009).to_bytes(2, "big"), frame
+        time.sleep(2.2)  # the linger over: every one closed
+        assert len(os.listdir(f"/proc/{proc.pid}/fd")) <= before + 2
+        assert request(url, "GET", "/health")[0] == 200
+    finally:
+        for sock in held:
+            sock.close()
+        stopped_cleanly(proc, err)
+
+
 @pytest.mark.slow
 def test_the_per_client_cap_counts_mcp_and_websocket_sessions_alike():
     proc, url, err = start_server("--cases", str(EVAL), "--max-sessions", "5", "--max-per-client", "2",

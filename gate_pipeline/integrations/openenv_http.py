@@ -21,7 +21,9 @@ A WebSocket that sends a message over its 1 MiB is failed by its protocol with c
 its message: a socket closed with bytes unread is reset, and the reset loses the close frame sent just
 before it, so the client saw a connection dropped without a reason. `closing_websocket` sends the close
 frame, then its end of the stream, and reads and drops what the client still sends for up to
-`LINGER_SECONDS` before it closes the socket.
+`LINGER_SECONDS` before it closes the socket (or until the client closes its end). A lingering socket
+belongs to no session any more, so at most `LINGER_MAX` linger at once, over all clients: beyond them a
+failed connection is closed at once, as uvicorn closes it.
 
 A client, for these caps and for `--max-per-client`, is `client_key` of its address: the address, but an
 IPv6 address (other than loopback) counts by its /64, since a host is given a /64 and picks addresses
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-from typing import Any
+from typing import Any, ClassVar
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -43,6 +45,7 @@ MAX_HEAD_BYTES = 16 * 1024
 REQUEST_SECONDS = 10.0
 CONNECTIONS_PER_CLIENT = 1024
 LINGER_SECONDS = 2.0
+LINGER_MAX = 64
 
 
 def client_key(host: str) -> str:
@@ -125,6 +128,7 @@ class ClosingWebSocket(WebSocketsSansIOProtocol):
     over the size limit, a frame that breaks the protocol) gets its close frame: see the module docstring."""
 
     _failed = False
+    lingering: ClassVar[set[ClosingWebSocket]] = set()  # of every server in the process (one, but for tests)
 
     def data_received(self, data: bytes) -> None:
         if not self._failed:
@@ -140,10 +144,17 @@ class ClosingWebSocket(WebSocketsSansIOProtocol):
                                "reason": sent.reason if sent else ""})
         self.transport.write(b"".join(self.conn.data_to_send()))  # the close frame
         self.close_sent = True
-        if self.transport.can_write_eof():
-            self.transport.write_eof()  # after the close frame; the socket is still read
+        if len(self.lingering) >= LINGER_MAX or not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self.lingering.add(self)
+        self.transport.write_eof()  # after the close frame; the socket is still read
         if self.close_timer is not None:
             self.close_timer.cancel()
         # uvicorn's timer for a closing handshake (cancelled when the connection is lost; while it is set, the
         # application's end does not close the socket)
         self.close_timer = self.loop.call_later(LINGER_SECONDS, self.transport.close)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lingering.discard(self)
+        super().connection_lost(exc)
