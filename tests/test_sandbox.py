@@ -689,8 +689,6 @@ def test_compile_check_children_outlive_the_threads_that_used_them():
         thread.start()
         thread.join()
     assert len(children) == 3 and len(set(children)) == 1, children
-    # below this process's priority: a statement compiling for seconds takes the CPU after the episodes playing
-    assert os.getpriority(os.PRIO_PROCESS, children[0]) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10)
     compile_check.warm(3)
     with compile_check._IDLE_LOCK:
         assert sum(c.running() for c in compile_check._IDLE) >= 3

@@ -12,9 +12,7 @@ under the same limits, and stopped at its first step (so nothing runs). If it ha
 within its share of the query's budget, the child is killed (and started again for the next
 statement) and the query is refused as `interrupted`, as any query stopped at its budget is. The child
 ends with the process that started it, even in the middle of a statement (a thread of its own watches
-its parent), so a worker killed while its child compiles leaves nothing compiling for nobody. It runs
-`NICENESS` below its parent's priority: statements that compile for seconds, many sessions' at once, take
-the CPU after the episodes being played (a statement that compiles in time needs microseconds of it). A
+its parent), so a worker killed while its child compiles leaves nothing compiling for nobody. A
 function the schema copy lacks (a suite's own) is defined there as a stub, so the copy compiles
 what the database would; a statement the copy cannot compile fails in the database at the same
 point or sooner (the same schema and limits, an authorizer that allows no more).
@@ -33,7 +31,7 @@ from typing import Iterator
 
 CHILD = r'''
 import json, os, sqlite3, sys, time, _thread
-PARENT, NICENESS = int(sys.argv[1]), int(sys.argv[2])
+PARENT = int(sys.argv[1])
 def watch():  # the process that started this one gone (killed, or ended mid-statement): this one goes too,
     while os.getppid() == PARENT:  # not compiling on for nobody (SQLite lets this thread run while it compiles)
         time.sleep(0.25)
@@ -43,10 +41,6 @@ try:
     import resource
     resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))  # a statement that grows past 2 GiB is refused
 except (ImportError, ValueError, OSError):
-    pass
-try:  # below the process it checks for: a statement compiling for seconds gets the CPU after the episodes playing
-    os.nice(NICENESS)
-except (AttributeError, OSError):
     pass
 ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
 conn, schema, faithful = None, None, True
@@ -93,7 +87,6 @@ for line in sys.stdin:
 '''
 
 
-NICENESS = 10  # the child's priority below its parent's (os.nice): see CHILD
 SHORT = 300  # characters: a statement this short with one SELECT compiles in well under a millisecond
 
 
@@ -153,8 +146,8 @@ class CompileCheck:
         self._passed: dict[tuple, float] = {}  # renamed statement, schema, limits -> its check's seconds
 
     def _start(self) -> subprocess.Popen:
-        self._child = subprocess.Popen([sys.executable, "-I", "-S", "-c", CHILD, str(os.getpid()), str(NICENESS)],
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
+        self._child = subprocess.Popen([sys.executable, "-I", "-S", "-c", CHILD, str(os.getpid())], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
         self._schema = None
         return self._child
 
