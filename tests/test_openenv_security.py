@@ -15,6 +15,7 @@ import base64
 import http.client
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -314,13 +315,16 @@ def test_a_request_that_never_ends_or_never_finishes_arriving_holds_nothing():
         stopped_cleanly(proc, err)
 
 
-def _too_big_on_a_raw_websocket(host: str, port: int):
+def _too_big_on_a_raw_websocket(host: str, port: int, send_big: bool = True, receive_buffer: int = 0):
     """A socket upgraded to a WebSocket that then announces a 2 MiB message and sends part of it, never reading
-    or closing: the server fails it (1009) and lingers on it."""
+    or closing: the server fails it (1009) and lingers on it. `send_big=False`: only upgraded."""
     import base64
     import socket
     import struct
-    sock = socket.create_connection((host, port))
+    sock = socket.socket()
+    if receive_buffer:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    sock.connect((host, port))
     key = base64.b64encode(os.urandom(16)).decode()
     sock.sendall(f"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                  f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
@@ -328,8 +332,48 @@ def _too_big_on_a_raw_websocket(host: str, port: int):
     while b"\r\n\r\n" not in head:
         head += sock.recv(4096)
     assert head.startswith(b"HTTP/1.1 101"), head[:80]
-    sock.sendall(b"\x81\xff" + struct.pack("!Q", 2 << 20) + b"\0\0\0\0" + b"x" * 4096)  # a masked text frame
+    if send_big:
+        sock.sendall(b"\x81\xff" + struct.pack("!Q", 2 << 20) + b"\0\0\0\0" + b"x" * 4096)  # a masked text frame
     return sock
+
+
+def _send_queue(source_port: int, destination_port: int) -> int:
+    """Bytes waiting in the kernel's send queue of the loopback TCP socket from `source_port` to `destination_port`
+    (`ss`), or -1 if there is none."""
+    out = subprocess.run(["ss", "-tnH", f"sport = :{source_port} and dport = :{destination_port}"],
+                         capture_output=True, text=True, check=False).stdout.split()
+    return int(out[2]) if len(out) > 2 else -1
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2) to see the server's send queue")
+def test_a_failed_connection_whose_client_stopped_reading_goes_when_its_linger_ends():
+    """A client that stops reading leaves the server's answers unsent: a linger ended by `close()` waited for them
+    to drain, until the stall timeout (60 s), holding a place among the lingering all that time."""
+    import struct
+    proc, url, err = start_server("--cases", str(EVAL))
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    try:
+        time.sleep(0.5)
+        before = len(os.listdir(f"/proc/{proc.pid}/fd"))
+        sock = _too_big_on_a_raw_websocket(host, int(port), send_big=False, receive_buffer=1024)
+        client_port = sock.getsockname()[1]
+        not_json = b"\x81\x8b\0\0\0\0{xxxxxxxxxx"  # a masked text frame that is no message: an error frame each
+        sock.sendall(not_json * 9000)  # answers the client never reads: they fill the kernel's buffers
+        time.sleep(0.5)
+        last, steady, deadline = _send_queue(int(port), client_port), 0, time.monotonic() + 30
+        while steady < 3 and time.monotonic() < deadline:  # more, until the server's send queue stops growing:
+            sock.sendall(not_json * 20)  # its answers wait in the server's own buffer from then on
+            time.sleep(0.05)
+            now = _send_queue(int(port), client_port)
+            steady, last = (steady + 1, now) if now == last else (0, now)
+        sock.sendall(b"\x81\xff" + struct.pack("!Q", 2 << 20) + b"\0\0\0\0" + b"x" * 8192)
+        time.sleep(0.5)
+        assert len(os.listdir(f"/proc/{proc.pid}/fd")) == before + 1  # lingering
+        time.sleep(2.5)
+        assert len(os.listdir(f"/proc/{proc.pid}/fd")) == before  # gone with its linger, its answers unsent
+        sock.close()
+    finally:
+        stopped_cleanly(proc, err)
 
 
 def test_connections_failed_for_a_message_too_big_linger_a_bounded_number_at_once():

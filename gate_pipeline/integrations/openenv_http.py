@@ -19,11 +19,11 @@ connections took every file descriptor. `gate serve` speaks HTTP through h11 ins
 A WebSocket that sends a message over its 1 MiB is failed by its protocol with close code 1009
 ("message too big"). uvicorn then closes the socket at once, while the client is still sending the rest of
 its message: a socket closed with bytes unread is reset, and the reset loses the close frame sent just
-before it, so the client saw a connection dropped without a reason. `closing_websocket` sends the close
+before it, so the client saw a connection dropped without a reason. `ClosingWebSocket` sends the close
 frame, then its end of the stream, and reads and drops what the client still sends for up to
-`LINGER_SECONDS` before it closes the socket (or until the client closes its end). A lingering socket
-belongs to no session any more, so at most `LINGER_MAX` linger at once, over all clients: beyond them a
-failed connection is closed at once, as uvicorn closes it.
+`LINGER_SECONDS` before it drops the socket, sent or not (or until the client closes its end). A
+lingering socket belongs to no session any more, so at most `LINGER_MAX` linger at once, over all
+clients: beyond them a failed connection is closed at once, as uvicorn closes it.
 
 A client, for these caps and for `--max-per-client`, is `client_key` of its address: the address, but an
 IPv6 address (other than loopback) counts by its /64, since a host is given a /64 and picks addresses
@@ -153,7 +153,13 @@ class ClosingWebSocket(WebSocketsSansIOProtocol):
             self.close_timer.cancel()
         # uvicorn's timer for a closing handshake (cancelled when the connection is lost; while it is set, the
         # application's end does not close the socket)
-        self.close_timer = self.loop.call_later(LINGER_SECONDS, self.transport.close)
+        self.close_timer = self.loop.call_later(LINGER_SECONDS, self._linger_over)
+
+    def _linger_over(self) -> None:
+        """The socket goes now, whatever is still unsent: a client that stops reading would keep a `close()`
+        waiting for its buffer to drain (until the stall timeout), and its place among the lingering with it."""
+        self.lingering.discard(self)
+        self.transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lingering.discard(self)
