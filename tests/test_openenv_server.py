@@ -393,6 +393,16 @@ def test_the_http_endpoints(server):
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(overflow, timeout=10)
     assert refused.value.code == 422 and "must be a finite number above 0, not inf" in json.loads(refused.value.read())["detail"]
+    for path, body, key in (("/reset", b'{"case_id": "a", "case_id": "b"}', "case_id"),  # a key twice: refused
+                            ("/mcp", b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "method": "x"}', "method")):
+        twice = urllib.request.Request(server + path, data=body, method="POST", headers={"content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(twice, timeout=10) as response:
+                status, answer = response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            status, answer = exc.code, json.loads(exc.read())
+        words = answer.get("detail") or answer["error"]["message"]
+        assert status in (200, 422) and f"names the key '{key}' twice" in words, answer
     big = {"case_id": "x" * (2 << 20)}  # over the 1 MiB a body may have: refused, not read to its end
     status, body = http(server, "/reset", big)
     assert status == 422 and "over 1,048,576 bytes" in body["detail"]
@@ -431,6 +441,8 @@ def test_frames_that_are_not_valid_messages_are_error_frames_and_the_session_liv
         (b"\xff\xfe", "error", "INVALID_JSON"),                          # binary, not UTF-8
         ('{"type": "step", "data": {"tool": "list_batches"}, "x": NaN}', "error", "INVALID_JSON"),  # not JSON's
         ('{"type": "reset", "data": {"seed": -Infinity}}', "error", "INVALID_JSON"),
+        ('{"type": "state", "type": "reset", "data": {}}', "error", "INVALID_JSON"),  # a key twice: read two ways
+        ('{"type": "step", "data": {"tool": "list_batches", "tool": "submit_report"}}', "error", "INVALID_JSON"),
         ({"type": "nope"}, "error", "UNKNOWN_TYPE"),
         ({"data": {}}, "error", "UNKNOWN_TYPE"),
         ({"type": 5}, "error", "UNKNOWN_TYPE"),
