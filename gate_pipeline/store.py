@@ -193,16 +193,18 @@ step_outputs = Table(  # Dagster step outputs of the nightly job (JSON), readabl
 _INSERT_EPISODES = insert(episodes)
 _END_COLUMNS = ("status", "end_reason", "error", "ledger_digest", "ledger_entries", "ended_at", "warehouse_sha256",
                 "transcript_sha256", "seal")
-def _has_an_end(row) -> bool:
-    """Whether an episode row holds anything only its end writes (a row still running holds none of it)."""
-    return any(row[k] is not None for k in _END_COLUMNS if k != "status")
-
-
 _END_EPISODES = update(episodes).where(episodes.c.episode_id == bindparam("key"), episodes.c.status == RUNNING)
 _WRITES = {"new": (_INSERT_EPISODES, None), "end": (_END_EPISODES, _END_COLUMNS),
            "images": (insert(warehouses), None), "logs": (insert(transcripts), None)}
 # (dialect, driver, parameter style): each write's SQL, fixed values, order
 _COMPILED: dict[tuple[str, str, str], dict[str, tuple[str, dict, list | None]]] = {}
+
+
+def _has_an_end(row) -> bool:
+    """Whether an episode row holds anything only its end writes (a row still running holds none of it)."""
+    return any(row[k] is not None for k in _END_COLUMNS if k != "status")
+
+
 LEDGER_ROWS = ("episode_id", "seq", "entry")
 LEDGER_AT_ONCE = 64  # ledger entries one INSERT writes (three parameters each): an episode's, mostly
 # (dialect, driver, parameter style, rows): the INSERT of that many ledger entries, and its parameters' order

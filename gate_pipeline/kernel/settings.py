@@ -46,21 +46,21 @@ def resolved_path(path: Path) -> Path:
         return path.absolute()
 
 
-def given_path(value: str) -> Path:
-    """A path as it is given, `~` expanded where it names a user (the name kept as it is where it names
-    none: what opens it then says what is wrong)."""
-    try:
-        return Path(value).expanduser()
-    except RuntimeError:  # ~someone who is no user here
-        return Path(value)
-
-
 def expanded_path(value: str, label: str, error: type[Exception] = GateError) -> Path:
     """A path as it is given, `~` expanded; `error` naming `label` where `~someone` names no user here."""
     try:
         return Path(value).expanduser()
     except RuntimeError:
         raise error(f"{label}: cannot expand {value.split('/', 1)[0]} (no such user)") from None
+
+
+def given_path(value: str) -> Path:
+    """`expanded_path`, but the name kept as it is where `~someone` names no user (what opens it then says
+    what is wrong)."""
+    try:
+        return expanded_path(value, value)
+    except GateError:
+        return Path(value)
 
 
 @dataclass(frozen=True)
