@@ -194,28 +194,43 @@ def tie(stored: StoredEpisode, row: dict, log: dict) -> str | None:
     messages = log.get("messages")
     if not isinstance(messages, list):
         return "its transcript holds no messages to tie its ledger to"
-    sent = {m.get("tool_call_id"): m.get("content") for m in messages if isinstance(m, dict) and m.get("role") == "tool"}
     prepared = prepare(stored.case)  # type: ignore[arg-type]
     try:
-        return _tie(prepared, messages, sent, row)
+        return _tie(prepared, messages, row)
     finally:
         prepared.close()
 
 
-def _tie(prepared, messages: list, sent: dict, row: dict) -> str | None:
+def _answers(messages: list, at: int, calls: list) -> list:
+    """What the model was sent for each of `calls`, the tool calls of the assistant message at `at`: the content
+    of the tool messages that follow it, in order, each naming its call's id (None for a call none answers).
+    Paired by place, not looked up by id, so two calls that share an id (a transcript from before ids were made
+    unique in a conversation) are each given their own answer."""
+    out, k = [], at + 1
+    for tc in calls:
+        m = messages[k] if k < len(messages) else None
+        if isinstance(m, dict) and m.get("role") == "tool" and isinstance(tc, dict) \
+                and m.get("tool_call_id") == tc.get("id"):
+            out.append(m.get("content"))
+            k += 1
+        else:
+            out.append(None)
+    return out
+
+
+def _tie(prepared, messages: list, row: dict) -> str | None:
     # as a model's episode is played: a call after the accepted report is answered "the episode is over"
     session = Session(prepared, "tie", stop_at_report=True)
     calls = 0
-    for m in messages:
+    for at, m in enumerate(messages):
         if not (isinstance(m, dict) and m.get("role") == "assistant" and isinstance(m.get("tool_calls"), list)):
             continue
-        for tc in m["tool_calls"]:
+        for tc, content in zip(m["tool_calls"], _answers(messages, at, m["tool_calls"])):
             fn = tc.get("function") if isinstance(tc, dict) else None
             if not isinstance(fn, dict):
                 session.finish()
                 return f"tool call {calls} of its transcript is not a tool call"
             result = session.step(tool_call_action(fn.get("name"), fn.get("arguments"))).result
-            content = sent.get(tc.get("id"))
             if content is not None and json.dumps(result, default=str) != content:
                 session.finish()
                 return (f"tool call {calls} of its transcript ({str(fn.get('name'))[:60]}) gives another result than "

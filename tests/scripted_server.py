@@ -16,6 +16,9 @@ library only. The policy is chosen by the request's `model`:
   turn's calls), or one bare JSON object `{"name": ..., "arguments": ...}` a reply.
 - `lazy`: writes prose, unless the request's `tool_choice` is "required"; then careful.
 - `report-then-load`: lists the batches, then in one reply reports them all loaded and loads them.
+- `no-ids`, `same-id`: careful, its tool calls with no id, or all with the id "x".
+- `surrogates`: careful, its text holding a lone surrogate (a JSON escape no UTF-8 can carry), and, at its
+  first turn, one in a call's id and a call to a tool whose name holds one.
 - every policy answers a request whose `tool_choice` is "none" with text only, as a real server does.
 - `coin`: at its first turn picks, at random (seeded), to be careful or to load everything as
   listed without looking (it writes its plan in that turn's content and sticks to it): a
@@ -128,7 +131,7 @@ def load_all(messages: list) -> list[dict]:
 
 
 POLICIES = ("careful", *MALFORMED, "no-tool-call", "silent", "hang", "garbage", "coin", "hermes-text", "json-text",
-            "lazy", "report-then-load")
+            "lazy", "report-then-load", "no-ids", "same-id", "surrogates")
 
 
 def _as_text(call: dict) -> dict:
@@ -177,6 +180,20 @@ def reply(model: str, messages: list, rng: random.Random | None = None, tool_cho
                     "tool_calls": [_call("read_contract", {}), _call("list_batches", {})]}
         quick = hashlib.sha256(str(listing[0].get("batch_id")).encode()).digest()[0] % 2
         return {"role": "assistant", "content": None, "tool_calls": load_all(messages) if quick else careful(messages)}
+    if model in ("no-ids", "same-id"):
+        calls = careful(messages)
+        for c in calls:
+            if model == "no-ids":
+                del c["id"]
+            else:
+                c["id"] = "x"
+        return {"role": "assistant", "content": None, "tool_calls": calls}
+    if model == "surrogates":  # lone surrogates (JSON's escapes make them) in the text, a call's id and its name
+        calls = careful(messages)
+        if first:
+            calls[0]["id"] += "\udc80"
+            calls.append({"id": "y", "type": "function", "function": {"name": "list\ud800", "arguments": "{}"}})
+        return {"role": "assistant", "content": "thinking \ud83d", "tool_calls": calls}
     if model == "silent" or (model == "no-tool-call" and first):
         return {"role": "assistant", "content": "All batches look fine to me."}
     if model in MALFORMED and first:
@@ -234,6 +251,9 @@ def _shape(raw: bytes) -> tuple[bytes, tuple[int, ...]]:
     return CALL_ID.sub(rb'\1#"', raw), tuple(order.setdefault(i, len(order)) for i in CALL_IDS.findall(raw))
 
 
+UNCACHED = (b"coin", b"garbage", b"no-ids", b"same-id", b"surrogates")  # replies not kept: random, or ids of their own
+
+
 def _fresh(cached: dict) -> dict:
     """A cached assistant message with new call ids, as the policy would have sent it."""
     out = {"role": "assistant", "content": cached["content"]}
@@ -271,7 +291,7 @@ def answer(state, path: str, raw: bytes) -> tuple[float, int, dict, dict | None]
                           "model": "probe", "choices": [{"index": 0, "finish_reason": "length",
                                                          "message": {"role": "assistant", "content": "OK"}}]}, None
     found = MODEL.search(raw)
-    shape = _shape(raw) if found and found.group(1) not in (b"coin", b"garbage") else None
+    shape = _shape(raw) if found and found.group(1) not in UNCACHED else None
     cached = state.replies.get(shape) if shape is not None else None
     if cached is not None:
         model = found.group(1).decode()

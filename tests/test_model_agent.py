@@ -197,6 +197,10 @@ def test_usage_is_summed_when_the_server_gives_it(server, prepared):
     ({"model": "m", "base_url": "http://x/v1", "colour": "red"}, "does not take ['colour']"),
     ({"model": "m", "base_url": "http://x/v1", "backoff": 0.01}, "does not take ['backoff']"),
     ({"model": "m", "base_url": "http://x/v1", "retries": -1}, "retries"),
+    ({"model": "careful\udced\udca0\udc80", "base_url": "http://x/v1"}, "not valid Unicode"),
+    ({"model": "m", "base_url": "http://x\ud800/v1"}, "not valid Unicode"),
+    ({"model": "m", "base_url": "http://xn--/v1"}, "is not a URL"),
+    ({"model": "m", "base_url": "http://xn--a.com/v1"}, "is not a URL"),
 ])
 def test_bad_settings_are_one_clear_error(options, needle):
     with pytest.raises(AgentOptionError) as err:
@@ -230,3 +234,48 @@ def test_arguments_that_do_not_parse_say_which_kind(raw, kind):
 @pytest.mark.parametrize("raw", [None, "", "  "])
 def test_no_arguments_is_an_empty_object(raw):
     assert parse_arguments("list_batches", raw) == ("list_batches", {}, None, None)
+
+
+@pytest.mark.parametrize("model", ["no-ids", "same-id"])
+def test_calls_without_ids_or_sharing_one_each_get_their_own_and_the_episode_verifies(server, prepared, model):
+    from gate_pipeline.kernel.ledger import last_hash
+    from gate_pipeline.verify import _tie
+    result, convo = play_one(prepared, server, model=model)
+    assert result.grade.reward == 1.0 and convo["end_reason"] == "reported"
+    calls = [tc for m in convo["messages"] if m["role"] == "assistant" for tc in m.get("tool_calls", [])]
+    ids = [tc["id"] for tc in calls]
+    assert len(ids) > 4 and len(set(ids)) == len(ids)  # one id a call, across every turn of the conversation
+    assert [m["tool_call_id"] for m in convo["messages"] if m["role"] == "tool"] == ids
+    row = {"ledger_digest": last_hash(result.ledger), "ledger_entries": len(result.ledger)}
+    assert _tie(prepared[ANY], convo["messages"], row) is None
+    # a transcript kept before ids were made unique (every call "call_0"): each tool message still answers the
+    # call it follows, so the honest episode still verifies, and a changed answer is still found
+    old = json.loads(json.dumps(convo["messages"]))
+    for m in old:
+        for tc in m.get("tool_calls", []):
+            tc["id"] = "call_0"
+        if m["role"] == "tool":
+            m["tool_call_id"] = "call_0"
+    assert _tie(prepared[ANY], old, row) is None
+    first_answer = next(m for m in old if m["role"] == "tool")
+    first_answer["content"] = json.dumps({"error": "not what it was sent"})
+    assert "gives another result" in _tie(prepared[ANY], old, row)
+
+
+def test_lone_surrogates_in_a_reply_are_the_models_text_and_the_rollout_plays_on(server, prepared):
+    """A JSON escape of a lone surrogate makes text UTF-8 cannot carry: sent back as it came, the next request
+    failed to encode and the rollout ended as the server's fault (api_error, played again on resume)."""
+    result, convo = play_one(prepared, server, model="surrogates")
+    assert convo["end_reason"] == result.end_reason == "reported" and result.grade.reward == 1.0
+    assert convo["counts"]["unknown_tool"] == 1  # the call to "list\ud800", made "list\ufffd": no such tool
+    first = convo["messages"][2]
+    assert first["content"] == "thinking \ufffd" and first["tool_calls"][0]["id"].endswith("\ufffd")
+    json.dumps(convo, ensure_ascii=False).encode("utf-8")  # every text of it can be stored and sent
+
+
+def test_an_error_text_that_utf8_cannot_carry_is_made_storable():
+    from gate_pipeline.kernel.engine import _failure
+    from gate_pipeline.model_agent.agent import describe_error
+    assert describe_error(RuntimeError("bad \ud800 here")) == "RuntimeError: bad \ufffd here"
+    assert _failure(RuntimeError("lost \udcff")) == ("RuntimeError: lost \ufffd", "agent_error")
+    assert _failure(RuntimeError("\ud83d\ude00 stays")) == ("RuntimeError: \U0001f600 stays", "agent_error")

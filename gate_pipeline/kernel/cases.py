@@ -41,6 +41,17 @@ def printable(text) -> str:
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
+def valid_text(text: str) -> str:
+    """`text` with each lone surrogate (a code point UTF-8 cannot encode, which JSON's "\\ud800" escape or an
+    undecodable byte of a command-line argument makes) replaced by U+FFFD, the replacement character, so it
+    can be stored and sent; a surrogate pair stands for its character. Any other text is returned as it is."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
 def bad_id(value) -> bool:
     """Whether a case or batch id is unusable: not text, empty, too long, not valid Unicode or unprintable."""
     return (not isinstance(value, str) or not value or len(value) > MAX_ID_CHARS or bad_text(value) is not None

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable
 
 from .actions import parse_action
 from .agents import AgentSpec, AgentUnfinished, resolve_agent
-from .cases import Case, CaseLines, contiguous
+from .cases import Case, CaseLines, contiguous, valid_text
 from .errors import GateError, NoRoom
 from .grading import grade
 from .records import ABANDONED, AGENT_ERROR, NO_REPORT, REPORTED, EpisodeResult, Grade
@@ -336,9 +336,11 @@ def _open(prepared: PreparedCase, spec: AgentSpec, sinks, reward, run_id, rollou
 
 
 def _failure(exc: BaseException) -> tuple[str, str]:
+    """(the error text, the end reason) of an agent's failure; the text made storable (`valid_text`): an agent's
+    exception may say anything."""
     if isinstance(exc, AgentUnfinished):
-        return str(exc) or exc.end_reason, exc.end_reason
-    return f"{type(exc).__name__}: {exc}", AGENT_ERROR
+        return valid_text(str(exc) or exc.end_reason), exc.end_reason
+    return valid_text(f"{type(exc).__name__}: {exc}"), AGENT_ERROR
 
 
 def _oracle_case(spec: AgentSpec, prepared: PreparedCase) -> dict | None:

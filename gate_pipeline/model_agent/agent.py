@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..kernel.actions import parse_arguments, tool_call_action
 from ..kernel.agents import AgentUnfinished
+from ..kernel.cases import bad_text, valid_text
 from ..kernel.engine import OVER
 from ..kernel.episode import check_args
 from ..kernel.errors import GateError
@@ -67,15 +68,20 @@ class ModelSettings:
             bad("model must be a non-empty name")
         if not isinstance(self.base_url, str) or not self.base_url.startswith(("http://", "https://")):
             bad(f"base_url must start with http:// or https://, not {self.base_url!r}")
-        import httpx  # (the client's own URL type; imported with the client anyway)
-        try:  # read as the client reads it: a bad port or bracket is this one line, not the client's traceback
-            url = httpx.URL(self.base_url)
-        except (httpx.InvalidURL, ValueError) as exc:
-            bad(f"base_url {self.base_url[:200]!r} is not a URL ({exc})")
-        if not url.host or (url.port is not None and not 0 < url.port < 65536):
-            bad(f"base_url {self.base_url[:200]!r} needs a host and a port from 1 to 65535")
         if not isinstance(self.api_key_env, str) or not self.api_key_env:
             bad("api_key_env must name an environment variable")
+        for name in ("model", "base_url", "api_key_env"):  # each is sent, stored and shown: text UTF-8 can carry
+            problem = bad_text(getattr(self, name))
+            if problem:
+                bad(f"{name} {getattr(self, name)[:200]!r} {problem}")
+        import httpx  # (the client's own URL type; imported with the client anyway)
+        try:  # read as the client reads it: a bad port, bracket or international name is this one line, not the
+            url = httpx.URL(self.base_url)  # client's traceback (the host is decoded when first read)
+            host, port = url.host, url.port
+        except (httpx.InvalidURL, ValueError) as exc:
+            bad(f"base_url {self.base_url[:200]!r} is not a URL ({exc})")
+        if not host or (port is not None and not 0 < port < 65536):
+            bad(f"base_url {self.base_url[:200]!r} needs a host and a port from 1 to 65535")
         for name in ("temperature", "timeout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or value != value:
@@ -123,6 +129,7 @@ class Conversation:
     counts: dict = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
     usage: dict = field(default_factory=dict)
     turns: int = 0
+    ids: set = field(default_factory=set)  # the tool call ids the conversation holds (each once)
     end_reason: str = ""
     error: str = ""
     model_seconds: float = 0.0
@@ -143,20 +150,36 @@ def _message_of(reply) -> dict:
 
 
 def _text(value) -> str:
-    return value if isinstance(value, str) else "" if value is None else json.dumps(value, default=str)
+    """A reply's field as text the conversation can send back (`valid_text`: a lone surrogate, which a JSON
+    escape makes and UTF-8 cannot carry, as U+FFFD)."""
+    return valid_text(value) if isinstance(value, str) else "" if value is None else json.dumps(value, default=str)
 
 
-def _assistant_message(message: dict) -> dict:
-    """The assistant turn as it goes back into the conversation: content and well-shaped tool calls."""
+def _unique_id(wanted, fallback: str, ids: set) -> str:
+    """The id a tool call goes by in the conversation: the model's, when it gave one no other call of the
+    conversation has; else `fallback` (made unique). Each tool message answers its call by that id, and
+    `gate verify` ties the two by it, so no two calls may share one (a server that gives none, or one that
+    repeats them)."""
+    call_id = _text(wanted) if isinstance(wanted, str) and wanted else ""
+    if not call_id or call_id in ids:
+        call_id, k = fallback, 1
+        while call_id in ids:
+            call_id, k = f"{fallback}_{k}", k + 1
+    ids.add(call_id)
+    return call_id
+
+
+def _assistant_message(message: dict, turn: int, ids: set) -> dict:
+    """The assistant turn as it goes back into the conversation: content and well-shaped tool calls, each
+    with an id of its own in the conversation (`_unique_id`; `ids` holds those given so far)."""
     content = message.get("content")
-    content = content if isinstance(content, str) else None
+    content = _text(content) if isinstance(content, str) else None
     raw_calls = message.get("tool_calls")
     calls = []
     for n, tc in enumerate(raw_calls if isinstance(raw_calls, list) else []):
         tc = tc if isinstance(tc, dict) else {}
         fn = tc.get("function") if isinstance(tc.get("function"), dict) else {}
-        call_id = tc.get("id") if isinstance(tc.get("id"), str) and tc.get("id") else f"call_{n}"
-        calls.append({"id": call_id, "type": "function",
+        calls.append({"id": _unique_id(tc.get("id"), f"call_{turn}_{n}", ids), "type": "function",
                       "function": {"name": _text(fn.get("name")), "arguments": _text(fn.get("arguments"))}})
     # content is always text, "" for none (OpenAI allows null beside tool calls; llama.cpp's server does not)
     out: dict = {"role": "assistant", "content": content or ""}
@@ -173,7 +196,7 @@ def _with_text_calls(assistant: dict, turn: int, convo: Conversation) -> dict:
         return assistant
     convo.counts["text_tool_calls"] += len(calls)
     return {"role": "assistant", "content": rest or "",
-            "tool_calls": [{"id": f"text_call_{turn}_{n}", "type": "function",
+            "tool_calls": [{"id": _unique_id(None, f"text_call_{turn}_{n}", convo.ids), "type": "function",
                             "function": {"name": name, "arguments": arguments}}
                            for n, (name, arguments) in enumerate(calls)]}
 
@@ -192,7 +215,7 @@ def describe_error(exc) -> str:
     if isinstance(exc, openai.APITimeoutError):
         return "request timed out"
     status = getattr(exc, "status_code", None)
-    text = " ".join(str(exc).split())[:300]
+    text = valid_text(" ".join(str(exc).split())[:300])  # a server's words: stored and printed
     if status:
         return f"HTTP {status}: {text}"
     if isinstance(exc, openai.APIConnectionError):  # the innermost cause says why: refused, unresolvable...
@@ -201,7 +224,7 @@ def describe_error(exc) -> str:
             seen.add(id(inner))
             inner = inner.__cause__ or inner.__context__
         if inner is not exc and str(inner):
-            text = f"{text} ({type(inner).__name__}: {' '.join(str(inner).split())[:200]})"
+            text = f"{text} ({type(inner).__name__}: {valid_text(' '.join(str(inner).split())[:200])})"
     return f"{type(exc).__name__}: {text}"
 
 
@@ -328,7 +351,7 @@ class ModelAgent:
                 return
             _add_usage(convo.usage, reply.get("usage"))
             convo.counts["replies"] += 1
-            assistant = _assistant_message(message)
+            assistant = _assistant_message(message, turn, convo.ids)
             if not assistant.get("tool_calls") and self.settings.text_tool_calls:
                 assistant = _with_text_calls(assistant, turn, convo)
             messages.append(assistant)
