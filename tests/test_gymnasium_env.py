@@ -246,6 +246,7 @@ def test_max_turns_truncates_with_terminal_zero():
     assert grade["reward"] == 0.0 and not grade["finished"]
     obs, reward, term, trunc, info = env.step({"tool": "submit_report", "args": {"loaded": [], "quarantined": []}})
     assert "error" in json.loads(obs["result"]) and reward == 0.0
+    assert trunc and not term  # a step after the cut-off says how the episode ended: truncated, not terminated
     result = env.session.result
     assert not result.grade.finished and len(result.ledger) == 3  # the cut-off episode stays unreported
     env.close()

@@ -129,3 +129,8 @@ def test_render_never_raises_on_a_hostile_action():
     assert "not JSON" in env.render()
     env.step("x" * 20_000)
     assert len(env.render()) < 5000
+    # an action's control characters are escaped: it cannot clear the terminal or forge a line of its own
+    env.step('\x1b[2J\x1b[31mHACKED\r\n{"ok": true}\x00')
+    action_line = env.render().splitlines()[1]
+    assert action_line == '> \\x1b[2J\\x1b[31mHACKED\\r\\n{"ok": true}\\x00'
+    assert env.render().count("\n") == 3 and "\x1b" not in env.render()

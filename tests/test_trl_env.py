@@ -143,9 +143,14 @@ def test_bad_arguments_and_bad_rows_never_raise_out_of_a_tool(factory):
     for result in (environment.load_batch(batch="B-1"), environment.load_batch(batch_id=7),
                    environment.profile_batch(), environment.run_sql(query="DROP TABLE wh_orders"),
                    environment.submit_report(loaded="B-1", quarantined=None), environment.load_batch("a", "b"),
-                   environment.quarantine_batch(batch_id="B-0930-60-1", column="amount", defect_type="nope")):
+                   environment.quarantine_batch(batch_id="B-0930-60-1", column="amount", defect_type="nope"),
+                   environment.profile_batch(**{"self": "x", "batch_id": "B-1"})):
         assert "error" in json.loads(result)
     assert json.loads(environment.read_contract())  # the episode goes on
+    # a call with an argument named "self" reaches the episode, refused in its ledger like any other (it was a
+    # TypeError, raised before the episode saw it)
+    refused = environment.session.episode.world.ledger.entries[-2]
+    assert refused["action"] == "profile_batch" and not refused["executed"] and "self" in json.dumps(refused["args"])
     text = trl_environment(cases=EVAL)().reset(case_id="eval-clean-control-0")  # no prompt in the row
     assert text.startswith(suites.default().prompt[:40]) and text.endswith("Begin.")
 

@@ -36,7 +36,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector.utils import read_from_shared_memory
 
-from ..kernel.cases import CaseError
+from ..kernel.cases import CaseError, printable
 from ..kernel.engine import OVER, Session
 from ..kernel.pool import CasePool
 from ..kernel.rewards import REWARD_MODES
@@ -114,8 +114,8 @@ def _text(value) -> str:
 
 def _action_text(action, limit: int = 2000) -> str:
     """An action as a line of text for render(), whatever it is (nested past JSON's reach, not JSON at all)."""
-    if isinstance(action, str):
-        return action[:limit]
+    if isinstance(action, str):  # as written, its control characters escaped: a newline or an ANSI escape in
+        return printable(action[:limit])  # an action cannot forge a line of the render or drive the terminal
     try:
         return _text(action)[:limit]
     except (RecursionError, ValueError, TypeError):
@@ -202,11 +202,13 @@ class GateEnv(gymnasium.Env):
 
     def step(self, action):
         """One tool call: (observation, reward, terminated, truncated, info). Never raises."""
-        if self.session is None or self.session.done:
-            why = "call reset() first" if self.session is None else OVER
+        if self.session is None or self.session.done:  # nothing to play: the episode's flags as it ended
+            over = self.session.step(action) if self.session is not None else None
+            why = "call reset() first" if over is None else OVER
             text = _text({"error": why})
             info = {"case_id": self.case_id or "", "reward_mode": self.reward_mode, "error": why, "result": text}
-            return self._obs(text), 0.0, self.session is not None, False, info
+            return (self._obs(text), 0.0, over is not None and over.terminated, over is not None and over.truncated,
+                    info)
         step = self.session.step(action)
         text = _bounded(_text(step.result))
         self._last = (action, text)

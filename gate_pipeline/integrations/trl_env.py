@@ -98,7 +98,7 @@ class GateTRLEnv:
 def _method(tool: Tool, suite: Suite) -> Callable:
     names = tool.arg_names
 
-    def call(self, *args, **kwargs) -> str:
+    def call(self, /, *args, **kwargs) -> str:  # `self` positional-only: an argument a model names "self" is its own
         if len(args) > len(names):
             return json.dumps({"error": f"{tool.name} takes {len(names)} argument(s)"})
         given = dict(zip(names, args))

@@ -210,8 +210,9 @@ class Session:
     def step(self, action) -> Step:
         """One action in any spelling the action parser accepts. Nothing the action holds makes it raise; the
         machine can (`NoRoom`: no room for the case's database, not the agent's doing, and the episode is over)."""
-        if self.done:
-            return Step({"error": OVER}, 0.0, True, False)
+        if self.done:  # as it ended: cut off at its step limit (truncated), else terminated
+            truncated = self.report_index is None and self.max_steps is not None and self.turn >= self.max_steps
+            return Step({"error": OVER}, 0.0, not truncated, truncated)
         parsed = parse_action(action)
         if parsed.problem:
             result = self.episode.refuse(parsed)
