@@ -35,6 +35,7 @@ or a schema-4 store is migrated when first opened, and every row's seal still ho
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import hmac
@@ -44,6 +45,7 @@ import re
 import secrets
 import socket
 import sqlite3
+import stat
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -99,6 +101,7 @@ MAX_WAREHOUSE_FILE = 4 * 2**30  # a schema-3 warehouse file migrated into the da
 RUNNING, ENDED = "running", "ended"
 NEVER_ENDED = "the episode never ended"
 OPEN, COMPLETE, STOPPED, DIED = "open", "complete", "stopped", "died"  # a sealed run's status
+NIGHTLY = "nightly"  # a night's manifest kind (a `gate run`'s is "run", a Dagster case's "case")
 CONTINUATION, API = "continuation", "api"  # manifest kinds besides a night's, a `gate run`'s, a Dagster case's
 MAX_SLOTS = 10_000_000  # episodes a manifest may ask for (cases x agents x rollouts): more is not a manifest gate wrote
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -392,12 +395,31 @@ def _sqlite_file(url) -> Path | None:
     return resolved_path(given_path(url.database))
 
 
+_LOCK_OPEN = os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW  # never waits (a FIFO), never follows a link
+
+
+def _lock_fd(path: Path, flags: int) -> int:
+    """A descriptor of the lock file at `path`; OSError when there is none, or what is there is no regular file
+    (a FIFO, a socket, a device, a symbolic link: nothing gate makes), which is opened without waiting."""
+    fd = os.open(path, flags | _LOCK_OPEN, 0o644)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file")
+    return fd
+
+
 @contextmanager
 def hold_lock(path: Path, holder: str):
     """Hold an exclusive lock on `path` while the block runs (it goes with the process, however the
-    process ends: even kill -9). LockHeld, naming who holds it, when another process does."""
+    process ends: even kill -9). LockHeld, naming who holds it, when another process does; StoreError when
+    what is at `path` is no lock file (a FIFO there once made the command wait for ever)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as fh:
+    try:
+        fd = _lock_fd(path, os.O_RDWR | os.O_CREAT)
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot use it as a lock file ({exc.strerror or exc}); gate makes it, a regular "
+                         f"file: remove what is there") from None
+    with os.fdopen(fd, "r+") as fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -415,11 +437,18 @@ def hold_lock(path: Path, holder: str):
 
 
 def lock_free(path: Path) -> bool:
-    """Whether nobody holds the lock at `path` (a missing file is nobody's lock: False)."""
+    """Whether nobody holds the lock at `path` (a missing file is nobody's lock: False). What is there but is no
+    regular file (a FIFO, a socket, a device, a symbolic link) is no lock a process of gate's holds: free (it once
+    read as held, and a running episode beside it as being played; a FIFO made the caller wait for ever)."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
+        fd = _lock_fd(path, os.O_RDONLY)
+    except FileNotFoundError:
         return False
+    except OSError:
+        try:
+            return not stat.S_ISREG(os.lstat(path).st_mode)
+        except OSError:
+            return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -649,7 +678,9 @@ class RunStore:
         return self._hmac(fields)
 
     def _hmac(self, fields: list) -> str:
-        text = json.dumps(fields, ensure_ascii=True)
+        # a field of a type gate never stores (bytes: a column edited into a BLOB) is spelled by its type and value:
+        # the seal then matches nothing gate wrote, so the row reads as altered (it raised TypeError here)
+        text = json.dumps(fields, ensure_ascii=True, default=lambda v: [type(v).__name__, repr(v)])
         return hmac.new(self.key, text.encode("ascii"), hashlib.sha256).hexdigest()
 
     def dispose(self) -> None:
@@ -906,9 +937,10 @@ class RunStore:
                             "status that says it never ended)")
         elif row["status"] != ENDED:
             problems.append(NEVER_ENDED)
-        elif not row["seal"] or not hmac.compare_digest(row["seal"], self.seal(row)):
+        elif not isinstance(row["seal"], str) or not row["seal"] or not hmac.compare_digest(row["seal"], self.seal(row)):
             problems.append("the episode's record was altered (its seal does not match)")
         case = None
+        sealed = not problems  # its record as gate sealed it (an ended episode whose seal matches)
         if sha256(row["case_json"] or "") != row["case_sha256"]:
             problems.append("the stored case was altered (its SHA-256 differs from the one recorded)")
         try:
@@ -925,6 +957,7 @@ class RunStore:
                 case = None
         entries, unreadable = self._entries(episode_id)
         problems += unreadable
+        intact = sealed and not problems  # its record, case and ledger entries as gate wrote them, so far
         # an episode that ended in its process recorded its ledger and warehouse (one cut off there too);
         # one closed because its process died has neither
         recorded = row["status"] == ENDED and row["ledger_entries"] is not None
@@ -937,6 +970,7 @@ class RunStore:
                 problems.append("the ledger's hash chain is broken")
             elif last_hash(entries) != row["ledger_digest"]:
                 problems.append("the ledger does not end on the hash recorded when the episode ended")
+            intact = intact and not problems
         mart = None
         if recorded:
             try:
@@ -955,7 +989,7 @@ class RunStore:
             options=options if isinstance(options, dict) else {}, run_id=row["run_id"], rollout=row["rollout"],
             status=row["status"], end_reason=row["end_reason"] or "", error=row["error"] or "", entries=entries,
             ledger_digest=row["ledger_digest"] or "", mart=mart, problems=tuple(problems),
-            case_json=row["case_json"] or "", case_id=row["case_id"])
+            case_json=row["case_json"] or "", case_id=row["case_id"], intact=intact)
 
     # -- grades -------------------------------------------------------------------------------
     def ungraded(self) -> list[str]:

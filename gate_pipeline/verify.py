@@ -51,6 +51,7 @@ from .store import (
     DIED,
     ENDED,
     NEVER_ENDED,
+    NIGHTLY,
     OPEN,
     STOPPED,
     RunStore,
@@ -244,6 +245,13 @@ def _tie(prepared, messages: list, row: dict) -> str | None:
     return None
 
 
+def _started(row: dict) -> tuple:
+    """A row's place in time for ordering: its start, rows whose start is no number (edited) last."""
+    when = row["started_at"]
+    number = isinstance(when, (int, float)) and not isinstance(when, bool) and when == when
+    return (0, when, "") if number else (1, 0.0, repr(when))
+
+
 def _options(row: dict):
     try:
         return json.loads(row["agent_options"])
@@ -282,6 +290,10 @@ def check_episode(store: RunStore, row: dict, settings: Settings, out: Verificat
     if why:
         problem(why)
     if row["status"] != ENDED or stored.case is None:
+        return
+    if not stored.intact:  # what it would be rebuilt or played again from failed a check above: its work is not
+        out.notes.append(Problem(eid, case_id, agent, "not rebuilt or played again: its record, case or ledger "
+                                                      "failed the checks above"))  # bounded by what gate wrote
         return
     if row["ledger_entries"] is None:  # closed after its process died: nothing of it was recorded
         out.notes.append(Problem(eid, case_id, agent, f"abandoned: {row['error'] or 'cut off'}"))
@@ -390,6 +402,8 @@ def check_run(manifest: dict, family: list[dict], out: Verification) -> None:
     if manifest["problem"] is not None:  # its shape was checked where it was read (RunStore.manifests)
         problem(f"its manifest is not readable ({manifest['problem']})")
         return
+    if not manifest["sealed"]:  # not what gate sealed: its episodes are checked on their own, not against what it
+        return  # lists (its rollouts x cases x agents could be any size)
     if manifest["kind"] == API:  # it lists its episodes once its caller completed it; each was checked on its own
         if status == COMPLETE:
             _check_listed(run_id, manifest["episodes"], family, out)
@@ -432,7 +446,7 @@ def check_run(manifest: dict, family: list[dict], out: Verification) -> None:
         return
     played = 0
     for slot in slots:
-        rows = sorted(by_slot.get(slot, []), key=lambda r: r["started_at"])
+        rows = sorted(by_slot.get(slot, []), key=_started)
         if rows:
             played += 1
         counted = [r for r in rows[:-1] if r["end_reason"] not in REDONE]
@@ -473,10 +487,13 @@ def predates_sealing(rows: list[dict]) -> bool:
 
 def check_nights(store: RunStore, manifests: dict[str, dict], roots: dict[str, str], out: Verification,
                  by_run: dict[str, list[dict]]) -> None:
-    """Each kept nightly summary recomputed from the episodes its night completed with."""
+    """Each kept nightly summary recomputed from the episodes its night completed with; one kept summary for
+    each complete night, never two (a night's summary deleted, or copied in as another night's, once passed)."""
+    kept_by: dict[str, list[int]] = defaultdict(list)  # the run that kept summaries -> their numbers
     for night in store.nights():
         n, run_id = night["night"], night["run_id"] or ""
         root = roots.get(run_id, run_id)
+        kept_by[run_id].append(n)
         manifest = manifests.get(root)
         if manifest is None:
             if predates_sealing(by_run.get(run_id, [])):
@@ -514,6 +531,17 @@ def check_nights(store: RunStore, manifests: dict[str, dict], roots: dict[str, s
             if kept != fresh:
                 out.problems.append(run_problem(run_id, f"night {n}: the kept summary differs from a fresh one "
                                                         f"({_summary_difference(kept, fresh)})"))
+    # a run keeps one summary, at its night's last step (a re-execution of the night is a run of its own)
+    for run_id, numbers in kept_by.items():
+        if run_id and len(numbers) > 1:
+            out.problems.append(run_problem(run_id, f"nights {', '.join(map(str, numbers))} are all kept as this "
+                                                    f"run's summary: a run keeps one"))
+    summarised = {roots.get(run_id, run_id) for run_id in kept_by}
+    for root, manifest in manifests.items():
+        if (manifest["sealed"] and manifest["problem"] is None and manifest["kind"] == NIGHTLY
+                and manifest["status"] == COMPLETE and root not in summarised):
+            out.problems.append(run_problem(root, "a complete night with no kept summary (the scoreboard keeps one "
+                                                  "for every night it completes)"))
 
 
 def _summary_difference(kept, fresh: dict) -> str:

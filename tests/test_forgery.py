@@ -561,3 +561,103 @@ def test_a_stored_id_cannot_forge_a_line_of_verify(home, night, capsys):
     assert code == 1 and "\x1b" not in out
     assert not any(line.startswith("8 episodes checked: every check holds") for line in out.splitlines())
     assert f"{BAD}\\n8 episodes checked: every check holds\\x1b[2J" in out
+
+
+def _returns_within(fn, seconds: float = 10.0):
+    """fn()'s value, or a failure when it has not returned within `seconds` (a FIFO once made a lock wait for ever)."""
+    import threading
+    out: dict = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except Exception as exc:  # noqa: BLE001 - raised again on the test's thread
+            out["error"] = exc
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), "did not return: it waits"
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def test_a_lock_path_that_is_no_regular_file_holds_no_lock_and_never_makes_gate_wait(tmp_path):
+    """Planted where a run's lock goes, a socket made a fake running episode read as being played (verify passed
+    it); a FIFO made verify, `gate run` and `gate nightly` wait for ever."""
+    import fcntl
+    import os
+    import socket
+
+    from gate_pipeline.store import StoreError, hold_lock, lock_free
+    fifo, sock, link, missing, plain = (tmp_path / n for n in ("fifo.lock", "sock.lock", "link.lock", "no.lock",
+                                                               "plain.lock"))
+    os.mkfifo(fifo)
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(sock))
+    link.symlink_to(fifo)
+    plain.write_text("")
+    try:
+        for path in (fifo, sock, link):
+            assert _returns_within(lambda p=path: lock_free(p)) is True  # no process of gate's can hold it
+            with pytest.raises(StoreError, match="cannot use it as a lock file"):
+                _returns_within(lambda p=path: hold_lock(p, "me").__enter__())
+        assert lock_free(missing) is False and lock_free(plain) is True
+        with open(plain) as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            assert lock_free(plain) is False
+        with hold_lock(tmp_path / "made.lock", "me"):
+            assert (tmp_path / "made.lock").read_text() == "me" and not lock_free(tmp_path / "made.lock")
+        assert lock_free(tmp_path / "made.lock")
+    finally:
+        server.close()
+
+
+def test_a_nights_summary_deleted_or_kept_twice_is_caught(home, night, capsys):
+    """Summaries are caches, recomputed one by one; nothing tied them to their nights, so a night's deleted, or
+    another's copied over it (its run id and figures), or a copy kept as a later night passed `gate verify`."""
+    conn = db(home)
+    [(run_id, text)] = conn.execute("SELECT run_id, summary FROM nightly_scores").fetchall()
+    conn.execute("INSERT INTO nightly_scores (run_id, at, summary) VALUES (?, 0, ?)", (run_id, text))
+    code, out, _ = verify(capsys)
+    assert code == 1 and f"run {run_id}: nights 1, 2 are all kept as this run's summary: a run keeps one" in out
+    conn.execute("DELETE FROM nightly_scores")
+    code, out, _ = verify(capsys)
+    assert code == 1 and f"run {run_id}: a complete night with no kept summary" in out
+    conn.execute("INSERT INTO nightly_scores (run_id, at, summary) VALUES (?, 0, ?)", (run_id, text))
+    assert verify(capsys)[0] == 0  # the one summary back: every check holds
+
+
+@pytest.mark.parametrize("column", ["agent", "run_id", "agent_options", "warehouse", "seal"])
+def test_a_sealed_text_edited_into_bytes_is_an_altered_row_not_a_traceback(home, night, capsys, column):
+    """SQLite keeps whatever type a column is given: a BLOB in a text column came back as bytes, and sealing
+    it (JSON) or comparing it with a seal raised TypeError out of `gate verify`."""
+    naive = episode_of(home, "naive", BAD)
+    db(home).execute(f"UPDATE episodes SET {column} = CAST({column} AS BLOB) WHERE episode_id = ?", (naive,))
+    code, out, err = verify(capsys)
+    assert code == 1 and "Traceback" not in err
+    assert f"{naive} " in out and "the episode's record was altered (its seal does not match)" in out
+
+
+def test_what_fails_its_checks_is_not_rebuilt_played_again_or_expanded(home, night, capsys):
+    """Rebuilding an episode from a broken ledger, or expanding a manifest whose seal fails, could be made to
+    take any time (a hundred thousand slow queries; rollouts x cases x agents of any size): neither is done."""
+    naive = episode_of(home, "naive", BAD)
+    conn = db(home)
+    [(last,)] = conn.execute("SELECT max(seq) FROM ledger_entries WHERE episode_id = ?", (naive,)).fetchall()
+    slow = "WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r) SELECT count(*) FROM r"
+    conn.executemany("INSERT INTO ledger_entries VALUES (?, ?, ?)", [
+        (naive, last + k, json.dumps({"action": "run_sql", "args": {"query": slow, "tables_read": []}, "executed": True,
+                                      "hash": "x", "note": "", "prev_hash": "x", "seq": last + k}))
+        for k in range(1, 6)])
+    body = {"agents": [{"name": "naive", "identity": "naive", "options": {}, "deterministic": True}],
+            "cases": [f"c{k}" for k in range(100)], "case_sha256": {}, "rollouts": 10**5, "gate_version": "0",
+            "process": "x", "cases_file": None, "cases_file_sha256": None}
+    conn.execute("INSERT INTO manifests (run_id, kind, body, status, episodes, created_at, seal) VALUES "
+                 "('forged', 'run', ?, 'open', NULL, 0, 'f00')", (json.dumps(body),))
+    code, out, _ = verify(capsys)
+    assert code == 1 and f"{naive} {BAD} naive: the ledger's hash chain is broken" in out
+    assert f"note: {naive} {BAD} naive: not rebuilt or played again: its record, case or ledger failed" in out
+    assert "warehouses rebuilt 7;" in out  # the night's eight but the broken one
+    assert "run forged: its manifest was altered (its seal does not match)" in out
+    assert "run forged: missing" not in out and len(out.splitlines()) < 40  # its 10**7 slots never listed

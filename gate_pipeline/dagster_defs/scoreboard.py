@@ -35,7 +35,7 @@ from ..kernel.cases import Case, CaseError, cases_of_text, read_case_text, split
 from ..kernel.engine import play_cases
 from ..kernel.grading import grade_stored
 from ..kernel.records import Grade
-from ..store import StoreSink, manifest_body, process_name
+from ..store import NIGHTLY, StoreSink, manifest_body, process_name
 from ..tables import baseline_tables, summary
 from .bridge import ToolBridge
 from .catalog import CODE_VERSION, OWNERS, AgentName
@@ -148,7 +148,7 @@ def plan_nightly(context: dg.OpExecutionContext, config: NightlyConfig, case_lib
     who = "gate nightly" if context.run.tags.get("gate/trigger") == "cli" else f"the Dagster run {context.run.run_id}"
     store = gate_store.open()
     try:  # sealed before anything is played: what the night must produce
-        store.seal_run(context.run.run_id, "nightly", manifest_body(cases, cases_file, specs, 1, process_name(who)))
+        store.seal_run(context.run.run_id, NIGHTLY, manifest_body(cases, cases_file, specs, 1, process_name(who)))
     finally:
         store.dispose()
     keys = [c.case_id for c in cases]

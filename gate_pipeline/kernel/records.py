@@ -137,3 +137,4 @@ class StoredEpisode:
     problems: tuple[str, ...] = ()  # what could not be read (a missing warehouse...)
     case_json: str = ""  # the case as stored (its text)
     case_id: str = ""
+    intact: bool = False  # its sealed record, its case and its ledger are as gate wrote them (nothing above failed)
