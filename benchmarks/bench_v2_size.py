@@ -13,7 +13,10 @@ measured in a fresh process (so peak memory is that case's):
   `run_sql` calls, SQLite's own time for the same query on a copy of the database in the same
   state (no authorizer, no progress handler, the same fetch of up to 51 rows) is measured just
   before the call. overhead = (time of the calls through gate - SQLite's own time) / SQLite's
-  own time, over all its run_sql calls.
+  own time, over all its run_sql calls. A line after each size's table says how much of gate's time
+  beyond SQLite's went to the two checks a read makes once a batch or once a statement: the look check
+  (the read run again with a batch emptied) and the compile check (the statement compiled first in the
+  child, or found in its cache); the rest is each call's own work.
 - **memory**: in another fresh process, after a 20-row episode of the same agent (so what any
   episode loads, pandas and pandera included, is loaded), peak resident memory (VmHWM, reset
   after the warm-up; ru_maxrss where it cannot be reset) above what the process then held, for
@@ -184,13 +187,32 @@ def measure_calls(case) -> dict:
     mirror.world.conn.set_authorizer(None)
     mirror.world.conn.set_progress_handler(None, 0)
     tools = TimedTools(session.tools, mirror)
+    checks = _time_checks()
     t = time.perf_counter()
     CarefulV2().play(tools)
     play_s = time.perf_counter() - t
     result = session.finish()
     mirror.close()
     return {"run_sql_calls": tools.calls, "gate_s": tools.gate_s, "sqlite_s": tools.raw_s, "play_s": play_s,
-            "calls": len(result.ledger), "reward": result.grade.reward}
+            "calls": len(result.ledger), "reward": result.grade.reward, **checks}
+
+
+def _time_checks() -> dict:
+    """Time, from now on in this process, the two checks a read may make once a batch or once a statement: the
+    look check (`SandboxV2._rerun_empty`: the read run again with a batch emptied) and the compile check
+    (`CompileCheck.compiles_within`: its cache, or its child). Returns the dict the seconds are added to."""
+    from gate_pipeline.kernel.compile_check import CompileCheck
+    from gate_pipeline.suites.v2.sandbox import SandboxV2
+    spent = {"look_s": 0.0, "compile_s": 0.0}
+    for cls, name, key in ((SandboxV2, "_rerun_empty", "look_s"), (CompileCheck, "compiles_within", "compile_s")):
+        def timed(*args, _fn=getattr(cls, name), _key=key, **kw):
+            t = time.perf_counter()
+            try:
+                return _fn(*args, **kw)
+            finally:
+                spent[_key] += time.perf_counter() - t
+        setattr(cls, name, timed)
+    return spent
 
 
 def measure_memory(path: str, agent: str) -> dict:
@@ -398,7 +420,7 @@ def main() -> int:
             print(f"{'family':<20}{'db MB':>9}{'build s':>10}{'insert s':>10}{'build/ins':>10}"
                   f"{'sql calls':>10}{'overhead':>10}{'peak MB':>9}{'peak/db':>8}{'gate MB':>9}{'gate/db':>8}"
                   f"{'careful-v2':>11}{'oracle':>8}")
-            totals = {"build": 0.0, "insert": 0.0, "gate": 0.0, "sqlite": 0.0}
+            totals = {"build": 0.0, "insert": 0.0, "gate": 0.0, "sqlite": 0.0, "look": 0.0, "compile": 0.0}
             worst_peak = worst_gate = 0.0
             rewards = []
             parts_of_gate = []
@@ -416,6 +438,8 @@ def main() -> int:
                 totals["insert"] += calls["insert_s"]
                 totals["gate"] += calls["gate_s"]
                 totals["sqlite"] += calls["sqlite_s"]
+                totals["look"] += calls["look_s"]
+                totals["compile"] += calls["compile_s"]
                 worst_peak = max(worst_peak, mem["peak_mb"] / mem["db_mb"])
                 worst_gate = max(worst_gate, own["peak_mb"] / own["db_mb"])
                 rewards.append(mem["reward"])
@@ -428,6 +452,11 @@ def main() -> int:
             print(f"{'all':<20}{'':>9}{totals['build']:>10.3f}{totals['insert']:>10.3f}"
                   f"{totals['build'] / totals['insert']:>9.2f}x{'':>10}{totals['gate'] / totals['sqlite'] - 1:>9.1%}"
                   f"{'':>9}{worst_peak:>7.2f}x{'':>9}{worst_gate:>7.2f}x{min(rewards):>11.4f}")
+            beyond = totals["gate"] - totals["sqlite"]
+            print(f"gate's run_sql time beyond SQLite's own, all families: {beyond:.3f} s; of it the look check "
+                  f"{totals['look']:.3f} s ({totals['look'] / beyond:.0%}), the compile check {totals['compile']:.3f} s "
+                  f"({totals['compile'] / beyond:.0%}), the rest (each call's own work) "
+                  f"{beyond - totals['look'] - totals['compile']:.3f} s")
             print(f"gate's part (the oracle), over the database: {'text':>8}{'read':>8}{'built':>8}{'loaded':>8}{'peak':>8}")
             for family, own in parts_of_gate:
                 print(f"  {family:<44}" + "".join(f"{own[k] / own['db_mb']:>7.2f}x"
