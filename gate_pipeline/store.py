@@ -81,7 +81,7 @@ from sqlalchemy.exc import (
 from .kernel.cases import Case, CaseError, load_case
 from .kernel.engine import EpisodeStart, Sink
 from .kernel.errors import GateError
-from .kernel.files import read_bytes
+from .kernel.files import path_state, read_bytes
 from .kernel.ledger import canonical_json, chain_intact, last_hash
 from .kernel.records import ABANDONED, EpisodeResult, Grade, StoredEpisode
 from .kernel.sandbox import CAUGHT, Sandbox
@@ -540,7 +540,7 @@ class RunStore:
         """For a reader that changes nothing (`gate verify`): the store exists, at this schema, with every
         table and column this gate reads; else one StoreError."""
         where = f"run store {self.url}"
-        if database is not None and not database.is_file():
+        if database is not None and path_state(database) != "file":
             raise StoreError(f"no {where}: nothing was stored under it yet")
         try:
             with self.engine.connect() as c:

@@ -11,6 +11,7 @@ import os
 import stat
 from pathlib import Path
 
+from ..kernel.files import path_state
 from ..kernel.settings import Settings
 from .errors import UsageError
 from .progress import progress_bar
@@ -112,12 +113,12 @@ def cases_arg(a, settings: Settings) -> Path:
         raise UsageError("--cases is empty: give a case file, or leave --cases out for the eval split")
     if not a.cases:
         path = settings.cases_file("eval")
-        if not path.is_file():
+        if path_state(path) != "file":
             raise UsageError(f"no eval case file: looked for {path} (GATE_CASES_DIR={settings.cases_dir}); "
                              f"pass --cases FILE")
         return path
     path = Path(a.cases)
-    if not path.exists():
+    if path_state(path) == "missing":  # (a name too long for the system, too: nothing can be there)
         where = "" if path.is_absolute() else f" (looked for {path.absolute()}, from {Path.cwd()})"
         raise UsageError(f"--cases {a.cases}: no such case file{where}")
     return path
@@ -130,11 +131,11 @@ def output_file(flag: str, path: str | Path, starts: bytes) -> Path:
     overwritten. `flag` names the argument in the one-line error (none: a positional one)."""
     target = Path(path)
     name = f"{flag} {path}" if flag else str(path)
-    if target.is_dir():
+    if path_state(target) == "directory":
         raise UsageError(f"{name}: is a directory; give a file name")
-    if not target.parent.is_dir():
+    if path_state(target.parent) != "directory":
         raise UsageError(f"{name}: folder {target.parent} does not exist")
-    if not target.exists():  # (a link to nowhere: writing creates what it names)
+    if path_state(target) == "missing":  # (a link to nowhere: writing creates what it names)
         return target
     if os.path.samefile(target, os.devnull):  # written to be thrown away
         return target

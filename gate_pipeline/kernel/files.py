@@ -43,6 +43,23 @@ def _read_up_to(fh, size: int, limit: int) -> bytes:
     return b"".join(parts)
 
 
+def _shown(path: str | Path) -> str:
+    """A path as an error message names it: cut at 200 characters (a name too long for the system is 5,000)."""
+    text = str(path)
+    return text if len(text) <= 200 else f"{text[:200]}...[{len(text):,} characters]"
+
+
+def path_state(path: str | Path) -> str:
+    """What is at `path`: "missing", "directory", "file" (a regular one) or "other"; a path the system cannot
+    look up (a name too long for it, a NUL in it) is "missing": nothing can be there. For checks that would
+    call `Path.exists()` or `is_dir()`, which raise on such a path (Python 3.11)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return "missing"
+    return "directory" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else "other"
+
+
 def read_bytes(path: str | Path, what: str, limit: int | None, error: type[GateError] = GateError) -> bytes:
     """The bytes of the regular file at `path`, at most `limit` of them (None: no limit); anything else is
     `error` with one line naming the file and `what` it should have been."""
@@ -51,8 +68,8 @@ def read_bytes(path: str | Path, what: str, limit: int | None, error: type[GateE
         fd = os.open(path, flags)
     except FileNotFoundError:
         raise error(f"{path}: no such {what}") from None
-    except OSError as exc:
-        raise error(f"{path}: cannot read the {what} ({exc.strerror or exc})") from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path, which no file's name holds
+        raise error(f"{_shown(path)}: cannot read the {what} ({getattr(exc, 'strerror', None) or exc})") from None
     mode = os.fstat(fd)
     if not stat.S_ISREG(mode.st_mode):
         os.close(fd)
@@ -79,8 +96,8 @@ def writable_file(path: str | Path, what: str, error: type[GateError] = GateErro
         mode = os.stat(path).st_mode
     except FileNotFoundError:
         return Path(path)
-    except OSError as exc:
-        raise error(f"{path}: cannot write the {what} ({exc.strerror or exc})") from None
+    except (OSError, ValueError) as exc:
+        raise error(f"{_shown(path)}: cannot write the {what} ({getattr(exc, 'strerror', None) or exc})") from None
     if not stat.S_ISREG(mode):
         kind = next((name for test, name in KINDS if test(mode)), "not a regular file")
         raise error(f"{path}: is {kind}, not a {what} (only regular files are written)")

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from .contract import SHIPPED_CONTRACTS
 from .errors import GateError
+from .files import path_state
 from .suite import suites
 
 SHIPPED_CASES = Path(__file__).resolve().parents[1] / "data" / "cases"
@@ -119,10 +120,10 @@ class Settings:
         out = []
         for name, path in (("GATE_CASES_DIR", self.cases_dir), ("GATE_CONTRACTS", self.contracts_dir)):
             raw = (env.get(name) or "").strip()
-            if raw and not path.is_dir():
+            if raw and path_state(path) != "directory":
                 out.append(f"{name}={raw}: no such directory (looked for {path}"
                            + (f", from {Path.cwd()})" if not given_path(raw).is_absolute() else ")"))
-        if self.home.exists() and not self.home.is_dir():
+        if path_state(self.home) not in ("missing", "directory"):
             out.append(f"GATE_HOME: {self.home} is a file, not a directory")
         return out
 
