@@ -122,3 +122,33 @@ def test_load_contract_reads_the_directory_it_is_given(tmp_path):
     assert load_contract("classic")["limits"]["max_amount"] == 50000  # the shipped one, unchanged
     with pytest.raises(ContractError, match=r"nope\.yaml: no such contract file"):
         load_contract("nope", tmp_path)
+
+
+def test_yaml_is_read_as_yaml_1_2_and_a_key_named_twice_is_refused(tmp_path):
+    """PyYAML reads YAML 1.1: `010000` was octal 4096, `50:00` was 3000, `5.0e4` and `1e5` were text, `NO` was
+    False; and a key named twice silently kept its last value (a second `limits:` block replaced the first)."""
+    from gate_pipeline.kernel.contract import read_yaml
+    p = tmp_path / "x.yaml"
+    for text, value in (("010000", 10000), ("50:00", "50:00"), ("5.0e4", 50000.0), ("1e5", 100000.0), ("NO", "NO"),
+                        ("yes", "yes"), ("true", True), ("0x1F", 31), ("-.inf", float("-inf")), ("2_0", "2_0")):
+        p.write_text(f"a: {text}\n")
+        assert read_yaml(p) == {"a": value}, text
+    p.write_text("limits:\n  max_amount: 5\nlimits:\n  max_amount: 7\n")
+    with pytest.raises(ContractError, match="found the key 'limits' twice in one mapping, at line 3"):
+        read_yaml(p)
+    doc = load_contract("classic")
+    doc["limits"]["max_amount"] = 10000
+    p.write_text(yaml.safe_dump(doc).replace("max_amount: 10000", "max_amount: 010000"))
+    assert load_contract_file(p)["limits"]["max_amount"] == 10000
+
+
+def test_a_reporting_window_that_ends_before_it_starts_is_refused_in_the_contract_itself(tmp_path):
+    """Only variants were checked for it (and the error blamed the variant); a contract, and the cases generated
+    from it, carried the reversed window, and careful scored 0.35 on a clean case."""
+    for suite in ("classic", "v2"):
+        doc = load_contract(suite)
+        doc["reporting_window"]["start"] = "2027-01-01"
+        p = tmp_path / f"{suite}.yaml"
+        p.write_text(yaml.safe_dump(doc))
+        with pytest.raises(ContractError, match=r"key 'reporting_window' starts after it ends \(2027-01-01 > "):
+            load_contract_file(p)

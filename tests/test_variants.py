@@ -168,3 +168,21 @@ def test_impossible_override_values_are_refused(user_contracts, override, key):
     path = _write(user_contracts, "odd", f"variant:\n  base: classic\n  description: x\n  overrides: {override}\n")
     with pytest.raises(ContractError, match=key.replace(".", r"\.")):
         load_variant_file(path, _contracts(user_contracts))
+
+
+@pytest.mark.parametrize("base", ["a\x00b", "/work/contracts/classic", "../x/classic", ".hidden", ""])
+def test_a_variant_base_must_name_a_contract_in_the_contracts_folder(tmp_path, base):
+    """A NUL in it was a ValueError out of the open (a traceback); a path read a contract from outside the
+    contracts folder."""
+    import shutil
+
+    from gate_pipeline.kernel.contract import SHIPPED_CONTRACTS
+    contracts = tmp_path / "contracts"
+    shutil.copytree(SHIPPED_CONTRACTS, contracts)
+    f = contracts / "variants" / "x.yaml"
+    f.write_text(f'variant:\n  base: "{base.encode("unicode_escape").decode()}"\n  description: d\n')
+    with pytest.raises(ContractError, match="variant.base"):
+        load_variant_file(f, contracts)
+    f.write_text('variant:\n  base: classic\n  description: d\n  overrides:\n    reporting_window: {start: "2027-01-01"}\n')
+    with pytest.raises(ContractError, match=r"key 'variant.overrides.reporting_window' starts after it ends"):
+        load_variant_file(f, contracts)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from dataclasses import dataclass
 from datetime import date
 from functools import lru_cache
@@ -110,6 +111,9 @@ def check_core(doc: Any, where: str, keys: tuple[str, ...], columns: Mapping[str
         value = need(doc, f"reporting_window.{key}", str, where)
         if not is_date(value):
             raise ContractError(f"{where}: key 'reporting_window.{key}' must be a real date YYYY-MM-DD, not {value!r}")
+    window = doc["reporting_window"]
+    if window["start"] > window["end"]:  # (dates YYYY-MM-DD compare as text)
+        raise ContractError(f"{where}: key 'reporting_window' starts after it ends ({window['start']} > {window['end']})")
     for table, table_columns in columns.items():
         section = need(doc, table, dict, where)
         for column, text in section.items():
@@ -153,14 +157,66 @@ def _check_events(text: str, path: Path) -> None:
             depth -= 1
 
 
+_BOOL, _INT, _FLOAT = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+
+
+class _ContractLoader(yaml.SafeLoader):
+    """YAML as gate reads a contract or a variant: PyYAML's safe loader with the YAML 1.2 core schema's
+    numbers and booleans in place of YAML 1.1's (`010000` is ten thousand, not octal 4096; `50:00` is text,
+    not 3000; `5.0e4` and `1e5` are numbers, not text; `NO`, `yes` and `off` are text, not booleans), and a key
+    named twice in one mapping refused (the last one silently won)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                twice = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: the base class says so
+                continue
+            if twice:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"found the key {key!r} twice in one mapping, at line {key_node.start_mark.line + 1}",
+                    key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
+
+def _yaml_int(loader, node) -> int:
+    text = loader.construct_scalar(node)
+    if text[:2] in ("0o", "0x"):
+        return int(text[2:], 8 if text[1] == "o" else 16)
+    return int(text, 10)
+
+
+def _yaml_float(loader, node) -> float:
+    text = loader.construct_scalar(node)
+    if text.lower().lstrip("+-") == ".inf":
+        return -math.inf if text.startswith("-") else math.inf
+    return math.nan if text.lower() == ".nan" else float(text)
+
+
+_ContractLoader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag not in (_BOOL, _INT, _FLOAT)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_ContractLoader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+_ContractLoader.add_implicit_resolver(_INT, re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"),
+                                      list("-+0123456789"))
+_ContractLoader.add_implicit_resolver(
+    _FLOAT, re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)"
+                       r"|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
+_ContractLoader.add_constructor(_INT, _yaml_int)
+_ContractLoader.add_constructor(_FLOAT, _yaml_float)
+
+
 def read_yaml(path: str | Path, what: str = "contract") -> Any:
-    """One YAML document from a file; an unreadable, oversized or hostile file, or bad YAML, is a
-    ContractError naming it."""
+    """One YAML document from a file (`_ContractLoader`); an unreadable, oversized or hostile file, or bad YAML,
+    is a ContractError naming it."""
     path = Path(path)
     text = read_text(path, f"{what} file", MAX_YAML_BYTES, ContractError)  # a regular file only (never a FIFO)
     try:
         _check_events(text, path)
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_ContractLoader)  # noqa: S506 - a SafeLoader, its resolvers those of YAML 1.2
     except yaml.YAMLError as exc:
         raise ContractError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     except (ValueError, RecursionError) as exc:  # e.g. an integer of more digits than Python converts
