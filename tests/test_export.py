@@ -94,3 +94,22 @@ def test_jsonl_chat_export_takes_the_stores_grades_not_the_transcripts(tmp_path,
         "DELETE FROM ledger_entries WHERE episode_id = ? AND seq > 3", (victim,))
     assert main(["cases", "export", "--format", "jsonl-chat", str(out), "--run", str(tmp_path / "careful")]) == 0
     assert "7 conversations (1 does not check left out)" in capsys.readouterr().out
+
+
+def test_hf_export_refuses_what_it_did_not_write_before_writing_anything(tmp_path, capsys):
+    """It overwrote a README.md of someone else's (or the file a link there named) and waited for ever on a FIFO
+    where a parquet file goes."""
+    import os
+    out = tmp_path / "hf"
+    (out / "classic").mkdir(parents=True)
+    (out / "README.md").write_text("precious\n")
+    assert main(["cases", "export", "--format", "hf", str(out), "--suite", "classic"]) == 2
+    assert "a file is there that gate did not write" in capsys.readouterr().err
+    assert (out / "README.md").read_text() == "precious\n" and not (out / "classic" / "eval.parquet").exists()
+    (out / "README.md").unlink()
+    os.mkfifo(out / "classic" / "eval.parquet")
+    assert main(["cases", "export", "--format", "hf", str(out), "--suite", "classic"]) == 2
+    assert "is not a regular file" in capsys.readouterr().err
+    (out / "classic" / "eval.parquet").unlink()
+    assert main(["cases", "export", "--format", "hf", str(out), "--suite", "classic"]) == 0
+    assert main(["cases", "export", "--format", "hf", str(out), "--suite", "classic"]) == 0  # its own files: again

@@ -121,6 +121,8 @@ def _rows(case):
     (lambda c: _rows(c)[0].update(amount="nan"), "finite number"),
     (lambda c: _rows(c)[0].update(amount="1e400"), "finite number"),
     (lambda c: _rows(c)[0].update(status="x" * 30_000), "characters long"),
+    (lambda c: c.update(prompt="x" * 30_000), "'prompt' is 30,000 characters long"),  # a string: not "must be one"
+    (lambda c: _first_batch(c).update(source="s\ud800"), "'source' is not valid Unicode text"),
     (lambda c: c.update(case_id=["eval-x"]), "'case_id' must be"),
     (lambda c: c["contract"]["limits"].update(max_amount=10 ** 400), "limits.max_amount"),
     (lambda c: c["contract"].update(extra_rules="none"), "unknown key 'extra_rules'"),
@@ -884,3 +886,75 @@ def test_an_empty_case_file_name_a_huge_agent_name_or_an_unsendable_token_is_one
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("gate: error: ") and err.count("\n") == 1 and len(err) < 400 and words in err, err[:300]
+
+
+@pytest.mark.parametrize("where", ["--cases", "--html", "GATE_CONTRACTS", "GATE_CASES_DIR", "GATE_HOME", "GATE_DB_URL",
+                                   "cases generate --out", "cases export --format hf"])
+def test_a_path_too_long_for_the_system_is_one_line(tmp_path, monkeypatch, capsys, where):
+    """Path.exists() and is_dir() raise on a name too long for the system (Python 3.11): a traceback."""
+    from gate_pipeline.cli.main import main
+    long = str(tmp_path / ("a" * 5000))
+    monkeypatch.setenv("GATE_HOME", str(tmp_path / "home"))
+    args = {"--cases": ["report", "--agents", "naive", "--cases", long],
+            "--html": ["report", "--agents", "naive", "--html", long],
+            "cases generate --out": ["cases", "generate", "--out", long],
+            "cases export --format hf": ["cases", "export", "--format", "hf", long]}.get(where, ["report", "--agents", "naive"])
+    if where.startswith("GATE_"):
+        monkeypatch.setenv(where, f"sqlite:///{long}" if where == "GATE_DB_URL" else long)
+        if where in ("GATE_DB_URL", "GATE_HOME"):  # (a report keeps nothing under GATE_HOME)
+            args = ["verify"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gate: error: ") and err.count("\n") == 1, err[:300]
+
+
+def test_cases_generate_refuses_an_empty_out_rather_than_writing_the_shipped_folder(tmp_path, monkeypatch, capsys):
+    from gate_pipeline.cli.main import main
+    monkeypatch.chdir(tmp_path)
+    assert main(["cases", "generate", "--out", ""]) == 2
+    assert "--out is empty" in capsys.readouterr().err and not (tmp_path / "cases").exists()
+
+
+def test_an_exports_tools_file_that_is_no_regular_file_is_never_waited_on(tmp_path, monkeypatch, fifo, never_hang,
+                                                                          capsys):
+    """`gate cases export --format jsonl-chat` read a run's tools.json unguarded: a FIFO there was waited on for
+    ever, a link to /dev/zero read until the process was killed."""
+    from gate_pipeline.cli.main import main
+    monkeypatch.setenv("GATE_HOME", str(tmp_path / "home"))
+    run = tmp_path / "r1"
+    run.mkdir()
+    (run / "transcripts.jsonl").write_text("")
+    os.rename(fifo, run / "tools.json")
+    main(["cases", "export", "--format", "jsonl-chat", str(tmp_path / "sft.jsonl"), "--run", str(run)])
+    (run / "tools.json").unlink()
+    (run / "tools.json").symlink_to("/dev/zero")
+    main(["cases", "export", "--format", "jsonl-chat", str(tmp_path / "sft.jsonl"), "--run", str(run)])
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_cases_are_not_generated_for_a_contract_whose_values_the_generator_does_not_draw_for(tmp_path, monkeypatch,
+                                                                                            capsys):
+    """The generators draw data for the shipped contract's limits and window: with another cap the clean batches
+    broke the contract the cases carried, and careful scored about 0.55 on its own reference cases."""
+    import shutil
+
+    import yaml
+
+    from gate_pipeline.cli.main import main
+    from gate_pipeline.kernel.contract import SHIPPED_CONTRACTS, load_contract
+    contracts = tmp_path / "contracts"
+    shutil.copytree(SHIPPED_CONTRACTS, contracts)
+    monkeypatch.setenv("GATE_CONTRACTS", str(contracts))
+    doc = load_contract("classic")
+    doc["orders"]["amount"] = "the amount, in the currency below"  # a description: text, nothing drawn for it
+    (contracts / "classic.yaml").write_text(yaml.safe_dump(doc))
+    assert main(["cases", "generate", "--out", str(tmp_path / "ok")]) == 0
+    other = tmp_path / "other"  # (a contract file is read once per process: another folder)
+    shutil.copytree(contracts, other)
+    monkeypatch.setenv("GATE_CONTRACTS", str(other))
+    doc["limits"]["max_amount"] = 0.001
+    (other / "classic.yaml").write_text(yaml.safe_dump(doc))
+    capsys.readouterr()
+    assert main(["cases", "generate", "--out", str(tmp_path / "no")]) == 2
+    err = capsys.readouterr().err
+    assert "changes 'limits' from the shipped one" in err and err.count("\n") == 1 and not (tmp_path / "no").exists()

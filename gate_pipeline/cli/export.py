@@ -23,6 +23,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from ..kernel.files import path_state, read_text
 from ..kernel.settings import Settings
 from ..kernel.suite import suites
 from .common import output_file
@@ -73,9 +74,17 @@ def export_hf(settings: Settings, out: Path, suite_names: list[str]) -> list[Pat
 def _write_hf(Dataset, settings: Settings, out: Path, suite_names: list[str]) -> list[Path]:
     written: dict[str, list[tuple[str, Path]]] = {}
     paths = []
+    wanted = [(name, split) for name in suite_names for split in SPLITS
+              if path_state(settings.cases_file(split, name)) == "file"]
+    # before anything is written: what is there already must be what this command wrote there (a FIFO was waited
+    # on for ever; a README.md of someone else's, or a link to a file outside, was overwritten)
+    for path, starts in [*((out / name / f"{split}.parquet", b"PAR1") for name, split in wanted),
+                         (out / "README.md", b"---\nconfigs:")]:
+        if path_state(path) != "missing" or os.path.islink(path):
+            output_file("", path, starts)
     for name in suite_names:
         for split in SPLITS:
-            if not settings.cases_file(split, name).exists():
+            if (name, split) not in wanted:
                 continue
             rows = case_rows(settings, name, split)
             path = out / name / f"{split}.parquet"
@@ -87,6 +96,9 @@ def _write_hf(Dataset, settings: Settings, out: Path, suite_names: list[str]) ->
         raise UsageError(f"no case files of {', '.join(suite_names)} under {settings.cases_dir}")
     (out / "README.md").write_text(_card(written, out), encoding="utf-8")
     return paths
+
+
+TOOLS_LIMIT = 16 * 2**20  # a run's tools.json: the tools schema and prompt of each suite (a few KB as gate writes it)
 
 
 def export_chat(settings: Settings, out: Path, runs: list[str], min_reward: float) -> tuple[int, dict[str, int]]:
@@ -109,9 +121,9 @@ def export_chat(settings: Settings, out: Path, runs: list[str], min_reward: floa
         with (open(out, "w", encoding="utf-8") if fd is None else os.fdopen(fd, "w", encoding="utf-8")) as fh:
             for run in runs:
                 run_dir = Path(run)
-                try:
-                    recorded = json.loads((run_dir / TOOLS).read_text(encoding="utf-8"))
-                except (OSError, ValueError):
+                try:  # only a regular file, read up to a limit: a FIFO there was waited on for ever, /dev/zero read
+                    recorded = json.loads(read_text(run_dir / TOOLS, "tools file", TOOLS_LIMIT, UsageError))
+                except (UsageError, ValueError, RecursionError):  # until the process was killed
                     recorded = {}
                 checked = verify_store(store, run_dir.name)
                 fresh = checked.fresh
@@ -151,7 +163,7 @@ def cmd_cases_export(a, settings: Settings) -> int:
         if a.run:
             raise UsageError("--run goes with --format jsonl-chat (transcripts); --format hf exports the cases")
         names = [suites.get(a.suite).name] if a.suite else suites.names()
-        if out.exists() and not out.is_dir():
+        if path_state(out) not in ("missing", "directory"):
             raise UsageError(f"{out} exists and is not a directory (--format hf writes a folder)")
         try:
             paths = export_hf(settings, out, names)

@@ -159,8 +159,11 @@ def load_case(obj, where: str = "case", checked_contract: Mapping | None = None)
         except ContractError as exc:
             raise CaseError(str(exc)) from None
     for key in ("prompt", "family"):
-        if not isinstance(obj[key], str) or bad_text(obj[key]):
+        if not isinstance(obj[key], str):
             raise fail(where, f"'{key}' must be a string")
+        problem = bad_text(obj[key])  # a string, but too long or not valid Unicode: said so, not "must be a string"
+        if problem:
+            raise fail(where, f"'{key}' {problem}")
     suite.check_case(obj, where)
     batches = obj["batches"]
     if not isinstance(batches, list) or not batches:
@@ -184,8 +187,10 @@ def load_case(obj, where: str = "case", checked_contract: Mapping | None = None)
         staged[name] = bid
         if not isinstance(batch["table"], str) or batch["table"] not in suite.columns:
             raise fail(bw, f"'table' must be one of {list(suite.columns)}, not {json.dumps(batch['table'])[:80]}")
-        if not isinstance(batch["source"], str) or bad_text(batch["source"]):
+        if not isinstance(batch["source"], str):
             raise fail(bw, "'source' must be a string")
+        if bad_text(batch["source"]):
+            raise fail(bw, f"'source' {bad_text(batch['source'])}")
         suite.check_batch(batch, bw)
         truth = batch["truth"]
         if not isinstance(truth, dict) or not isinstance(truth.get("defective"), bool):
