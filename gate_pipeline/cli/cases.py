@@ -42,9 +42,10 @@ def cmd_cases_generate(a, settings: Settings) -> int:
         raise UsageError("--out is empty: give the folder to write the case files into, or leave --out out for "
                          f"cases/{suite.name}")
     out = a.out or f"cases/{suite.name}"
-    if path_state(out) not in ("missing", "directory"):
+    there = path_state(out)
+    if there not in ("missing", "directory"):
         raise UsageError(f"--out {out}: is a file; --out names the folder the case files are written into")
-    if path_state(out) == "directory":  # a file there that is not a case file (gate's begin '{"') is not overwritten
+    if there == "directory":  # a file there that is not a case file (gate's begin '{"') is not overwritten
         for split in splits:
             output_file("--out", Path(out) / SPLIT_FILES[split], b'{"')
     _same_values_as_shipped(suite.name, settings)

@@ -82,16 +82,13 @@ def _write_hf(Dataset, settings: Settings, out: Path, suite_names: list[str]) ->
                          (out / "README.md", b"---\nconfigs:")]:
         if path_state(path) != "missing" or os.path.islink(path):
             output_file("", path, starts)
-    for name in suite_names:
-        for split in SPLITS:
-            if (name, split) not in wanted:
-                continue
-            rows = case_rows(settings, name, split)
-            path = out / name / f"{split}.parquet"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            Dataset.from_list(rows).to_parquet(str(path))
-            written.setdefault(name, []).append((split, path))
-            paths.append(path)
+    for name, split in wanted:
+        rows = case_rows(settings, name, split)
+        path = out / name / f"{split}.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Dataset.from_list(rows).to_parquet(str(path))
+        written.setdefault(name, []).append((split, path))
+        paths.append(path)
     if not paths:
         raise UsageError(f"no case files of {', '.join(suite_names)} under {settings.cases_dir}")
     (out / "README.md").write_text(_card(written, out), encoding="utf-8")

@@ -67,25 +67,25 @@ def read_bytes(path: str | Path, what: str, limit: int | None, error: type[GateE
     try:
         fd = os.open(path, flags)
     except FileNotFoundError:
-        raise error(f"{path}: no such {what}") from None
+        raise error(f"{_shown(path)}: no such {what}") from None
     except (OSError, ValueError) as exc:  # ValueError: a NUL in the path, which no file's name holds
         raise error(f"{_shown(path)}: cannot read the {what} ({getattr(exc, 'strerror', None) or exc})") from None
     mode = os.fstat(fd)
     if not stat.S_ISREG(mode.st_mode):
         os.close(fd)
         kind = next((name for test, name in KINDS if test(mode.st_mode)), "not a regular file")
-        raise error(f"{path}: is {kind}, not a {what} (only regular files are read)")
+        raise error(f"{_shown(path)}: is {kind}, not a {what} (only regular files are read)")
     with os.fdopen(fd, "rb") as fh:
         if limit is not None and mode.st_size > limit:
-            raise error(f"{path}: is {_size(mode.st_size)}; a {what} is read up to {_size(limit)}")
+            raise error(f"{_shown(path)}: is {_size(mode.st_size)}; a {what} is read up to {_size(limit)}")
         try:
             data = fh.read() if limit is None else _read_up_to(fh, mode.st_size, limit)
         except OSError as exc:
-            raise error(f"{path}: cannot read the {what} ({exc.strerror or exc})") from None
+            raise error(f"{_shown(path)}: cannot read the {what} ({exc.strerror or exc})") from None
         except MemoryError:
-            raise error(f"{path}: the {what} ({_size(mode.st_size)}) does not fit in this process's memory") from None
+            raise error(f"{_shown(path)}: the {what} ({_size(mode.st_size)}) does not fit in this process's memory") from None
     if limit is not None and len(data) > limit:  # it grew while it was read
-        raise error(f"{path}: is more than {_size(limit)}; a {what} is read up to {_size(limit)}")
+        raise error(f"{_shown(path)}: is more than {_size(limit)}; a {what} is read up to {_size(limit)}")
     return data
 
 
@@ -100,7 +100,7 @@ def writable_file(path: str | Path, what: str, error: type[GateError] = GateErro
         raise error(f"{_shown(path)}: cannot write the {what} ({getattr(exc, 'strerror', None) or exc})") from None
     if not stat.S_ISREG(mode):
         kind = next((name for test, name in KINDS if test(mode)), "not a regular file")
-        raise error(f"{path}: is {kind}, not a {what} (only regular files are written)")
+        raise error(f"{_shown(path)}: is {kind}, not a {what} (only regular files are written)")
     return Path(path)
 
 
@@ -115,4 +115,4 @@ def read_text(path: str | Path, what: str, limit: int | None, error: type[GateEr
     try:
         return read_bytes(path, what, limit, error).decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise error(f"{path}: the {what} is not UTF-8 text (byte {exc.start:,})") from None
+        raise error(f"{_shown(path)}: the {what} is not UTF-8 text (byte {exc.start:,})") from None

@@ -173,7 +173,7 @@ def _assistant_message(message: dict, turn: int, ids: set) -> dict:
     """The assistant turn as it goes back into the conversation: content and well-shaped tool calls, each
     with an id of its own in the conversation (`_unique_id`; `ids` holds those given so far)."""
     content = message.get("content")
-    content = _text(content) if isinstance(content, str) else None
+    content = valid_text(content) if isinstance(content, str) else None
     raw_calls = message.get("tool_calls")
     calls = []
     for n, tc in enumerate(raw_calls if isinstance(raw_calls, list) else []):
