@@ -958,3 +958,35 @@ def test_cases_are_not_generated_for_a_contract_whose_values_the_generator_does_
     assert main(["cases", "generate", "--out", str(tmp_path / "no")]) == 2
     err = capsys.readouterr().err
     assert "changes 'limits' from the shipped one" in err and err.count("\n") == 1 and not (tmp_path / "no").exists()
+
+
+# -- whole-number flags: one parser, digits only, every one bounded ------------------------------------------
+
+@pytest.mark.parametrize("argv, words", [
+    (["report", "--agents", "naive", "--workers", "2_0"], "--workers must be a whole number, not '2_0'"),
+    (["report", "--agents", "naive", "--workers", "\u0663"], "--workers must be a whole number, not '\u0663'"),
+    (["report", "--agents", "naive", "--workers", " 2"], "--workers must be a whole number, not ' 2'"),
+    (["report", "--agents", "naive", "--workers", "100000"], "--workers must be from 1 to 256, not 100,000"),
+    (["attacks", "--workers", "100000"], "--workers must be from 1 to 256"),
+    (["report", "--agents", "random", "--reward", "dense", "--seed", "x"], "--seed must be a whole number, not 'x'"),
+    (["report", "--agents", "random", "--reward", "dense", "--seed", "9" * 30], "--seed must be from"),
+    (["run", "--model", "m", "--base-url", "http://127.0.0.1:9/v1", "--retries", "99999999999"],
+     "--retries must be from 0 to 100"),
+    (["run", "--model", "m", "--base-url", "http://127.0.0.1:9/v1", "--retries", "three"],
+     "--retries must be a whole number, not 'three'"),
+])
+def test_whole_number_flags_take_digits_within_bounds(argv, words, capsys):
+    """`int()` read '2_0' as 20 and an Arabic-Indic three as 3; --workers 100000 forked a process per case;
+    --retries had no bound (a dead server retried, with backoff, for ever) and, like --seed, was argparse's own
+    message rather than gate's."""
+    from gate_pipeline.cli.main import main
+    assert main([*argv, "--cases", str(EVAL)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gate: error: ") and words in err and err.count("\n") == 1, err
+
+
+def test_model_settings_bound_the_retries():
+    from gate_pipeline.model_agent.agent import MAX_RETRIES, ModelSettings, SettingsError
+    ModelSettings(model="m", base_url="http://127.0.0.1:9/v1", retries=MAX_RETRIES)
+    with pytest.raises(SettingsError, match=f"retries must be a whole number from 0 to {MAX_RETRIES}"):
+        ModelSettings(model="m", base_url="http://127.0.0.1:9/v1", retries=MAX_RETRIES + 1)

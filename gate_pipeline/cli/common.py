@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -175,14 +176,17 @@ def play_with_progress(cases: list, specs: list, reward: str = "terminal", worke
                           workers=workers_for(workers, len(cases) * len(specs)))
 
 
+_WHOLE = re.compile(r"[+-]?[0-9]{1,4300}")  # CPython reads at most 4,300 digits
+MAX_WORKERS = 256  # worker processes: each is a fork, and more of them than this is no batch any machine here plays
+
+
 def int_arg(flag: str, low: int = 1, high: int | None = None):
     """An argparse type for `flag`: a whole number from `low` (to `high`), else a one-line UsageError. The one
     parser of every whole-number flag (--workers, --port, --rows, ...)."""
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise UsageError(f"{flag} must be a whole number, not {_quoted(text)}") from None
+        if not _WHOLE.fullmatch(text):  # int() also reads "2_0", " 2" and digits of other scripts
+            raise UsageError(f"{flag} must be a whole number, not {_quoted(text)}")
+        value = int(text)
         if value < low or (high is not None and value > high):
             bound = f"from {low:,} to {high:,}" if high is not None else f"at least {low:,}"
             raise UsageError(f"{flag} must be {bound}, not {value:,}" if len(text) <= 40 else
@@ -216,7 +220,7 @@ def _quoted(text: str, most: int = 40) -> str:
     return repr(text) if len(text) <= most else f"{text[:most]!r}... ({len(text):,} characters)"
 
 
-workers_arg = int_arg("--workers")
+workers_arg = int_arg("--workers", 1, MAX_WORKERS)
 
 
 def grades_of(results: dict) -> dict:

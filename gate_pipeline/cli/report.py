@@ -10,6 +10,7 @@ from .common import (
     cases_arg,
     grades_json,
     grades_of,
+    int_arg,
     play_with_progress,
     resolve_agents,
     workers_arg,
@@ -60,7 +61,7 @@ def register(subparsers) -> None:
     rep.add_argument("--json", action="store_true", help="print every grade as JSON instead of the tables")
     rep.add_argument("--reward", choices=REWARD_CHOICES, default="terminal",
                      help="terminal: the rubric; dense, potential: shaped step rewards too (default: terminal)")
-    rep.add_argument("--seed", type=int, default=0, help="seed of the random policy (dense report)")
+    rep.add_argument("--seed", type=int_arg("--seed", -(2**63), 2**63 - 1), default=0, help="seed of the random policy (dense report)")
     rep.add_argument("--html", default=None, metavar="FILE", help="also write a self-contained HTML report")
     rep.add_argument("--workers", type=workers_arg, default=None, help=WORKERS_HELP)
     rep.set_defaults(fn=cmd_report)

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..kernel.settings import Settings
+from ..model_agent.limits import MAX_RETRIES
 from .common import CASES_HELP, cases_arg, int_arg, positive_arg
 from .errors import UsageError
 
@@ -227,7 +228,7 @@ def register(subparsers) -> None:
                         "for servers without a tool parser; counted apart in the summary")
     p.add_argument("--timeout", type=positive_arg("--timeout"), default=60.0, help="seconds per request")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature")
-    p.add_argument("--retries", type=int, default=3, help="the client's retries per request on 408/409/429/5xx "
+    p.add_argument("--retries", type=int_arg("--retries", 0, MAX_RETRIES), default=3, help="the client's retries per request on 408/409/429/5xx "
                                                           "and connection errors, with its backoff")
     p.add_argument("--json", action="store_true", help="print the summary, pass rates and transcript path as JSON")
     p.add_argument("--html", default=None, metavar="FILE", help="also write a self-contained HTML report")

@@ -33,6 +33,7 @@ from ..kernel.episode import check_args
 from ..kernel.errors import GateError
 from ..kernel.records import API_ERROR, MAX_TURNS, REPORTED, TIMEOUT
 from ..kernel.suite import suites
+from .limits import MAX_RETRIES
 from .prompt import NUDGE, opening_messages
 from .text_calls import parse_text_calls
 from .tool_schemas import tool_schemas
@@ -90,10 +91,10 @@ class ModelSettings:
             bad(f"timeout must be a finite number of seconds above 0, not {self.timeout!r}")
         if self.temperature > 2:
             bad(f"temperature must be between 0 and 2, not {self.temperature!r}")
-        for name, low in (("max_turns", 1), ("retries", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                bad(f"{name} must be a whole number >= {low}, not {value!r}")
+        if isinstance(self.max_turns, bool) or not isinstance(self.max_turns, int) or self.max_turns < 1:
+            bad(f"max_turns must be a whole number >= 1, not {self.max_turns!r}")
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or not 0 <= self.retries <= MAX_RETRIES:
+            bad(f"retries must be a whole number from 0 to {MAX_RETRIES}, not {self.retries!r}")
         if self.max_tokens is not None and (isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int)
                                             or self.max_tokens < 1):
             bad(f"max_tokens must be a whole number >= 1, not {self.max_tokens!r}")
