@@ -35,7 +35,6 @@ or a schema-4 store is migrated when first opened, and every row's seal still ho
 """
 from __future__ import annotations
 
-import errno
 import fcntl
 import hashlib
 import hmac
@@ -81,7 +80,7 @@ from sqlalchemy.exc import (
 from .kernel.cases import Case, CaseError, load_case
 from .kernel.engine import EpisodeStart, Sink
 from .kernel.errors import GateError
-from .kernel.files import path_state, read_bytes
+from .kernel.files import open_regular, path_state, read_bytes
 from .kernel.ledger import canonical_json, chain_intact, last_hash
 from .kernel.records import ABANDONED, EpisodeResult, Grade, StoredEpisode
 from .kernel.sandbox import CAUGHT, Sandbox
@@ -395,17 +394,10 @@ def _sqlite_file(url) -> Path | None:
     return resolved_path(given_path(url.database))
 
 
-_LOCK_OPEN = os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW  # never waits (a FIFO), never follows a link
-
-
 def _lock_fd(path: Path, flags: int) -> int:
     """A descriptor of the lock file at `path`; OSError when there is none, or what is there is no regular file
     (a FIFO, a socket, a device, a symbolic link: nothing gate makes), which is opened without waiting."""
-    fd = os.open(path, flags | _LOCK_OPEN, 0o644)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file")
-    return fd
+    return open_regular(path, flags | os.O_NOFOLLOW)[0]
 
 
 @contextmanager

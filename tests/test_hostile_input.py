@@ -990,3 +990,21 @@ def test_model_settings_bound_the_retries():
     ModelSettings(model="m", base_url="http://127.0.0.1:9/v1", retries=MAX_RETRIES)
     with pytest.raises(SettingsError, match=f"retries must be a whole number from 0 to {MAX_RETRIES}"):
         ModelSettings(model="m", base_url="http://127.0.0.1:9/v1", retries=MAX_RETRIES + 1)
+
+
+def test_open_regular_is_the_one_way_to_open_what_gate_is_handed(tmp_path):
+    """Reading a file (`read_bytes`) and taking a run's lock (`store.hold_lock`) open it the same way: at once,
+    whatever is there, and only a regular file is kept open."""
+    from gate_pipeline.kernel.files import NotRegular, open_regular
+    fifo, plain = tmp_path / "fifo", tmp_path / "plain"
+    os.mkfifo(fifo)
+    plain.write_text("x")
+    for path, kind in ((fifo, "a FIFO"), (tmp_path, "a directory"), (Path("/dev/null"), "a character device")):
+        with pytest.raises(NotRegular) as caught:
+            open_regular(path)
+        assert caught.value.kind == kind
+    fd, found = open_regular(plain)
+    os.close(fd)
+    assert found.st_size == 1
+    with pytest.raises(FileNotFoundError):
+        open_regular(tmp_path / "missing")

@@ -7,6 +7,7 @@ that grows until it is killed.
 """
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -60,21 +61,45 @@ def path_state(path: str | Path) -> str:
     return "directory" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else "other"
 
 
+class NotRegular(OSError):
+    """What `open_regular` found is no regular file; `kind` says what it is ("a FIFO", ...)."""
+
+    def __init__(self, kind: str):
+        super().__init__(errno.EINVAL, f"is {kind}, not a regular file")
+        self.kind = kind
+
+
+_OPEN = os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def open_regular(path: str | Path, flags: int = os.O_RDONLY, mode: int = 0o644) -> tuple[int, os.stat_result]:
+    """(a descriptor, its fstat) of the regular file at `path`, opened with `flags` and never waiting (a FIFO
+    nobody writes opens at once, no terminal becomes the process's); NotRegular, with the descriptor closed,
+    when what is there is anything else (a directory, a FIFO, a device, a socket). OSError as `os.open` raises
+    it; ValueError for a path no file's name can be (a NUL in it)."""
+    fd = os.open(path, flags | _OPEN, mode)
+    try:
+        found = os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(found.st_mode):
+        os.close(fd)
+        raise NotRegular(next((name for test, name in KINDS if test(found.st_mode)), "not a regular file"))
+    return fd, found
+
+
 def read_bytes(path: str | Path, what: str, limit: int | None, error: type[GateError] = GateError) -> bytes:
     """The bytes of the regular file at `path`, at most `limit` of them (None: no limit); anything else is
     `error` with one line naming the file and `what` it should have been."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(path, flags)
+        fd, mode = open_regular(path)
     except FileNotFoundError:
         raise error(f"{_shown(path)}: no such {what}") from None
+    except NotRegular as exc:
+        raise error(f"{_shown(path)}: is {exc.kind}, not a {what} (only regular files are read)") from None
     except (OSError, ValueError) as exc:  # ValueError: a NUL in the path, which no file's name holds
         raise error(f"{_shown(path)}: cannot read the {what} ({getattr(exc, 'strerror', None) or exc})") from None
-    mode = os.fstat(fd)
-    if not stat.S_ISREG(mode.st_mode):
-        os.close(fd)
-        kind = next((name for test, name in KINDS if test(mode.st_mode)), "not a regular file")
-        raise error(f"{_shown(path)}: is {kind}, not a {what} (only regular files are read)")
     with os.fdopen(fd, "rb") as fh:
         if limit is not None and mode.st_size > limit:
             raise error(f"{_shown(path)}: is {_size(mode.st_size)}; a {what} is read up to {_size(limit)}")
