@@ -807,3 +807,33 @@ def test_the_compile_checks_child_goes_with_the_process_that_started_it():
     finally:
         if starter.poll() is None:
             starter.kill()
+
+
+def test_no_compile_check_process_is_the_machines_failure_not_an_unchecked_statement(monkeypatch):
+    """A statement that may take long to compile was let through unchecked when the check's process could not
+    start (out of processes or descriptors): one of HEAVY_TO_COMPILE then held the episode for minutes. Now
+    the episode is the machine's failure (NoRoom: no result, as a full disk's), and a statement that needs no
+    check still runs."""
+    import subprocess
+    from pathlib import Path
+
+    from gate_pipeline.kernel import compile_check
+    from gate_pipeline.kernel.cases import read_cases
+    from gate_pipeline.kernel.engine import Session, prepare
+    from gate_pipeline.kernel.errors import NoRoom
+
+    def no_process(*args, **kwargs):
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(compile_check, "_IDLE", [])
+    monkeypatch.setattr(subprocess, "Popen", no_process)
+    prepared = prepare(read_cases(Path(__file__).resolve().parents[1] / "cases" / "classic" / "eval_curated.jsonl")[0])
+    session = Session(prepared, "test")
+    assert session.step({"tool": "run_sql", "args": {"query": "SELECT COUNT(*) FROM wh_orders"}}).result["rows"]
+    t0 = time.perf_counter()
+    with pytest.raises(NoRoom, match="could not start the process that compiles a statement first"):
+        session.step({"tool": "run_sql", "args": {"query": HEAVY_TO_COMPILE["doubling CTEs"]}})
+    assert time.perf_counter() - t0 < 1.0 and session.failure is not None
+    with pytest.raises(NoRoom):
+        session.finish()
+    prepared.close()

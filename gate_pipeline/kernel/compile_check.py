@@ -10,7 +10,9 @@ So a statement that holds a subquery (its text names SELECT or VALUES more than 
 than a short query is compiled first in a child process, on an empty copy of the database's schema
 under the same limits, and stopped at its first step (so nothing runs). If it has not compiled
 within its share of the query's budget, the child is killed (and started again for the next
-statement) and the query is refused as `interrupted`, as any query stopped at its budget is. The child
+statement) and the query is refused as `interrupted`, as any query stopped at its budget is. A
+child that cannot start (the machine out of processes, memory or descriptors) is the machine's
+failure (`NoRoom`), never a statement let through unchecked. The child
 ends with the process that started it, even in the middle of a statement (a thread of its own watches
 its parent), so a worker killed while its child compiles leaves nothing compiling for nobody. A
 function the schema copy lacks (a suite's own) is defined there as a stub, so the copy compiles
@@ -28,6 +30,8 @@ import threading
 import time
 from contextlib import contextmanager
 from typing import Iterator
+
+from .errors import NoRoom
 
 CHILD = r'''
 import json, os, sqlite3, sys, time, _thread
@@ -198,8 +202,9 @@ class CompileCheck:
     def _compiles_within(self, schema: list[str], query: str, seconds: float, limits) -> bool:
         try:
             child = self._child if self._child is not None and self._child.poll() is None else self._start()
-        except OSError:  # no child can start here: the authorizer's bound on compiling is all there is
-            return True
+        except OSError as exc:  # unchecked, the statement could compile for minutes: the machine fails the episode
+            raise NoRoom(f"could not start the process that compiles a statement first ({exc.strerror or exc}): "
+                         "the machine is out of processes, memory or file descriptors") from None
         self.refused = False
         msg = {"sql": query, "schema": schema if schema != self._schema else None, "limits": list(limits)}
         self._schema = schema

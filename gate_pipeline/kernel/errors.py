@@ -23,5 +23,6 @@ class AgentOptionError(GateError, ValueError):
 
 
 class NoRoom(GateError):
-    """A case's database found no room for its pages: the disk, or the file-size limit, where SQLite keeps a
-    large database's temporary file (`kernel.world.connect`)."""
+    """The machine had no room for what an episode needs, not the agent's doing: its database's pages (the
+    disk, or the file-size limit, where SQLite keeps a large database's temporary file: `kernel.world.connect`),
+    or the process that compiles a statement first (`kernel.compile_check`)."""
