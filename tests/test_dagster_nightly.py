@@ -218,3 +218,27 @@ def test_an_interrupted_nightly_re_executed_from_failure_completes_the_scoreboar
     assert len([line for line in out.splitlines() if "abandoned: interrupted before the agent finished; played "
                                                       "again in run" in line]) == 1
     assert "33 episode(s) not played again" in out  # a module:Class agent GATE_AGENTS does not name
+
+
+def test_an_agent_named_twice_is_refused_before_anything_is_played(home, capsys, tmp_path):
+    """`--agents naive,naive` (or run config `agents: [naive, naive]`) played every case twice, kept the results by
+    identity and graded the first case twice in place of the second: a wrong scoreboard, exit 0, and a manifest
+    `gate verify` then refused for good. It is one line now, on every surface, and nothing is stored."""
+    from gate_pipeline.kernel.engine import play_cases
+    from gate_pipeline.kernel.errors import RepeatedAgent
+    two = tmp_path / "two.jsonl"
+    write_cases(two, [c.data for c in read_cases(EVAL)[:2]])
+    for command in (["nightly"], ["report"], ["attacks"]):
+        assert main([*command, "--cases", str(two), "--agents", "naive,careful,naive"]) == 2
+        err = capsys.readouterr().err
+        assert err == "gate: error: agent 'naive' is named twice: each agent plays each case once\n", err
+    with pytest.raises(RepeatedAgent):
+        play_cases(read_cases(two), ["naive", "naive"])
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = defs.resolve_job_def("nightly_benchmark").execute_in_process(
+            instance=instance, raise_on_error=False,
+            run_config=nightly_run_config(cases_file=str(two), agents=["naive", "naive"]))
+    assert not result.success
+    [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert "agent 'naive' is named twice" in failure.event_specific_data.error.message
+    assert not RunStore().episodes()

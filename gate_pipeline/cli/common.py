@@ -92,9 +92,8 @@ def agent_list(text: str | None, default: list[str]) -> list[str]:
 
 def resolve_agents(names: list[str], settings: Settings, options: dict | None = None) -> list:
     """Each name checked and built once (AgentSpec), with its options; errors are one line."""
-    from ..kernel.agents import resolve_agent
-    options = options or {}
-    return [resolve_agent(name, options.get(name), contracts=settings.contracts_dir) for name in names]
+    from ..kernel.agents import resolve_agents as resolved
+    return resolved(names, options, contracts=settings.contracts_dir)
 
 
 def checked_settings() -> Settings:

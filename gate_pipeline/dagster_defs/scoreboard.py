@@ -30,9 +30,10 @@ import dagster as dg
 from pydantic import Field
 
 from ..html_report import PageProcess, write_html
-from ..kernel.agents import AgentOptionError, UnknownAgent, resolve_agent
+from ..kernel.agents import AgentOptionError, UnknownAgent, resolve_agents
 from ..kernel.cases import Case, CaseError, cases_of_text, read_case_text, split_of, suite_of_cases
 from ..kernel.engine import play_cases
+from ..kernel.errors import RepeatedAgent
 from ..kernel.grading import grade_stored
 from ..kernel.records import Grade
 from ..store import NIGHTLY, StoreSink, manifest_body, process_name
@@ -119,8 +120,8 @@ def _cases(path: str, sha: str | None = None) -> list[Case]:
 def _specs(chunk: dict, case_library: CaseLibrary) -> list:
     contracts = case_library.settings().contracts_dir
     try:
-        return [resolve_agent(name, chunk["agent_options"].get(name), contracts=contracts) for name in chunk["agents"]]
-    except (UnknownAgent, AgentOptionError) as exc:
+        return resolve_agents(chunk["agents"], chunk["agent_options"], contracts=contracts)
+    except (UnknownAgent, AgentOptionError, RepeatedAgent) as exc:
         raise dg.Failure(description=f"nightly: {exc}") from None
 
 

@@ -39,7 +39,7 @@ from functools import lru_cache
 from importlib.metadata import entry_points
 from typing import Any, Callable, Protocol
 
-from .errors import AgentOptionError, UnknownAgent
+from .errors import AgentOptionError, RepeatedAgent, UnknownAgent
 from .suite import suites
 from .variants import variant_agent_factory
 
@@ -226,6 +226,23 @@ def resolve_agent(name, options: dict | None = None, contracts=None) -> AgentSpe
     if not callable(getattr(agent, "play", None)) and not callable(getattr(agent, "play_async", None)):
         raise UnknownAgent(f"agent {name!r} has no play(tools, case=None) method")
     return spec
+
+
+def resolve_agents(names, options: dict | None = None, contracts=None) -> list[AgentSpec]:
+    """`resolve_agent` of each name, with its options (`options[name]`); RepeatedAgent when two are one agent."""
+    options = options or {}
+    return unique_agents([resolve_agent(name, options.get(name), contracts=contracts) for name in names])
+
+
+def unique_agents(specs: list[AgentSpec]) -> list[AgentSpec]:
+    """`specs`, refused (RepeatedAgent) when two are one agent: a batch keeps each agent's results by its
+    identity, so one named twice played every case twice and graded the first cases twice in place of the rest."""
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.identity in seen:
+            raise RepeatedAgent(f"agent {spec.identity!r} is named twice: each agent plays each case once")
+        seen.add(spec.identity)
+    return specs
 
 
 def make_agent(name: str, **options):

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from .actions import parse_action
-from .agents import AgentSpec, AgentUnfinished, resolve_agent
+from .agents import AgentSpec, AgentUnfinished, resolve_agent, unique_agents
 from .cases import Case, CaseLines, contiguous, valid_text
 from .errors import GateError, NoRoom
 from .grading import grade
@@ -482,7 +482,7 @@ def play_cases(cases: Iterable[Case] | CaseLines, agents: list, *, sinks: Iterab
     same order, because every episode depends on its case alone. Given a case file's lines not yet
     parsed (`CaseLines`), each worker parses and checks its share of them; played in one process, they
     are parsed first, as `read_cases` would."""
-    specs = [spec_of(a) for a in agents]
+    specs = unique_agents([spec_of(a) for a in agents])
     sinks = tuple(sinks)
     if not isinstance(cases, CaseLines):
         cases = list(cases)

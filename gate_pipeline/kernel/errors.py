@@ -22,6 +22,11 @@ class AgentOptionError(GateError, ValueError):
     """The agent exists but does not take these options, or refuses their values."""
 
 
+class RepeatedAgent(GateError, ValueError):
+    """One agent (the same name and options) named twice for one batch: each agent plays each case once, and its
+    results are kept by its identity."""
+
+
 class NoRoom(GateError):
     """The machine had no room for what an episode needs, not the agent's doing: its database's pages (the
     disk, or the file-size limit, where SQLite keeps a large database's temporary file: `kernel.world.connect`),
