@@ -48,7 +48,7 @@ import stat
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 from sqlalchemy import (
     Column,
@@ -849,7 +849,7 @@ class RunStore:
             row = c.execute(select(episodes).where(episodes.c.episode_id == episode_id,
                                                    episodes.c.status == RUNNING)).mappings().first()
             if row is None or _has_an_end(row):  # ended, or a row altered to look running: left as it is
-                return False
+                return False  # (a running row has no seal yet: what the run's manifest names is checked by verify)
             end = {"status": ENDED, "end_reason": ABANDONED, "error": reason, "ended_at": time.time()}
             done = c.execute(update(episodes).where(episodes.c.episode_id == episode_id,
                                                     episodes.c.status == RUNNING)
@@ -1071,6 +1071,15 @@ class RunStore:
     def _manifest_seal(self, row: dict) -> str:
         return self._hmac([row.get(k) for k in MANIFEST_SEALED])
 
+    @staticmethod
+    def _holds(row: Mapping, seal_of) -> bool:
+        """Whether a stored row's seal is the one `seal_of` (the store's `seal` or `_manifest_seal`) makes of it. gate
+        seals a row again only when it holds: a row edited without the key is never vouched for by a writer with it."""
+        try:
+            return isinstance(row["seal"], str) and bool(row["seal"]) and hmac.compare_digest(row["seal"], seal_of(dict(row)))
+        except (TypeError, ValueError):
+            return False
+
     def seal_run(self, run_id: str, kind: str, body: dict) -> dict:
         """Record, when a run starts, what it must produce (`body`: its cases, agents, rollouts, the case
         file's hash, the gate version); a run sealed before keeps its manifest. The manifest, as stored."""
@@ -1107,10 +1116,7 @@ class RunStore:
         """A manifest row as read: its body and episodes parsed and their shape checked once, here (a row
         can be hostile, sealed or not). `problem` says what is wrong with one that is not readable; its
         body and episodes are then None."""
-        try:
-            sealed = bool(row["seal"]) and hmac.compare_digest(str(row["seal"]), self._manifest_seal(row))
-        except (TypeError, ValueError):
-            sealed = False
+        sealed = self._holds(row, self._manifest_seal)
         body, chosen = _json_or_none(row["body"]), _json_or_none(row["episodes"])
         problem = manifest_problem(row["kind"], body, row["status"], chosen)
         if problem is not None:
@@ -1120,8 +1126,8 @@ class RunStore:
     def _set_run(self, run_id: str, values: dict, unless: tuple[str, ...]) -> bool:
         with self.engine.begin() as c:
             row = c.execute(select(manifests).where(manifests.c.run_id == run_id)).mappings().first()
-            if row is None or row["status"] in unless:
-                return False
+            if row is None or row["status"] in unless or not self._holds(row, self._manifest_seal):
+                return False  # (a manifest whose seal fails is left as it is found, for `gate verify` to name)
             new = {**dict(row), **values}
             done = c.execute(update(manifests).where(manifests.c.run_id == run_id, manifests.c.status == row["status"])
                              .values(**values, seal=self._manifest_seal(new)))
@@ -1156,6 +1162,8 @@ class RunStore:
             row = c.execute(select(manifests).where(manifests.c.run_id == run_id)).mappings().first()
             if row is None or row["kind"] != API or row["status"] != OPEN:
                 raise StoreError(f"run {run_id!r} is not an open run of episodes stored through the Python API")
+            if not self._holds(row, self._manifest_seal):
+                raise StoreError(f"run {run_id!r}: its manifest was altered (its seal does not match); it is not completed")
             held = c.execute(select(episodes.c.episode_id, episodes.c.case_id, episodes.c.agent, episodes.c.rollout,
                                     episodes.c.status).where(episodes.c.run_id == run_id)
                              .order_by(episodes.c.started_at)).all()

@@ -661,3 +661,30 @@ def test_what_fails_its_checks_is_not_rebuilt_played_again_or_expanded(home, nig
     assert "warehouses rebuilt 7;" in out  # the night's eight but the broken one
     assert "run forged: its manifest was altered (its seal does not match)" in out
     assert "run forged: missing" not in out and len(out.splitlines()) < 40  # its 10**7 slots never listed
+
+
+def test_gate_never_seals_again_a_run_or_episode_whose_seal_failed(home, night, capsys):
+    """Closing a dead run sealed its manifest again without checking the seal it had: a forger who reopened a
+    night's manifest, deleted an episode and its summary, and left a free lock beside it had the next routine
+    `gate nightly` (or the grading sensor, every 15 s) vouch for the edit, and `gate verify` then said every
+    check holds."""
+    [run_id] = [r[0] for r in db(home).execute("SELECT run_id FROM manifests")]
+    naive = episode_of(home, "naive", BAD)
+    conn = db(home)
+    conn.execute("UPDATE manifests SET status = 'open', episodes = NULL")
+    for table in ("episodes", "ledger_entries", "warehouses"):
+        conn.execute(f"DELETE FROM {table} WHERE episode_id = ?", (naive,))
+    conn.execute("DELETE FROM nightly_scores")
+    (home / "locks").mkdir(exist_ok=True)
+    (home / "locks" / f"{run_id}.lock").touch()  # free: its process looks dead
+    code, out, _ = verify(capsys)
+    assert code == 1 and "its manifest was altered (its seal does not match)" in out, out
+    before = conn.execute("SELECT * FROM manifests").fetchall()
+    store = RunStore(Settings(home=home))
+    try:
+        assert store.close_dead_runs() == []
+        assert conn.execute("SELECT * FROM manifests").fetchall() == before  # left as the forger made it
+    finally:
+        store.dispose()
+    code, out, _ = verify(capsys)
+    assert code == 1 and "its manifest was altered (its seal does not match)" in out, out
