@@ -337,3 +337,24 @@ def test_potential_pays_decisions_as_they_move_the_state():
     assert loaded.reward > 0
     end = s.step(["submit_report", {"loaded": [good], "quarantined": [bad]}])
     assert end.terminated and abs(end.reward - (end.grade.reward - loaded.parts["potential"])) < 1e-9
+
+
+@pytest.mark.parametrize("mode", ["potential", "dense", "terminal"])
+def test_the_step_rewards_of_an_episode_cut_off_at_its_step_limit_sum_to_its_return(mode):
+    """A step that cut the episode off at max_steps returned the reward read before the episode was finished, so a
+    potential episode's last step kept Phi's gain where its return had given it back (-Phi at the end): a trainer
+    summing step rewards (the gymnasium env's, `gate serve`'s) paid 0.4 for an episode graded 0 that never reported."""
+    from gate_pipeline.kernel.engine import Session
+    case = read_cases(EVAL)[8]  # eval-amount-bounds-0: one bad orders batch, one clean
+    bad = next(b.batch_id for b in case.batches if b.defective)
+    good = next(b.batch_id for b in case.batches if not b.defective)
+    s = Session(prepare(case), reward=mode, stop_at_report=True, max_steps=5)
+    steps = [s.step(a) for a in (["read_contract", {}], ["profile_batch", {"batch_id": bad}],
+                                 ["profile_batch", {"batch_id": good}],
+                                 ["quarantine_batch", {"batch_id": bad, "column": "amount", "defect_type": "out_of_range"}],
+                                 ["load_batch", {"batch_id": good}])]
+    assert steps[-1].truncated and not steps[-1].terminated and steps[-1].grade.reward == 0.0
+    assert [st.reward for st in steps] == s.rewards
+    assert abs(sum(st.reward for st in steps) - s.result.total_reward) < 1e-12
+    if mode == "potential":
+        assert abs(s.result.total_reward + s.shaper.start) < 1e-9  # -Phi(s0): nothing paid for what it did

@@ -223,9 +223,9 @@ class Session:
         if self.stop_at_report and self.report_index is not None:
             finished = self.finish()
             return Step(result, reward + finished.grade.reward, True, False, parts, finished.grade)
-        if self.max_steps is not None and self.turn >= self.max_steps:
-            finished = self.finish()
-            return Step(result, reward, False, True, parts, finished.grade)
+        if self.max_steps is not None and self.turn >= self.max_steps:  # cut off: finishing pays what shaping
+            finished = self.finish()  # owes an episode that ends unreported (-Phi) into this step's reward
+            return Step(result, self.rewards[-1], False, True, parts, finished.grade)
         return Step(result, reward, False, False, parts)
 
     def _call(self, tool, args):
