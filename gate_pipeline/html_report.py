@@ -265,11 +265,24 @@ def render_html(grades: dict[str, list], title: str = "gate report", subtitle: s
             f"<body>\n{body}\n</body></html>\n")
 
 
+PAGE_MODE = 0o644  # a page is for anyone on the machine to open
+
+
 def write_html(path: str | Path, grades: dict[str, list], **kw) -> Path:
-    """Render the page (see render_html for the keywords) and write it to `path`."""
+    """Render the page (see render_html for the keywords) and put it at `path`: written to a file of its own in
+    the same folder, then renamed onto `path`, so whatever was there is replaced whole (a FIFO is never opened
+    and waited on, a symbolic link's target never written through) and a reader never sees half a page."""
     path = Path(path)
     text = render_html(grades, **kw)
-    path.write_text(text, encoding="utf-8")
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name[:100]}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(temp, PAGE_MODE)
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
     return path
 
 

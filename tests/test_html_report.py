@@ -216,3 +216,24 @@ def test_a_page_process_that_is_stuck_never_holds_the_caller(grades, tmp_path, m
     assert (tmp_path / "stuck-too.html").read_bytes() == render_html(many, title="night 2").encode()
     assert (tmp_path / "first.html").read_bytes() == render_html(grades, title="night").encode()
     assert not list(jobs.iterdir())
+
+
+def test_a_page_replaces_whatever_is_at_its_path_at_once_never_writing_through_it(tmp_path, grades):
+    """`GATE_HOME/scoreboard.html` was opened and written as found: a FIFO there held `gate nightly` (and the
+    Dagster job) for ever, and a symbolic link there had its target overwritten. A page is now written beside its
+    path and renamed onto it: what was there is replaced whole, and a reader never sees half a page."""
+    import os
+    import threading
+    fifo, link, victim = tmp_path / "fifo.html", tmp_path / "link.html", tmp_path / "victim.txt"
+    os.mkfifo(fifo)
+    victim.write_text("keep me")
+    link.symlink_to(victim)
+    for path in (fifo, link):
+        done = threading.Event()
+        worker = threading.Thread(target=lambda p=path, d=done: (write_html(p, grades, title="t"), d.set()), daemon=True)
+        worker.start()
+        assert done.wait(30), f"writing {path.name} waited"
+        assert path.is_file() and not path.is_symlink() and path.read_text().startswith("<!DOCTYPE html>")
+        assert oct(path.stat().st_mode & 0o777) == oct(0o644)
+    assert victim.read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo.html", "link.html", "victim.txt"]  # no temp left
