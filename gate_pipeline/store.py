@@ -1215,18 +1215,35 @@ class RunStore:
         return closed
 
     # -- Dagster step outputs (the nightly job's IO manager) ----------------------------------
+    def _output_seal(self, run_id: str, step_key: str, output: str, value: str) -> str:
+        head = json.dumps(["step output", run_id, step_key, output], ensure_ascii=True)
+        return hmac.new(self.key, f"{head}\n{value}".encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+
     def put_output(self, run_id: str, step_key: str, output: str, value: str) -> None:
-        """Keep one step output (JSON text); a step that runs again replaces what it wrote."""
+        """Keep one step output (JSON text), sealed under the store's key with the run, step and output it is;
+        a step that runs again replaces what it wrote."""
         key = (step_outputs.c.run_id == run_id) & (step_outputs.c.step_key == step_key) & (step_outputs.c.output == output)
+        sealed = f"{self._output_seal(run_id, step_key, output, value)}\n{value}"
         with self.engine.begin() as c:
             c.execute(step_outputs.delete().where(key))
-            c.execute(insert(step_outputs).values(run_id=run_id, step_key=step_key, output=output, value=value))
+            c.execute(insert(step_outputs).values(run_id=run_id, step_key=step_key, output=output, value=sealed))
 
     def get_output(self, run_id: str, step_key: str, output: str) -> str | None:
+        """A step output as `put_output` kept it (None if there is none). A step output is stored data that the next
+        step acts on (the agents it imports, the grades the scoreboard shows): one whose seal does not hold (edited,
+        moved from another run or step, or kept by another key) is a StoreError, never read."""
         with self.engine.connect() as c:
-            return c.execute(select(step_outputs.c.value).where(
+            text = c.execute(select(step_outputs.c.value).where(
                 step_outputs.c.run_id == run_id, step_outputs.c.step_key == step_key,
                 step_outputs.c.output == output)).scalar()
+        if text is None:
+            return None
+        seal, _, value = text.partition("\n") if isinstance(text, str) else ("", "", "")
+        if not value or not hmac.compare_digest(seal.encode("ascii", "replace"),
+                                                self._output_seal(run_id, step_key, output, value).encode("ascii")):
+            raise StoreError(f"step output {output!r} of step {step_key!r} in run {run_id}: its seal does not match "
+                             "(it was altered, or kept by another key or an older gate); it is not read: run the night again")
+        return value
 
 
 def _first_line(exc: BaseException) -> str:

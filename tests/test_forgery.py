@@ -22,7 +22,7 @@ from gate_pipeline.kernel.engine import Session, play, prepare
 from gate_pipeline.kernel.grading import grade_stored
 from gate_pipeline.kernel.ledger import last_hash
 from gate_pipeline.kernel.settings import Settings
-from gate_pipeline.store import RunStore, StoreSink, key_id, manifest_body
+from gate_pipeline.store import RunStore, StoreError, StoreSink, key_id, manifest_body
 from gate_pipeline.tables import summary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -688,3 +688,36 @@ def test_gate_never_seals_again_a_run_or_episode_whose_seal_failed(home, night, 
         store.dispose()
     code, out, _ = verify(capsys)
     assert code == 1 and "its manifest was altered (its seal does not match)" in out, out
+
+
+def test_a_step_output_is_read_only_as_its_step_kept_it(home):
+    """The nightly's step outputs (the plan, each chunk's grades, the scoreboard) were read back as stored: a grade
+    edited in a chunk's output was the re-executed night's scoreboard and regression line, and a plan edited to
+    name `this:Nope` made the run worker import `this`. Each is sealed now with the run, step and output it is."""
+    import dagster as dg
+
+    from gate_pipeline.dagster_defs.resources import StepOutputs
+    store = RunStore(Settings(home=home))
+    try:
+        store.put_output("run-1", "scoreboard.plan_nightly", "plan", '{"agents": ["naive"]}')
+        store.put_output("run-1", "scoreboard.plan_nightly", "chunks[cases_0000]", '{"agents": ["naive"]}')
+        assert store.get_output("run-1", "scoreboard.plan_nightly", "plan") == '{"agents": ["naive"]}'
+        assert store.get_output("run-1", "scoreboard.plan_nightly", "missing") is None
+        conn = db(home)
+        for edit in ("UPDATE step_outputs SET value = replace(value, 'naive', 'this:Nope') WHERE output = 'plan'",
+                     "UPDATE step_outputs SET value = '{\"agents\": [\"this:Nope\"]}' WHERE output = 'plan'",  # unsealed
+                     "UPDATE step_outputs SET value = (SELECT value FROM step_outputs WHERE output <> 'plan') "
+                     "WHERE output = 'plan'",  # another output's, sealed
+                     "UPDATE step_outputs SET value = CAST(value AS BLOB) WHERE output = 'plan'"):
+            store.put_output("run-1", "scoreboard.plan_nightly", "plan", '{"agents": ["naive"]}')
+            conn.execute(edit)
+            with pytest.raises(StoreError, match="'plan' of step 'scoreboard.plan_nightly' in run run-1: its seal does "
+                                                 "not match"):
+                store.get_output("run-1", "scoreboard.plan_nightly", "plan")
+        manager = StepOutputs(GateStore())
+        context = dg.build_input_context(upstream_output=dg.build_output_context(
+            run_id="run-1", step_key="scoreboard.plan_nightly", name="plan"))
+        with pytest.raises(dg.Failure, match="its seal does not match"):
+            manager.load_input(context)
+    finally:
+        store.dispose()

@@ -88,6 +88,8 @@ class StepOutputs(dg.IOManager):
         store = self.gate_store.open(once=True)
         try:
             text = store.get_output(*key)
+        except StoreError as exc:
+            raise dg.Failure(description=str(exc)) from None
         finally:
             store.dispose()
         if text is None:

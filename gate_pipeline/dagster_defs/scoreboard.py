@@ -34,7 +34,6 @@ from ..kernel.agents import AgentOptionError, UnknownAgent, resolve_agents
 from ..kernel.cases import Case, CaseError, cases_of_text, read_case_text, split_of, suite_of_cases
 from ..kernel.engine import play_cases
 from ..kernel.errors import RepeatedAgent
-from ..kernel.grading import grade_stored
 from ..kernel.records import Grade
 from ..store import NIGHTLY, StoreSink, manifest_body, process_name
 from ..tables import baseline_tables, summary
@@ -269,9 +268,8 @@ def build_scoreboard(context: dg.OpExecutionContext, parts: list, plan: dict, ga
         cases_file = plan["cases_file"]
         cases = _cases(cases_file, plan.get("cases_sha256"))
         grades: dict[str, list] = {a: [None] * len(cases) for a in agents}
-        for p in played:  # graded once, as each episode ended (a step output of an older gate: from the store)
-            grades[p["agent"]][p["index"]] = (Grade.from_dict(p["grade"]) if "grade" in p
-                                              else grade_stored(store.load(p["episode_id"])))
+        for p in played:  # graded once, as each episode ended (a step output is read only if its seal holds)
+            grades[p["agent"]][p["index"]] = Grade.from_dict(p["grade"])
         figures = summary(cases, grades)  # made once: the tables and the page show these figures too
         text = baseline_tables(cases, grades, split=split_of(Path(cases_file)), figures=figures)
         figures["cases_file"] = cases_file
