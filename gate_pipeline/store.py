@@ -1030,21 +1030,41 @@ class RunStore:
             return len(c.execute(select(grades.c.grade_seq).where(grades.c.episode_id == episode_id)).all())
 
     # -- nightly history ----------------------------------------------------------------------
+    def _summary_seal(self, run_id, text: str) -> str:
+        head = json.dumps(["nightly summary", run_id if isinstance(run_id, str) else ""], ensure_ascii=True)
+        return hmac.new(self.key, f"{head}\n{text}".encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+
     def add_nightly(self, summary: dict, run_id: str | None = None) -> int:
+        """Keep a night's summary, sealed under the store's key with its run (the text: the seal, a newline, the JSON)."""
+        text = json.dumps(summary, sort_keys=True)
         with self.engine.begin() as c:
             result = c.execute(insert(nightly).values(run_id=run_id, at=time.time(),
-                                                      summary=json.dumps(summary, sort_keys=True)))
+                                                      summary=f"{self._summary_seal(run_id, text)}\n{text}"))
             return int(result.inserted_primary_key[0])
 
+    def _kept_summary(self, row: Mapping) -> tuple[object, bool]:
+        """(a kept summary parsed, or None when it does not parse; whether its seal holds). A summary kept by an older
+        gate is its JSON alone, unsealed."""
+        text = row["summary"]
+        if not isinstance(text, str):
+            return None, False
+        seal, newline, rest = text.partition("\n")
+        if not newline:
+            return _json_or_none(text), False
+        sealed = hmac.compare_digest(seal.encode("ascii", "replace"),
+                                     self._summary_seal(row["run_id"], rest).encode("ascii"))
+        return _json_or_none(rest), sealed
+
     def nightly_history(self, limit: int = 30) -> list[dict]:
-        """The last `limit` nightly summaries that are readable, oldest first: {night, run_id, at, summary}. A
-        kept summary is a cache: one that does not parse, or is not the shape the scoreboard writes, is
-        skipped (`gate verify` names it), never an error."""
+        """The last `limit` nightly summaries that are readable, oldest first: {night, run_id, at, summary}: what the
+        scoreboard's history shows and the regression line compares with. A kept summary is a cache: one that does
+        not parse, is not the shape the scoreboard writes, or whose seal does not hold (edited, or kept by an older
+        gate) is skipped (`gate verify` recomputes each), never an error, never believed."""
         kept: list[dict] = []
         with self.engine.connect() as c:
             for r in c.execute(select(nightly).order_by(nightly.c.night_seq.desc())).mappings():
-                summary = _json_or_none(r["summary"])
-                if summary_problem(summary) is None:
+                summary, sealed = self._kept_summary(r)
+                if sealed and summary_problem(summary) is None:
                     kept.append({"night": r["night_seq"], "run_id": r["run_id"], "at": r["at"], "summary": summary})
                     if len(kept) >= limit:
                         break
@@ -1052,12 +1072,12 @@ class RunStore:
 
 
     def nights(self) -> list[dict]:
-        """Every nightly summary as kept (a cache `gate verify` recomputes): {night, run_id, at, summary}; a
+        """Every nightly summary as kept (a cache `gate verify` recomputes): {night, run_id, at, summary, sealed}; a
         summary that does not parse comes back as None."""
         with self.engine.connect() as c:
             rows = c.execute(select(nightly).order_by(nightly.c.night_seq)).mappings().all()
-        return [{"night": r["night_seq"], "run_id": r["run_id"], "at": r["at"], "summary": _json_or_none(r["summary"])}
-                for r in rows]
+        return [{"night": r["night_seq"], "run_id": r["run_id"], "at": r["at"], "summary": kept, "sealed": sealed}
+                for r in rows for kept, sealed in [self._kept_summary(r)]]
 
     def all_grades(self) -> list[dict]:
         """Every kept grade row (a cache `gate verify` recomputes): {grade_seq, episode_id, case_id, agent, grade}."""

@@ -148,7 +148,7 @@ def test_an_inserted_grade_and_an_edited_score_are_caught_and_never_published(ho
     conn.execute("INSERT INTO grades (episode_id, case_id, agent, grade, graded_at) VALUES (?, ?, 'naive', ?, 0)",
                  (fake["episode_id"], BAD, json.dumps(fake)))
     conn.execute("UPDATE grades SET grade = ? WHERE episode_id = ?", (json.dumps({**kept, "reward": 1.0}), naive))
-    summary = json.loads(conn.execute("SELECT summary FROM nightly_scores").fetchone()[0])
+    summary = json.loads(conn.execute("SELECT summary FROM nightly_scores").fetchone()[0].partition("\n")[2])
     summary["agents"]["naive"]["reward"] = 1.0
     conn.execute("UPDATE nightly_scores SET summary = ?", (json.dumps(summary),))
     code, out, _ = verify(capsys)
@@ -445,7 +445,7 @@ def test_deleting_the_manifests_does_not_make_a_night_or_its_episodes_unchecked(
     naive = episode_of(home, "naive", BAD)
     conn = db(home)
     conn.execute("DELETE FROM manifests")
-    kept = json.loads(conn.execute("SELECT summary FROM nightly_scores").fetchone()[0])
+    kept = json.loads(conn.execute("SELECT summary FROM nightly_scores").fetchone()[0].partition("\n")[2])
     kept["agents"]["naive"]["reward"] = 0.99
     conn.execute("UPDATE nightly_scores SET summary = ?", (json.dumps(kept),))
     for table in ("ledger_entries", "warehouses", "episodes"):
@@ -721,3 +721,24 @@ def test_a_step_output_is_read_only_as_its_step_kept_it(home):
             manager.load_input(context)
     finally:
         store.dispose()
+
+
+@pytest.mark.parametrize("sealed", [True, False])
+def test_an_edited_summary_is_never_the_regression_lines_or_the_historys(home, night, capsys, sealed):
+    """The regression line compared tonight with the previous night's kept summary as stored: raised to 0.95, it
+    reported naive falling 0.9500 -> 0.5500, and the history showed the raised figure. A kept summary is sealed
+    with its run now; one edited (under its old seal, or as bare JSON) is neither compared with nor shown."""
+    conn = db(home)
+    text = conn.execute("SELECT summary FROM nightly_scores").fetchone()[0]
+    seal, _, body = text.partition("\n")
+    kept = json.loads(body)
+    kept["agents"]["naive"]["reward"] = 0.95
+    edited = json.dumps(kept, sort_keys=True)
+    conn.execute("UPDATE nightly_scores SET summary = ?", (f"{seal}\n{edited}" if sealed else edited,))
+    assert RunStore().nightly_history() == []
+    assert main(["nightly", "--cases", str(night), "--agents", "naive,careful"]) == 0
+    out = capsys.readouterr().out
+    assert "REGRESSION" not in out and "0.9500" not in out, out
+    assert "nightly history (mean reward):\n  night    2  four.jsonl  careful 1.0000  naive 0.5500\n" in out
+    code, out, _ = verify(capsys)
+    assert code == 1 and "night 1: the kept summary differs from a fresh one (naive reward: 0.95 kept, 0.55 fresh)" in out

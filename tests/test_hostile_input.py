@@ -746,11 +746,13 @@ def test_a_file_that_is_no_case_file_is_not_overwritten_by_generate_or_export(tm
 
 
 def test_stored_nightly_summaries_cannot_forge_lines_of_the_history(tmp_path, monkeypatch, capsys):
-    """A stored summary is anyone's to edit: its agent names and case file were printed as they were (a newline
-    made a line of its own, an escape coloured the terminal), and a reward of -1e308 as 300 digits."""
+    """A stored summary's agent names and case file were printed as they were (a newline made a line of its own, an
+    escape coloured the terminal), and a reward of -1e308 as 300 digits. (One edited without the store's key is not
+    shown at all: tests/test_forgery.py.)"""
     import sqlite3
 
     from gate_pipeline.cli.main import main
+    from gate_pipeline.store import RunStore
     monkeypatch.setenv("GATE_HOME", str(tmp_path / "home"))
     one = tmp_path / "one.jsonl"
     one.write_text(EVAL.read_text().splitlines()[0] + "\n")
@@ -758,9 +760,14 @@ def test_stored_nightly_summaries_cannot_forge_lines_of_the_history(tmp_path, mo
     forged = {"agents": {"naive\nnight    7  forged  careful 1.0000": {"reward": 0.5}, "\x1b[31mRED": {"reward": -1e308}},
               "cases_file": "a\rb"}
     db = sqlite3.connect(tmp_path / "home" / "runs.db")
-    db.execute("UPDATE nightly_scores SET summary = ?", (json.dumps(forged),))
+    db.execute("DELETE FROM nightly_scores")
     db.commit()
     db.close()
+    store = RunStore()  # sealed, as a writer with the key keeps it: an edit without the key is never shown at all
+    try:
+        store.add_nightly(forged, "forged-run")
+    finally:
+        store.dispose()
     capsys.readouterr()
     assert main(["nightly", "--cases", str(one), "--agents", "naive"]) == 0
     out = capsys.readouterr().out
