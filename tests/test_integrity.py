@@ -526,3 +526,27 @@ def test_a_stored_schema_is_never_renamed_for_the_compile_checks_cache(monkeypat
                        "CREATE VIEW v AS SELECT amount FROM wh_orders;")
     image = conn.serialize()
     assert read_mart(image, "w", hashlib.sha256(image).hexdigest()) == 12.5
+
+
+@pytest.mark.parametrize("edit", [
+    "UPDATE episodes SET status = 'running', run_id = CAST(run_id AS BLOB) WHERE episode_id = :broken",
+    "UPDATE episodes SET status = 'running', run_id = 12345 WHERE episode_id = :broken",
+])
+def test_a_hostile_running_row_never_stops_the_grading_sensor(home, edit):
+    """A running episode whose run id was edited into bytes raised Dagster's CheckError out of every tick, before
+    anything was graded; a cursor of '²' (a digit to str.isdigit) or of 23 digits raised too."""
+    import dagster as dg
+
+    from gate_pipeline.dagster_defs.definitions import defs
+    from gate_pipeline.dagster_defs.resources import GateStore
+    from gate_pipeline.dagster_defs.sensors import last_grade
+    _, broken = stored_episode("careful-sql", "eval-resent-rows-0")
+    _, fine = stored_episode("careful-sql", "eval-label-drift-1")
+    db(home).execute(edit, {"broken": broken.episode_id})
+    with dg.DagsterInstance.ephemeral() as instance:
+        context = dg.build_sensor_context(instance=instance, resources={"gate_store": GateStore()})
+        data = defs.resolve_sensor_def("grading_sensor").evaluate_tick(context)
+    observed = {e.metadata["careful-sql/episode_id"].value for e in data.asset_events}
+    assert fine.episode_id in observed
+    for cursor, seq in (("\u00b2", 0), ("9" * 23, 0), ("12 graded", 12), ("-5", 0), (None, 0)):
+        assert last_grade(cursor) == seq

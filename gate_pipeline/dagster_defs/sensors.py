@@ -54,8 +54,8 @@ def run_end_reason(instance: dg.DagsterInstance, run: dg.DagsterRun) -> str:
 def close_abandoned(store, instance: dg.DagsterInstance) -> list[str]:
     """Close episodes still open whose Dagster run has finished (they can never end otherwise)."""
     closed = [eid for _, eids in store.close_dead_runs() for eid in eids]  # nights whose process died here
-    for ep in store.episodes(status=RUNNING):
-        run = instance.get_run_by_id(ep["run_id"]) if ep["run_id"] else None
+    for ep in store.episodes(status=RUNNING):  # (a run id edited into something else names no Dagster run)
+        run = instance.get_run_by_id(ep["run_id"]) if isinstance(ep["run_id"], str) and ep["run_id"] else None
         if run is not None and run.is_finished and store.close_abandoned(ep["episode_id"],
                                                                          run_end_reason(instance, run)):
             closed.append(ep["episode_id"])
@@ -136,8 +136,8 @@ def graded_summary(grades: list[dict], listed: int = 3) -> str:
 
 def last_grade(cursor: str | None) -> int:
     """The grade sequence number a cursor starts with (the rest of it is for people)."""
-    head = (cursor or "").split(" ", 1)[0]
-    return int(head) if head.isdigit() else 0
+    head = (cursor or "").split(" ", 1)[0]  # ASCII digits, and few enough for a row number ("²" is a digit to isdigit)
+    return int(head) if re.fullmatch(r"[0-9]{1,18}", head) else 0
 
 
 @dg.sensor(minimum_interval_seconds=15, default_status=dg.DefaultSensorStatus.RUNNING,
