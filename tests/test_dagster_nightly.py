@@ -242,3 +242,27 @@ def test_an_agent_named_twice_is_refused_before_anything_is_played(home, capsys,
     [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
     assert "agent 'naive' is named twice" in failure.event_specific_data.error.message
     assert not RunStore().episodes()
+
+
+def test_a_completed_night_is_not_played_again_by_a_re_execution(home, tmp_path, capsys):
+    """"Re-execute all" of a night that completed played it again as a continuation of it, whose manifest stayed
+    open for good, and kept a second summary `gate verify` could not recompute: a store that read as tampered
+    after a routine click. The re-execution now fails at its first step, saying so, and plays nothing."""
+    from interrupted_nightly import nightly_job
+    two = tmp_path / "two.jsonl"
+    write_cases(two, [c.data for c in read_cases(EVAL)[:2]])
+    with dg.instance_for_test() as instance:
+        with dg.execute_job(dg.reconstructable(nightly_job), instance,
+                            run_config=nightly_run_config(cases_file=str(two), agents=["naive"])) as first:
+            assert first.success
+            parent = first.run_id
+        with dg.execute_job(dg.reconstructable(nightly_job), instance, raise_on_error=False,
+                            reexecution_options=dg.ReexecutionOptions(parent_run_id=parent)) as again:
+            assert not again.success
+            [failure] = [e for e in again.all_events if e.event_type_value == "STEP_FAILURE"]
+            assert failure.step_key == "scoreboard.plan_nightly"
+            assert f"night {parent} completed" in failure.event_specific_data.error.message
+    store = RunStore()
+    assert len(store.episodes()) == 2 and len(store.nightly_history()) == 1
+    assert [m["run_id"] for m in store.manifests()] == [parent]
+    assert main(["verify"]) == 0 and "every check holds" in capsys.readouterr().out

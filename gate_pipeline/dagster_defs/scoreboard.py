@@ -35,7 +35,7 @@ from ..kernel.cases import Case, CaseError, cases_of_text, read_case_text, split
 from ..kernel.engine import play_cases
 from ..kernel.errors import RepeatedAgent
 from ..kernel.records import Grade
-from ..store import NIGHTLY, StoreSink, manifest_body, process_name
+from ..store import COMPLETE, NIGHTLY, StoreSink, manifest_body, process_name
 from ..tables import baseline_tables, summary
 from .bridge import ToolBridge
 from .catalog import CODE_VERSION, OWNERS, AgentName
@@ -148,6 +148,7 @@ def plan_nightly(context: dg.OpExecutionContext, config: NightlyConfig, case_lib
     who = "gate nightly" if context.run.tags.get("gate/trigger") == "cli" else f"the Dagster run {context.run.run_id}"
     store = gate_store.open()
     try:  # sealed before anything is played: what the night must produce
+        _refuse_a_completed_night(context, store)
         store.seal_run(context.run.run_id, NIGHTLY, manifest_body(cases, cases_file, specs, 1, process_name(who)))
     finally:
         store.dispose()
@@ -168,6 +169,16 @@ def plan_nightly(context: dg.OpExecutionContext, config: NightlyConfig, case_lib
 def _root(context) -> str:
     """The run a re-execution re-executes (its manifest is the night's), else the run itself."""
     return context.run.root_run_id or context.run.run_id
+
+
+def _refuse_a_completed_night(context, store) -> None:
+    """A re-execution of a night that completed ("Re-execute all" of a night that succeeded) would play it again as a
+    continuation of it that never completes, and keep a second summary of it: a Failure, before anything is played."""
+    root = _root(context)
+    manifest = store.manifest(root) if root != context.run.run_id else None
+    if manifest is not None and manifest["status"] == COMPLETE:
+        raise dg.Failure(description=f"nightly: night {root} completed; a completed night is not played again "
+                                     "(launch the nightly job anew for another night)")
 
 
 def _played(indices: list[int], cases: int, agents: int) -> str:
@@ -264,6 +275,7 @@ def build_scoreboard(context: dg.OpExecutionContext, parts: list, plan: dict, ga
         played += _play(context, {**plan, "indices": missing}, gate_store, case_library)
     store = gate_store.open(once=True)
     try:
+        _refuse_a_completed_night(context, store)
         agents = identities
         cases_file = plan["cases_file"]
         cases = _cases(cases_file, plan.get("cases_sha256"))
