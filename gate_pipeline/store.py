@@ -1036,11 +1036,14 @@ class RunStore:
 
     def add_nightly(self, summary: dict, run_id: str | None = None) -> int:
         """Keep a night's summary, sealed under the store's key with its run (the text: the seal, a newline, the JSON)."""
-        text = json.dumps(summary, sort_keys=True)
         with self.engine.begin() as c:
-            result = c.execute(insert(nightly).values(run_id=run_id, at=time.time(),
-                                                      summary=f"{self._summary_seal(run_id, text)}\n{text}"))
-            return int(result.inserted_primary_key[0])
+            return self._add_nightly(c, summary, run_id)
+
+    def _add_nightly(self, c, summary: dict, run_id: str | None) -> int:
+        text = json.dumps(summary, sort_keys=True)
+        result = c.execute(insert(nightly).values(run_id=run_id, at=time.time(),
+                                                  summary=f"{self._summary_seal(run_id, text)}\n{text}"))
+        return int(result.inserted_primary_key[0])
 
     def _kept_summary(self, row: Mapping) -> tuple[object, bool]:
         """(a kept summary parsed, or None when it does not parse; whether its seal holds). A summary kept by an older
@@ -1143,20 +1146,37 @@ class RunStore:
             body = chosen = None
         return {**row, "body": body, "episodes": chosen, "sealed": sealed, "problem": problem}
 
-    def _set_run(self, run_id: str, values: dict, unless: tuple[str, ...]) -> bool:
-        with self.engine.begin() as c:
-            row = c.execute(select(manifests).where(manifests.c.run_id == run_id)).mappings().first()
-            if row is None or row["status"] in unless or not self._holds(row, self._manifest_seal):
-                return False  # (a manifest whose seal fails is left as it is found, for `gate verify` to name)
-            new = {**dict(row), **values}
-            done = c.execute(update(manifests).where(manifests.c.run_id == run_id, manifests.c.status == row["status"])
-                             .values(**values, seal=self._manifest_seal(new)))
+    def _set_run(self, run_id: str, values: dict, unless: tuple[str, ...], c=None) -> bool:
+        """Seal run `run_id`'s manifest again with `values`, unless its status is one of `unless` or its seal does not
+        hold; in the transaction of connection `c` when given, else in one of its own."""
+        if c is None:
+            with self.engine.begin() as c:
+                return self._set_run(run_id, values, unless, c)
+        row = c.execute(select(manifests).where(manifests.c.run_id == run_id)).mappings().first()
+        if row is None or row["status"] in unless or not self._holds(row, self._manifest_seal):
+            return False  # (a manifest whose seal fails is left as it is found, for `gate verify` to name)
+        new = {**dict(row), **values}
+        done = c.execute(update(manifests).where(manifests.c.run_id == run_id, manifests.c.status == row["status"])
+                         .values(**values, seal=self._manifest_seal(new)))
         return done.rowcount == 1
+
+    @staticmethod
+    def _completed(chosen: list[tuple[str, str, int, str]]) -> dict:
+        return {"status": COMPLETE, "episodes": json.dumps([list(x) for x in chosen]), "closed_at": time.time()}
 
     def complete_run(self, run_id: str, chosen: list[tuple[str, str, int, str]]) -> bool:
         """Seal a run as complete with the episodes that count, one per (case, agent, rollout)."""
-        return self._set_run(run_id, {"status": COMPLETE, "episodes": json.dumps([list(x) for x in chosen]),
-                                      "closed_at": time.time()}, unless=(COMPLETE,))
+        return self._set_run(run_id, self._completed(chosen), unless=(COMPLETE,))
+
+    def complete_night(self, night: str, chosen: list[tuple[str, str, int, str]], summary: dict,
+                       kept_by: str) -> tuple[int, bool]:
+        """A night's end, in one transaction: its summary kept (by run `kept_by`: the night, or its re-execution) and
+        its manifest sealed as complete (`complete_run`), so a process killed in between leaves neither (a summary kept
+        for a night left open once read as a night whose episodes were missing). (The summary's number, whether the
+        manifest was completed.)"""
+        with self.engine.begin() as c:
+            number = self._add_nightly(c, summary, kept_by)
+            return number, self._set_run(night, self._completed(chosen), unless=(COMPLETE,), c=c)
 
     def close_run(self, run_id: str, status: str) -> bool:
         """Seal an open run as ended without completing (STOPPED: its process stopped it; DIED: it died)."""

@@ -178,3 +178,35 @@ def test_the_grading_sensor_closes_a_night_whose_process_died(home, tmp_path, ca
     assert abandoned[f"{agent}/reward"].value == 0.0 and "died" in abandoned[f"{agent}/reason"].value
     store.dispose()
     assert main(["verify"]) == 0 and "its process died" in capsys.readouterr().out
+
+
+def test_a_night_killed_as_it_ends_keeps_its_summary_only_with_its_completed_manifest(tmp_path, monkeypatch, capsys):
+    """The summary was kept, then the manifest completed, in two transactions: a night killed in between kept a
+    summary of a night that stayed open, and `gate verify` failed for good on it ("an episode ... is missing", all
+    there). Both are one transaction now: killed in it, the night keeps neither, and is closed as died."""
+    from gate_pipeline.cli.main import main
+    from gate_pipeline.store import RunStore
+    monkeypatch.setenv("GATE_HOME", str(tmp_path / "home"))
+    two = tmp_path / "two.jsonl"
+    two.write_text("".join(EVAL.read_text().splitlines(keepends=True)[:2]))
+    real = RunStore._set_run
+
+    def killed_inside_the_nights_end(self, run_id, values, unless, c=None):
+        if c is not None:
+            raise KeyboardInterrupt  # as kill -9 would stop it: the transaction never commits
+        return real(self, run_id, values, unless, c)
+
+    monkeypatch.setattr(RunStore, "_set_run", killed_inside_the_nights_end)
+    assert main(["nightly", "--cases", str(two), "--agents", "naive"]) != 0
+    monkeypatch.setattr(RunStore, "_set_run", real)
+    store = RunStore()
+    try:
+        assert store.nights() == [] and [m["status"] for m in store.manifests()] == ["open"]
+    finally:
+        store.dispose()
+    capsys.readouterr()
+    assert main(["nightly", "--cases", str(two), "--agents", "naive"]) == 0
+    assert "whose process died" in capsys.readouterr().err
+    assert main(["verify"]) == 0
+    out = capsys.readouterr().out
+    assert "every check holds" in out and "cannot be recomputed" not in out, out

@@ -287,9 +287,9 @@ def build_scoreboard(context: dg.OpExecutionContext, parts: list, plan: dict, ga
         figures["cases_file"] = cases_file
         previous = store.nightly_history(1)
         fell = regressions(previous[0]["summary"] if previous else None, figures)
-        night = store.add_nightly(figures, context.run.run_id)
         store.continue_run(context.run.run_id, _root(context))
-        store.complete_run(_root(context), [(cases[p["index"]].case_id, p["agent"], 0, p["episode_id"]) for p in played])
+        night, _ = store.complete_night(_root(context), [(cases[p["index"]].case_id, p["agent"], 0, p["episode_id"])
+                                                         for p in played], figures, context.run.run_id)
         history = store.nightly_history(HISTORY_NIGHTS)
         page = _write_page(store.home / "scoreboard.html", grades, text, night, figures)
     finally:
