@@ -603,3 +603,70 @@ def test_mcp_lists_the_tools_gate_run_sends_and_plays_an_episode_to_its_reward()
             assert status == 200 and answer["jsonrpc"] == "2.0" and answer["error"]["code"] == code, (body, answer)
     finally:
         stopped_cleanly(proc, err)
+
+
+def test_a_text_frame_that_is_not_utf8_is_closed_1007_without_a_traceback():
+    """uvicorn logged a whole traceback for each text frame that was not UTF-8: a loop of them wrote 1.1 MB of
+    log in 3 s. The connection is still closed with 1007 (invalid data), and the log says nothing."""
+    import struct
+    proc, url, err = start_server("--cases", str(EVAL))
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    try:
+        for _ in range(3):
+            sock = _too_big_on_a_raw_websocket(host, int(port), send_big=False)
+            payload = b'{"type":"\xff"}'
+            sock.sendall(b"\x81" + struct.pack("!B", 0x80 | len(payload)) + b"\0\0\0\0" + payload)  # masked, zero key
+            sock.settimeout(5)
+            frame = sock.recv(64)
+            assert frame[:1] == b"\x88" and struct.unpack("!H", frame[2:4])[0] == 1007, frame
+            sock.close()
+        assert request(url, "GET", "/health")[0] == 200
+    finally:
+        log = stopped_cleanly(proc, err)
+    assert "Invalid UTF-8" not in log and "UnicodeDecodeError" not in log, log[-2000:]
+
+
+def test_upgraded_websockets_count_against_the_per_client_connection_cap():
+    """A WebSocket stopped counting as a connection once upgraded, even when the session cap then refused it and its
+    closing handshake held the socket ~10 s: two processes of one client held 12,934 descriptors of the server's.
+    It counts now until its socket is gone, so one client holds at most 1,024, whatever they became."""
+    import resource
+    import select
+    import socket
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2048:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    proc, url, err = start_server("--cases", str(EVAL), "--max-sessions", "1")
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    key = base64.b64encode(os.urandom(16)).decode()
+    upgrade = (f"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+               f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode()
+    held, reset = [], 0
+
+    def gone(sock) -> bool:
+        try:
+            return sock.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
+    try:
+        for _ in range(1100):  # each upgraded, then refused (the server is full), never answered or closed
+            sock = socket.create_connection((host, int(port)))
+            held.append(sock)
+            try:
+                sock.sendall(upgrade)
+            except OSError:  # closed as it opened
+                reset += 1
+        time.sleep(1.0)
+        descriptors = len(os.listdir(f"/proc/{proc.pid}/fd"))
+        poll = select.poll()
+        for sock in held:
+            poll.register(sock, select.POLLIN)
+        readable = {fd for fd, _ in poll.poll(0)}
+        reset += sum(1 for sock in held if sock.fileno() in readable and gone(sock))
+        assert reset >= 1100 - 1024 and descriptors < 1024 + 100, (reset, descriptors)
+        assert request(url, "GET", "/health", source="127.0.0.2")[0] == 200  # another client is served
+    finally:
+        for sock in held:
+            sock.close()
+        stopped_cleanly(proc, err)

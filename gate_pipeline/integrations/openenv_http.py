@@ -12,9 +12,10 @@ connections took every file descriptor. `gate serve` speaks HTTP through h11 ins
   opening or from the answer before it: a connection still sending a request then is closed (a
   request that has arrived takes as long as its answer takes; a WebSocket, once upgraded, is the
   session's business: its idle and stall timeouts);
-- at most `CONNECTIONS_PER_CLIENT` HTTP connections open at once per client: one more is closed as
-  it opens. A WebSocket stops counting here once it is upgraded (its session counts against
-  `--max-sessions` and `--max-per-client`).
+- at most `CONNECTIONS_PER_CLIENT` connections open at once per client: one more is closed as it
+  opens. A WebSocket counts until its socket is gone, whether its session was opened or refused
+  (a refused one's closing handshake holds the socket for seconds); its session also counts against
+  `--max-sessions` and `--max-per-client`.
 
 A WebSocket that sends a message over its 1 MiB is failed by its protocol with close code 1009
 ("message too big"). uvicorn then closes the socket at once, while the client is still sending the rest of
@@ -35,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -91,18 +92,26 @@ def protocol_class(request_seconds: float = REQUEST_SECONDS,
                 self._arm()  # the next request has as long from here
 
         def handle_websocket_upgrade(self, event: h11.Request) -> None:
-            self._release()  # a session now: counted by the server's sessions
+            self._disarm()  # a session's now (its idle and stall timeouts); still this client's connection
             super().handle_websocket_upgrade(event)
+            upgraded = self.transport.get_protocol()
+            if upgraded is not self and isinstance(upgraded, ClosingWebSocket):
+                upgraded.on_lost = self._release  # counted until its socket is gone, refused or lingering too
+            else:
+                self._release()
 
         def _arm(self) -> None:
             if self._timer is not None:
                 self._timer.cancel()
             self._timer = self.loop.call_later(request_seconds, self._late)
 
-        def _release(self) -> None:
+        def _disarm(self) -> None:
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
+
+        def _release(self) -> None:
+            self._disarm()
             if self._key is not None:
                 left = open_by_client[self._key] - 1
                 if left:
@@ -129,6 +138,20 @@ class ClosingWebSocket(WebSocketsSansIOProtocol):
 
     _failed = False
     lingering: ClassVar[set[ClosingWebSocket]] = set()  # of every server in the process (one, but for tests)
+    on_lost: Callable[[], None] | None = None  # the HTTP connection's count of its client, released as it goes
+
+    def send_receive_event_to_app(self) -> None:
+        """A text message that is not UTF-8 is failed with 1007 (invalid data) as uvicorn fails it, but without the
+        traceback uvicorn logs for each one (a loop of them filled the log)."""
+        if self.curr_msg_data_type == "text" and not self.close_sent:
+            try:
+                b"".join(self.frames).decode()
+            except UnicodeDecodeError:
+                self.frames = []
+                self.conn.send_close(1007)
+                self.handle_parser_exception()
+                return
+        super().send_receive_event_to_app()
 
     def data_received(self, data: bytes) -> None:
         if not self._failed:
@@ -163,4 +186,7 @@ class ClosingWebSocket(WebSocketsSansIOProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lingering.discard(self)
+        if self.on_lost is not None:
+            self.on_lost, release = None, self.on_lost
+            release()
         super().connection_lost(exc)
