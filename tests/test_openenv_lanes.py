@@ -213,3 +213,35 @@ def test_a_session_back_from_a_long_call_is_never_queued_behind_other_sessions_l
     finally:
         lanes.shutdown()
     assert max(waits) < 0.25, waits
+
+
+def test_the_baton_takes_turns_between_clients_not_queries():
+    """Turns went to queries first come first served: a client with 56 sessions of long queries took 56 turns of
+    every 57, and another client's one query waited past its 30 s and came back `interrupted`. Now the baton goes
+    to the client served longest ago (first come first served among one client's queries)."""
+    from gate_pipeline.integrations.openenv_lanes import Baton, _Turn
+    baton = Baton(turn_s=0.01)
+    far = time.monotonic() + 30
+    noisy = [_Turn("noisy") for _ in range(4)]
+    quiet = _Turn("quiet")
+    assert baton.take(noisy[0], far) == 0.0
+    order, threads = [], []
+
+    def wait_for_the_baton(turn, name):
+        baton.take(turn, far)
+        order.append(name)
+
+    for name, turn in [("noisy 1", noisy[1]), ("noisy 2", noisy[2]), ("noisy 3", noisy[3]), ("quiet", quiet)]:
+        threads.append(threading.Thread(target=wait_for_the_baton, args=(turn, name)))
+        threads[-1].start()
+        while turn not in baton._waiting:  # queued in this order
+            time.sleep(0.001)
+    for k, turn in enumerate([noisy[0], quiet, noisy[1], noisy[2]]):
+        baton.give_up(turn)  # each query ends as soon as it has its turn
+        while len(order) < k + 1:
+            time.sleep(0.001)
+    baton.give_up(noisy[3])
+    for thread in threads:
+        thread.join()
+    assert order == ["quiet", "noisy 1", "noisy 2", "noisy 3"]
+    assert baton._holder is None and not baton._waiting

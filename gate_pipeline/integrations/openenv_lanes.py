@@ -23,7 +23,8 @@ time before it starts (a duty cycle: the session rests, no thread does, so no ot
 not have it, waiting without the GIL and without CPU, until its turn comes (its wait does not count
 against its time budget, up to `kernel.sandbox.MAX_WAIT_S` in all: a query waiting then is stopped
 by its budget as ever, `interrupted`); the holder passes it on after a turn of
-`slice_s` seconds when others wait, first come first served, the next turn starting after a turn's rest. So the long queries of all sessions
+`slice_s` seconds when others wait, to the client served longest ago (first come first served among one
+client's queries), the next turn starting after a turn's rest. So the long queries of all sessions
 together use at most one CPU, at the lowest priority. Why one at a time, when each runs in SQLite
 without the GIL: a running query takes the GIL back at every progress check (every 1,000 SQLite
 steps, about every 2 ms for string work), and a thread at the lowest priority that has asked for
@@ -68,25 +69,32 @@ class _Worker:
 
 
 class _Turn:
-    """A query's place on the baton."""
+    """A query's place on the baton; `owner`, the client whose query it is (None: nobody's in particular)."""
 
-    __slots__ = ("granted", "since")
+    __slots__ = ("granted", "since", "owner")
 
-    def __init__(self) -> None:
+    def __init__(self, owner: Any = None) -> None:
         self.granted = threading.Event()
         self.since = 0.0
+        self.owner = owner
 
 
 class Baton:
     """One long query runs at a time; the others wait for their turn at their progress checks (in a wait
-    that holds neither the GIL nor a CPU), first come first served, a turn being `turn_s` seconds while
-    others wait. A query still waiting at the deadline it gives goes on (and is stopped by its budget)."""
+    that holds neither the GIL nor a CPU), a turn being `turn_s` seconds while others wait. The next turn is
+    the waiting query of the client (`_Turn.owner`) served longest ago, first come first served among one
+    client's: a client with many sessions of long queries gets a turn as often as a client with one. A query
+    still waiting at the deadline it gives goes on (and is stopped by its budget)."""
+
+    OWNERS = 4096  # clients whose last turn is remembered (then those with no query waiting are forgotten)
 
     def __init__(self, turn_s: float):
         self.turn_s = turn_s
         self._lock = threading.Lock()
         self._holder: _Turn | None = None
         self._waiting: collections.deque[_Turn] = collections.deque()
+        self._served: dict[Any, int] = {}  # owner -> the number of the last turn it was given
+        self._turns = 0
 
     def take(self, turn: _Turn, deadline: float) -> float:
         """Return when `turn` has the baton, or at `deadline`; the seconds it waited."""
@@ -96,7 +104,7 @@ class Baton:
                     return 0.0  # its turn goes on
                 self._pass_on()
             elif self._holder is None and not self._waiting:
-                self._holder, turn.since = turn, time.monotonic()
+                self._grant(turn)
                 return 0.0
             turn.granted.clear()
             self._waiting.append(turn)
@@ -121,9 +129,19 @@ class Baton:
     def _pass_on(self) -> None:
         self._holder = None
         if self._waiting:
-            turn = self._waiting.popleft()
-            self._holder, turn.since = turn, time.monotonic()
+            served = self._served
+            turn = min(self._waiting, key=lambda t: served.get(t.owner, 0))  # the first such in the queue
+            self._waiting.remove(turn)
+            self._grant(turn)
             turn.granted.set()
+
+    def _grant(self, turn: _Turn) -> None:
+        self._turns += 1
+        if len(self._served) >= self.OWNERS:
+            waiting = {t.owner for t in self._waiting}
+            self._served = {o: n for o, n in self._served.items() if o in waiting}
+        self._served[turn.owner] = self._turns
+        self._holder, turn.since = turn, time.monotonic()
 
 
 class _Pacer:
@@ -145,14 +163,15 @@ class _Pacer:
 
 
 class _Call:
-    __slots__ = ("fn", "args", "future", "loop", "worker", "cpu0", "wall0", "done", "key")
+    __slots__ = ("fn", "args", "future", "loop", "worker", "cpu0", "wall0", "done", "key", "owner")
 
-    def __init__(self, fn, args, future, loop) -> None:
+    def __init__(self, fn, args, future, loop, owner=None) -> None:
         self.fn, self.args, self.future, self.loop = fn, args, future, loop
         self.worker: _Worker | None = None
         self.cpu0 = self.wall0 = 0.0
         self.done = False
         self.key = None
+        self.owner = owner  # the client whose call it is: its queries' turns on the baton are that client's
 
 
 def _settle(future: asyncio.Future, result, error) -> None:
@@ -197,7 +216,8 @@ class Lanes:
 
     def _work(self, worker: _Worker) -> None:
         worker.tid = threading.get_native_id()
-        sandbox.pace(_Pacer(self.baton, worker))
+        pacer = _Pacer(self.baton, worker)
+        sandbox.pace(pacer)
         try:
             worker.clock = time.pthread_getcpuclockid(threading.get_ident())
         except (AttributeError, OSError):  # no per-thread CPU clock here: calls are timed on the wall clock
@@ -208,6 +228,7 @@ class Lanes:
                 return
             with self._lock:
                 call.worker, call.cpu0, call.wall0 = worker, time.thread_time(), time.monotonic()
+            pacer.turn.owner = call.owner
             try:
                 result, error = call.fn(*call.args), None
             except BaseException as exc:  # noqa: BLE001  (handed to the caller, as an executor does)
@@ -230,12 +251,14 @@ class Lanes:
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOW_PRIORITY)
             except OSError:
                 pass
-        sandbox.pace(_Pacer(self.baton, None))
+        pacer = _Pacer(self.baton, None)
+        sandbox.pace(pacer)
         while True:
             item = self._slow_calls.get()
             if item is None:
                 return
             call, key = item
+            pacer.turn.owner = call.owner
             cpu0 = time.thread_time()
             try:
                 result, error = call.fn(*call.args), None
@@ -258,13 +281,14 @@ class Lanes:
                 pass
 
     # -- the event loop's side --------------------------------------------------------------------
-    async def run(self, fn: Callable[..., Any], *args: Any, key=None) -> Any:
+    async def run(self, fn: Callable[..., Any], *args: Any, key=None, owner=None) -> Any:
         """fn(*args) on a thread; `key` (a session) names whose calls these are: once one of its calls
-        ran past a slice, its next calls wait on the slow lane until one of them is short again."""
+        ran past a slice, its next calls wait on the slow lane until one of them is short again. `owner` (a
+        client) is whose turns its long queries take on the baton."""
         if self._closed:
             raise RuntimeError("the server is stopping")
         loop = asyncio.get_running_loop()
-        call = _Call(fn, args, loop.create_future(), loop)
+        call = _Call(fn, args, loop.create_future(), loop, owner)
         call.key = key
         if key is not None and key in self._heavy:
             rest = self._rest_until.pop(key, 0.0) - time.monotonic()

@@ -490,8 +490,9 @@ class Gate:
         obs = await self.lanes.run(lambda: env.reset(seed=seed, episode_id=episode_id, **options))
         return observation_payload(obs)
 
-    async def step(self, env: GateServerEnv, action) -> GateObservation:
-        return await self.lanes.run(env.step, action, key=id(env))
+    async def step(self, env: GateServerEnv, action, client: str | None = None) -> GateObservation:
+        """A step on a lane thread; `client` (the session's) is whose turns its long queries take on the baton."""
+        return await self.lanes.run(env.step, action, key=id(env), owner=client)
 
     # -- MCP ------------------------------------------------------------------------------------------
     async def rpc(self, message, client: str, session: ServedSession | None = None) -> dict | None:
@@ -584,7 +585,7 @@ class Gate:
         target.busy += 1
         try:
             async with target.lock:  # one call at a time per session
-                obs = await self.step(target.env, {"tool": name, "args": arguments})
+                obs = await self.step(target.env, {"tool": name, "args": arguments}, target.client)
         finally:
             target.busy -= 1
             target.last = time.monotonic()
@@ -891,7 +892,7 @@ def create_gate_app(pool: CasePool, config: ServeConfig | None = None):
             if "data" not in msg:
                 raise BadRequest("a step message needs 'data': the tool call")
             action = step_action(strict_object(msg["data"], "a step's 'data'"))
-            obs = await gate.step(env, action)
+            obs = await gate.step(env, action, session.client)
             return json.dumps({"type": "observation", "data": observation_payload(obs)}), False
         except BadRequest as exc:
             return error_frame(str(exc), "VALIDATION_ERROR"), False
