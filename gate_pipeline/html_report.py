@@ -274,6 +274,11 @@ def write_html(path: str | Path, grades: dict[str, list], **kw) -> Path:
     and waited on, a symbolic link's target never written through) and a reader never sees half a page."""
     path = Path(path)
     text = render_html(grades, **kw)
+    try:
+        if os.path.samefile(path, os.devnull):  # written to be thrown away (`--html /dev/null`): the device is
+            return path  # never replaced by a file
+    except OSError:  # nothing there yet
+        pass
     fd, temp = tempfile.mkstemp(prefix=f".{path.name[:100]}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

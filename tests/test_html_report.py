@@ -237,3 +237,13 @@ def test_a_page_replaces_whatever_is_at_its_path_at_once_never_writing_through_i
         assert oct(path.stat().st_mode & 0o777) == oct(0o644)
     assert victim.read_text() == "keep me"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo.html", "link.html", "victim.txt"]  # no temp left
+
+
+def test_a_page_for_dev_null_is_thrown_away_never_renamed_onto_the_device(tmp_path, grades):
+    """`--html /dev/null` is allowed (a page thrown away); renaming a page onto its path would have replaced the
+    device with a file (as root). Shown through a link to it, so the test never puts /dev/null at risk."""
+    import os
+    link = tmp_path / "null.html"
+    link.symlink_to(os.devnull)
+    write_html(link, grades, title="t")
+    assert link.is_symlink() and os.readlink(link) == os.devnull and list(tmp_path.iterdir()) == [link]
