@@ -1168,15 +1168,17 @@ class RunStore:
         """Seal a run as complete with the episodes that count, one per (case, agent, rollout)."""
         return self._set_run(run_id, self._completed(chosen), unless=(COMPLETE,))
 
-    def complete_night(self, night: str, chosen: list[tuple[str, str, int, str]], summary: dict,
-                       kept_by: str) -> tuple[int, bool]:
+    def complete_night(self, night: str, chosen: list[tuple[str, str, int, str]], summary: dict, kept_by: str) -> int:
         """A night's end, in one transaction: its summary kept (by run `kept_by`: the night, or its re-execution) and
-        its manifest sealed as complete (`complete_run`), so a process killed in between leaves neither (a summary kept
-        for a night left open once read as a night whose episodes were missing). (The summary's number, whether the
-        manifest was completed.)"""
+        its manifest sealed as complete (`complete_run`), or neither: a process killed in between, or a manifest that
+        cannot be completed (StoreError), leaves no summary (one kept for a night left open once read as a night whose
+        episodes were missing). The summary's number."""
         with self.engine.begin() as c:
             number = self._add_nightly(c, summary, kept_by)
-            return number, self._set_run(night, self._completed(chosen), unless=(COMPLETE,), c=c)
+            if not self._set_run(night, self._completed(chosen), unless=(COMPLETE,), c=c):
+                raise StoreError(f"night {night}: its manifest is missing, complete already, or altered (its seal does "
+                                 "not match): the night is not completed, and its summary not kept")
+        return number
 
     def close_run(self, run_id: str, status: str) -> bool:
         """Seal an open run as ended without completing (STOPPED: its process stopped it; DIED: it died)."""

@@ -742,3 +742,19 @@ def test_an_edited_summary_is_never_the_regression_lines_or_the_historys(home, n
     assert "nightly history (mean reward):\n  night    2  four.jsonl  careful 1.0000  naive 0.5500\n" in out
     code, out, _ = verify(capsys)
     assert code == 1 and "night 1: the kept summary differs from a fresh one (naive reward: 0.95 kept, 0.55 fresh)" in out
+
+
+def test_a_nights_summary_is_kept_only_with_the_manifest_it_completes(home, night):
+    """complete_night kept a sealed summary even when the manifest could not be completed (complete already: two
+    re-executions racing; altered; missing), so the history believed a second summary of one night. Now neither
+    is kept, and the step fails saying why."""
+    [run_id] = [r[0] for r in db(home).execute("SELECT run_id FROM manifests")]
+    store = RunStore(Settings(home=home))
+    try:
+        before = store.nights()
+        for night_id in (run_id, "no-such-night"):
+            with pytest.raises(StoreError, match="the night is not completed, and its summary not kept"):
+                store.complete_night(night_id, [], {"agents": {"naive": {"reward": 1.0}}}, "re-execution")
+        assert store.nights() == before
+    finally:
+        store.dispose()

@@ -35,7 +35,7 @@ from ..kernel.cases import Case, CaseError, cases_of_text, read_case_text, split
 from ..kernel.engine import play_cases
 from ..kernel.errors import RepeatedAgent
 from ..kernel.records import Grade
-from ..store import COMPLETE, NIGHTLY, StoreSink, manifest_body, process_name
+from ..store import COMPLETE, NIGHTLY, StoreError, StoreSink, manifest_body, process_name
 from ..tables import baseline_tables, summary
 from .bridge import ToolBridge
 from .catalog import CODE_VERSION, OWNERS, AgentName
@@ -259,13 +259,18 @@ def _write_page(path: Path, grades: dict, tables: str, night, figures: dict) -> 
     """The scoreboard as the self-contained HTML page (charts and tables) beside the run store."""
     write = _PAGES[0].write_html if _PAGES else write_html
     return write(path, grades, title="gate nightly scoreboard", subtitle=f"night {night}: {', '.join(grades)}",
-                 tables=[("Tables", tables)], figures=figures)
+                 tables=[("Tables", tables)], figures=figures, replace=True)  # whatever is there, replaced whole
 
 
 @dg.op(out=dg.Out(io_manager_key=STEP_OUTPUTS),
        description="Collect the grades of the stored episodes and render the report tables, with history.")
 def build_scoreboard(context: dg.OpExecutionContext, parts: list, plan: dict, gate_store: GateStore,
                      case_library: CaseLibrary):
+    store = gate_store.open(once=True)
+    try:  # before anything is played here
+        _refuse_a_completed_night(context, store)
+    finally:
+        store.dispose()
     played = [p for part in parts for p in part["played"]]
     identities = [spec.identity for spec in _specs(plan, case_library)]
     have = {(p["index"], p["agent"]) for p in played}
@@ -275,7 +280,6 @@ def build_scoreboard(context: dg.OpExecutionContext, parts: list, plan: dict, ga
         played += _play(context, {**plan, "indices": missing}, gate_store, case_library)
     store = gate_store.open(once=True)
     try:
-        _refuse_a_completed_night(context, store)
         agents = identities
         cases_file = plan["cases_file"]
         cases = _cases(cases_file, plan.get("cases_sha256"))
@@ -288,8 +292,11 @@ def build_scoreboard(context: dg.OpExecutionContext, parts: list, plan: dict, ga
         previous = store.nightly_history(1)
         fell = regressions(previous[0]["summary"] if previous else None, figures)
         store.continue_run(context.run.run_id, _root(context))
-        night, _ = store.complete_night(_root(context), [(cases[p["index"]].case_id, p["agent"], 0, p["episode_id"])
-                                                         for p in played], figures, context.run.run_id)
+        try:
+            night = store.complete_night(_root(context), [(cases[p["index"]].case_id, p["agent"], 0, p["episode_id"])
+                                                          for p in played], figures, context.run.run_id)
+        except StoreError as exc:
+            raise dg.Failure(description=f"nightly: {exc}") from None
         history = store.nightly_history(HISTORY_NIGHTS)
         page = _write_page(store.home / "scoreboard.html", grades, text, night, figures)
     finally:
