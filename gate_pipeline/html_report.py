@@ -21,7 +21,9 @@ import io
 import json
 import os
 import re
+import secrets
 import select
+import stat
 import subprocess
 import sys
 import tempfile
@@ -265,28 +267,33 @@ def render_html(grades: dict[str, list], title: str = "gate report", subtitle: s
             f"<body>\n{body}\n</body></html>\n")
 
 
-PAGE_MODE = 0o644  # a page is for anyone on the machine to open
-
-
-def write_html(path: str | Path, grades: dict[str, list], **kw) -> Path:
-    """Render the page (see render_html for the keywords) and put it at `path`: written to a file of its own in
-    the same folder, then renamed onto `path`, so whatever was there is replaced whole (a FIFO is never opened
-    and waited on, a symbolic link's target never written through) and a reader never sees half a page."""
+def write_html(path: str | Path, grades: dict[str, list], replace: bool = False, **kw) -> Path:
+    """Render the page (see render_html for the keywords) and write it to `path` (what the caller checked: a
+    `--html` file, written as found, through a link such as /dev/stdout). `replace`, for a page at a path of gate's
+    own (`GATE_HOME/scoreboard.html`, which anyone who can write there may have made something else): written to a
+    file of its own in the same folder, then renamed onto `path`, so whatever was there is replaced whole (a FIFO is
+    never opened and waited on, a symbolic link's target never written through) and a reader never sees half a
+    page; it keeps the mode of the page it replaces (else the umask's)."""
     path = Path(path)
     text = render_html(grades, **kw)
+    if not replace:
+        path.write_text(text, encoding="utf-8")
+        return path
     try:
-        if os.path.samefile(path, os.devnull):  # written to be thrown away (`--html /dev/null`): the device is
-            return path  # never replaced by a file
-    except OSError:  # nothing there yet
-        pass
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name[:100]}.", suffix=".tmp", dir=path.parent)
+        found = os.lstat(path)
+        mode = stat.S_IMODE(found.st_mode) if stat.S_ISREG(found.st_mode) else None
+    except FileNotFoundError:
+        mode = None
+    temp = path.with_name(f".{path.name[:100]}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)  # the umask's
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
-        os.chmod(temp, PAGE_MODE)
+        if mode is not None:
+            os.chmod(temp, mode)
         os.replace(temp, path)
     except BaseException:
-        Path(temp).unlink(missing_ok=True)
+        temp.unlink(missing_ok=True)
         raise
     return path
 

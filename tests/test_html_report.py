@@ -220,8 +220,8 @@ def test_a_page_process_that_is_stuck_never_holds_the_caller(grades, tmp_path, m
 
 def test_a_page_replaces_whatever_is_at_its_path_at_once_never_writing_through_it(tmp_path, grades):
     """`GATE_HOME/scoreboard.html` was opened and written as found: a FIFO there held `gate nightly` (and the
-    Dagster job) for ever, and a symbolic link there had its target overwritten. A page is now written beside its
-    path and renamed onto it: what was there is replaced whole, and a reader never sees half a page."""
+    Dagster job) for ever, and a symbolic link there had its target overwritten. The scoreboard's page is now written
+    beside its path and renamed onto it: what was there is replaced whole, and a reader never sees half a page."""
     import os
     import threading
     fifo, link, victim = tmp_path / "fifo.html", tmp_path / "link.html", tmp_path / "victim.txt"
@@ -230,18 +230,29 @@ def test_a_page_replaces_whatever_is_at_its_path_at_once_never_writing_through_i
     link.symlink_to(victim)
     for path in (fifo, link):
         done = threading.Event()
-        worker = threading.Thread(target=lambda p=path, d=done: (write_html(p, grades, title="t"), d.set()), daemon=True)
+        worker = threading.Thread(target=lambda p=path, d=done: (write_html(p, grades, title="t", replace=True),
+                                                                 d.set()), daemon=True)
         worker.start()
         assert done.wait(30), f"writing {path.name} waited"
         assert path.is_file() and not path.is_symlink() and path.read_text().startswith("<!DOCTYPE html>")
-        assert oct(path.stat().st_mode & 0o777) == oct(0o644)
     assert victim.read_text() == "keep me"
+    (tmp_path / "fifo.html").chmod(0o600)  # a page replaced keeps the mode it had; a new one gets the umask's
+    write_html(tmp_path / "fifo.html", grades, title="t", replace=True)
+    assert (tmp_path / "fifo.html").stat().st_mode & 0o777 == 0o600
+    old = os.umask(0o027)
+    try:
+        write_html(tmp_path / "new.html", grades, title="t", replace=True)
+    finally:
+        os.umask(old)
+    assert (tmp_path / "new.html").stat().st_mode & 0o777 == 0o640
+    (tmp_path / "new.html").unlink()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo.html", "link.html", "victim.txt"]  # no temp left
 
 
-def test_a_page_for_dev_null_is_thrown_away_never_renamed_onto_the_device(tmp_path, grades):
-    """`--html /dev/null` is allowed (a page thrown away); renaming a page onto its path would have replaced the
-    device with a file (as root). Shown through a link to it, so the test never puts /dev/null at risk."""
+def test_an_html_flag_page_is_written_through_what_the_caller_checked(tmp_path, grades):
+    """`--html /dev/null` or `/dev/stdout` (what `output_file` lets through) is written as found: renamed onto its
+    path, the page replaced the device, or the link, with a file (as root). Shown through a link, so the test never
+    puts /dev/null at risk."""
     import os
     link = tmp_path / "null.html"
     link.symlink_to(os.devnull)
