@@ -612,14 +612,21 @@ def test_a_text_frame_that_is_not_utf8_is_closed_1007_without_a_traceback():
     proc, url, err = start_server("--cases", str(EVAL))
     host, port = url.removeprefix("http://").rsplit(":", 1)
     try:
+        payload = b'{"type":"\xff"}'
+        bad = b"\x81" + struct.pack("!B", 0x80 | len(payload)) + b"\0\0\0\0" + payload  # masked, zero key
         for _ in range(3):
             sock = _too_big_on_a_raw_websocket(host, int(port), send_big=False)
-            payload = b'{"type":"\xff"}'
-            sock.sendall(b"\x81" + struct.pack("!B", 0x80 | len(payload)) + b"\0\0\0\0" + payload)  # masked, zero key
+            sock.sendall(bad)
             sock.settimeout(5)
             frame = sock.recv(64)
             assert frame[:1] == b"\x88" and struct.unpack("!H", frame[2:4])[0] == 1007, frame
             sock.close()
+        sock = _too_big_on_a_raw_websocket(host, int(port), send_big=False)  # and the client's close frame with it:
+        sock.sendall(bad + b"\x88\x82\0\0\0\0" + struct.pack("!H", 1000))  # closing already, no 1007 to send
+        sock.settimeout(5)
+        sock.recv(64)
+        sock.close()
+        time.sleep(0.5)
         assert request(url, "GET", "/health")[0] == 200
     finally:
         log = stopped_cleanly(proc, err)

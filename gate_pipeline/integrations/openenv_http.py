@@ -41,6 +41,7 @@ from typing import Any, Callable, ClassVar
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.exceptions import InvalidState
 
 MAX_HEAD_BYTES = 16 * 1024
 REQUEST_SECONDS = 10.0
@@ -148,7 +149,10 @@ class ClosingWebSocket(WebSocketsSansIOProtocol):
                 b"".join(self.frames).decode()
             except UnicodeDecodeError:
                 self.frames = []
-                self.conn.send_close(1007)
+                try:
+                    self.conn.send_close(1007)
+                except InvalidState:  # the client's close frame came with it: the connection is closing already
+                    pass
                 self.handle_parser_exception()
                 return
         super().send_receive_event_to_app()

@@ -70,7 +70,14 @@ from ..kernel.errors import GateError
 from ..kernel.pool import CasePool
 from ..kernel.rewards import REWARD_MODES
 from ..model_agent.tool_schemas import tool_schemas
-from .openenv_http import MAX_HEAD_BYTES, REQUEST_SECONDS, ClosingWebSocket, client_key, protocol_class
+from .openenv_http import (
+    CONNECTIONS_PER_CLIENT,
+    MAX_HEAD_BYTES,
+    REQUEST_SECONDS,
+    ClosingWebSocket,
+    client_key,
+    protocol_class,
+)
 from .openenv_lanes import Lanes
 from .openenv_models import ACTION_SCHEMA, GateAction, GateObservation, GateState
 
@@ -966,7 +973,10 @@ def serve(pool: CasePool, host: str = "127.0.0.1", port: int = 8000, config: Ser
     # a fifth of the server's time per step in a profile of the load test (benchmarks/bench_serve.py)
     uv_config = uvicorn.Config(app, log_level="warning", access_log=False, ws_max_size=WS_MAX_BYTES,
                                ws_per_message_deflate=False, timeout_graceful_shutdown=5, lifespan="on",
-                               http=protocol_class(config.request_timeout), ws=ClosingWebSocket,
+                               # a client's connections: at least its sessions (each WebSocket counts as one)
+                               http=protocol_class(config.request_timeout,
+                                                   max(CONNECTIONS_PER_CLIENT, config.per_client + 64)),
+                               ws=ClosingWebSocket,
                                h11_max_incomplete_event_size=MAX_HEAD_BYTES)
     server = uvicorn.Server(uv_config)
     stopped: list[int] = []
