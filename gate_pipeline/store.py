@@ -1029,10 +1029,30 @@ class RunStore:
         with self.engine.connect() as c:
             return len(c.execute(select(grades.c.grade_seq).where(grades.c.episode_id == episode_id)).all())
 
+    # -- text kept with its seal: a nightly summary, a step output -------------------------------
+    def _text_seal(self, head: list, text: str) -> str:
+        """The HMAC under the store's key of what a text is (`head`: its kind and where it belongs) and the text."""
+        what = json.dumps(head, ensure_ascii=True)
+        return hmac.new(self.key, f"{what}\n{text}".encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+
+    def _sealed_text(self, head: list, text: str) -> str:
+        """`text` as it is kept: its seal (`_text_seal`), a newline, the text."""
+        return f"{self._text_seal(head, text)}\n{text}"
+
+    def _unsealed_text(self, head: list, kept) -> tuple[str | None, bool]:
+        """(the text, whether its seal holds for `head`) of a value `_sealed_text` kept; None for a value that is not
+        text, and text with no seal line (kept by an older gate) as itself, unsealed."""
+        if not isinstance(kept, str):
+            return None, False
+        seal, newline, text = kept.partition("\n")
+        if not newline:
+            return kept, False
+        return text, hmac.compare_digest(seal.encode("ascii", "replace"), self._text_seal(head, text).encode("ascii"))
+
     # -- nightly history ----------------------------------------------------------------------
-    def _summary_seal(self, run_id, text: str) -> str:
-        head = json.dumps(["nightly summary", run_id if isinstance(run_id, str) else ""], ensure_ascii=True)
-        return hmac.new(self.key, f"{head}\n{text}".encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+    @staticmethod
+    def _summary_head(run_id) -> list:
+        return ["nightly summary", run_id if isinstance(run_id, str) else ""]
 
     def add_nightly(self, summary: dict, run_id: str | None = None) -> int:
         """Keep a night's summary, sealed under the store's key with its run (the text: the seal, a newline, the JSON)."""
@@ -1042,21 +1062,14 @@ class RunStore:
     def _add_nightly(self, c, summary: dict, run_id: str | None) -> int:
         text = json.dumps(summary, sort_keys=True)
         result = c.execute(insert(nightly).values(run_id=run_id, at=time.time(),
-                                                  summary=f"{self._summary_seal(run_id, text)}\n{text}"))
+                                                  summary=self._sealed_text(self._summary_head(run_id), text)))
         return int(result.inserted_primary_key[0])
 
     def _kept_summary(self, row: Mapping) -> tuple[object, bool]:
         """(a kept summary parsed, or None when it does not parse; whether its seal holds). A summary kept by an older
         gate is its JSON alone, unsealed."""
-        text = row["summary"]
-        if not isinstance(text, str):
-            return None, False
-        seal, newline, rest = text.partition("\n")
-        if not newline:
-            return _json_or_none(text), False
-        sealed = hmac.compare_digest(seal.encode("ascii", "replace"),
-                                     self._summary_seal(row["run_id"], rest).encode("ascii"))
-        return _json_or_none(rest), sealed
+        text, sealed = self._unsealed_text(self._summary_head(row["run_id"]), row["summary"])
+        return _json_or_none(text), sealed
 
     def nightly_history(self, limit: int = 30) -> list[dict]:
         """The last `limit` nightly summaries that are readable, oldest first: {night, run_id, at, summary}: what the
@@ -1257,15 +1270,11 @@ class RunStore:
         return closed
 
     # -- Dagster step outputs (the nightly job's IO manager) ----------------------------------
-    def _output_seal(self, run_id: str, step_key: str, output: str, value: str) -> str:
-        head = json.dumps(["step output", run_id, step_key, output], ensure_ascii=True)
-        return hmac.new(self.key, f"{head}\n{value}".encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
-
     def put_output(self, run_id: str, step_key: str, output: str, value: str) -> None:
         """Keep one step output (JSON text), sealed under the store's key with the run, step and output it is;
         a step that runs again replaces what it wrote."""
         key = (step_outputs.c.run_id == run_id) & (step_outputs.c.step_key == step_key) & (step_outputs.c.output == output)
-        sealed = f"{self._output_seal(run_id, step_key, output, value)}\n{value}"
+        sealed = self._sealed_text(["step output", run_id, step_key, output], value)
         with self.engine.begin() as c:
             c.execute(step_outputs.delete().where(key))
             c.execute(insert(step_outputs).values(run_id=run_id, step_key=step_key, output=output, value=sealed))
@@ -1280,9 +1289,8 @@ class RunStore:
                 step_outputs.c.output == output)).scalar()
         if text is None:
             return None
-        seal, _, value = text.partition("\n") if isinstance(text, str) else ("", "", "")
-        if not value or not hmac.compare_digest(seal.encode("ascii", "replace"),
-                                                self._output_seal(run_id, step_key, output, value).encode("ascii")):
+        value, sealed = self._unsealed_text(["step output", run_id, step_key, output], text)
+        if not value or not sealed:
             raise StoreError(f"step output {output!r} of step {step_key!r} in run {run_id}: its seal does not match "
                              "(it was altered, or kept by another key or an older gate); it is not read: run the night again")
         return value

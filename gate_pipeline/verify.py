@@ -531,6 +531,9 @@ def check_nights(store: RunStore, manifests: dict[str, dict], roots: dict[str, s
             if kept != fresh:
                 out.problems.append(run_problem(run_id, f"night {n}: the kept summary differs from a fresh one "
                                                         f"({_summary_difference(kept, fresh)})"))
+            elif not night["sealed"]:  # the figures are right; the history does not show them all the same
+                out.notes.append(run_problem(run_id, f"night {n}: its kept summary is not sealed with its run (kept by "
+                                                     f"an older gate, or its seal edited): the history does not show it"))
     # a run keeps one summary, at its night's last step (a re-execution of the night is a run of its own)
     for run_id, numbers in kept_by.items():
         if run_id and len(numbers) > 1:

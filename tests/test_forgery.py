@@ -123,7 +123,7 @@ def test_the_key_swap_forgery_is_caught(home, night, tmp_path, capsys):
     forged = {**summary(cases, grades), "cases_file": m["body"]["cases_file"]}
     conn.execute("UPDATE nightly_scores SET summary = ?", (json.dumps(forged),))
     code, out, _ = verify(capsys)
-    assert code == 1 and "night 1" not in out
+    assert code == 1 and "the kept summary differs" not in out  # (a note says it is unsealed: bare JSON)
     [line] = [line for line in out.splitlines() if BAD in line]
     assert line.startswith(f"{naive} {BAD} naive: played again, naive gives another episode: 4 calls ending on ")
     assert "1 with problems (1 in all)" in out
@@ -758,3 +758,18 @@ def test_a_nights_summary_is_kept_only_with_the_manifest_it_completes(home, nigh
         assert store.nights() == before
     finally:
         store.dispose()
+
+
+def test_verify_names_a_summary_whose_seal_does_not_hold(home, night, capsys):
+    """A kept summary whose figures are right but whose seal does not hold (its seal line edited, or kept by an older
+    gate as bare JSON) is skipped by the history; verify says so, as a note, instead of passing over it in silence."""
+    conn = db(home)
+    text = conn.execute("SELECT summary FROM nightly_scores").fetchone()[0]
+    _, _, body = text.partition("\n")
+    code, out, _ = verify(capsys)
+    assert code == 0 and "not sealed with its run" not in out, out
+    for kept in (f"{'0' * 64}\n{body}", body):
+        conn.execute("UPDATE nightly_scores SET summary = ?", (kept,))
+        assert RunStore().nightly_history() == []
+        code, out, _ = verify(capsys)
+        assert code == 0 and "night 1: its kept summary is not sealed with its run" in out, out

@@ -992,6 +992,17 @@ def test_whole_number_flags_take_digits_within_bounds(argv, words, capsys):
     assert err.startswith("gate: error: ") and words in err and err.count("\n") == 1, err
 
 
+def test_one_whole_number_parser_for_flags_and_cursors():
+    """The CLI's flags and the grading sensor's cursor read whole numbers through one function: ASCII digits only,
+    a bounded count of them, a sign only where one is allowed."""
+    from gate_pipeline.kernel.numbers import MAX_DIGITS, whole_number
+    assert [whole_number(t) for t in ("7", "+7", "-7", "007")] == [7, 7, -7, 7]
+    assert [whole_number(t) for t in ("", "-", "+-7", "2_0", " 2", "\u0663", "\u00b2", "7.0", None, 7)] == [None] * 10
+    assert whole_number("9" * MAX_DIGITS) == int("9" * MAX_DIGITS) and whole_number("9" * (MAX_DIGITS + 1)) is None
+    assert whole_number("9" * 18, digits=18, signed=False) == int("9" * 18)
+    assert whole_number("9" * 19, digits=18, signed=False) is None and whole_number("-1", signed=False) is None
+
+
 def test_model_settings_bound_the_retries():
     from gate_pipeline.model_agent.agent import MAX_RETRIES, ModelSettings, SettingsError
     ModelSettings(model="m", base_url="http://127.0.0.1:9/v1", retries=MAX_RETRIES)

@@ -8,11 +8,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import stat
 from pathlib import Path
 
 from ..kernel.files import path_state
+from ..kernel.numbers import whole_number
 from ..kernel.settings import Settings
 from .errors import UsageError
 from .progress import progress_bar
@@ -175,7 +175,6 @@ def play_with_progress(cases: list, specs: list, reward: str = "terminal", worke
                           workers=workers_for(workers, len(cases) * len(specs)))
 
 
-_WHOLE = re.compile(r"[+-]?[0-9]{1,4300}")  # CPython reads at most 4,300 digits
 MAX_WORKERS = 256  # worker processes: each is a fork, and more of them than this is no batch any machine here plays
 
 
@@ -183,9 +182,9 @@ def int_arg(flag: str, low: int = 1, high: int | None = None):
     """An argparse type for `flag`: a whole number from `low` (to `high`), else a one-line UsageError. The one
     parser of every whole-number flag (--workers, --port, --rows, ...)."""
     def parse(text: str) -> int:
-        if not _WHOLE.fullmatch(text):  # int() also reads "2_0", " 2" and digits of other scripts
+        value = whole_number(text)
+        if value is None:
             raise UsageError(f"{flag} must be a whole number, not {_quoted(text)}")
-        value = int(text)
         if value < low or (high is not None and value > high):
             bound = f"from {low:,} to {high:,}" if high is not None else f"at least {low:,}"
             raise UsageError(f"{flag} must be {bound}, not {value:,}" if len(text) <= 40 else

@@ -267,20 +267,15 @@ def _write_page(path: Path, grades: dict, tables: str, night, figures: dict) -> 
 def build_scoreboard(context: dg.OpExecutionContext, parts: list, plan: dict, gate_store: GateStore,
                      case_library: CaseLibrary):
     store = gate_store.open(once=True)
-    try:  # before anything is played here
-        _refuse_a_completed_night(context, store)
-    finally:
-        store.dispose()
-    played = [p for part in parts for p in part["played"]]
-    identities = [spec.identity for spec in _specs(plan, case_library)]
-    have = {(p["index"], p["agent"]) for p in played}
-    missing = sorted({i for i in range(plan["cases"]) for a in identities if (i, a) not in have})
-    if missing:  # chunks that never ran (a re-execution from failure skips steps that never started)
-        context.log.warning(f"{len(missing)} cases were not played by any chunk of this run: playing them here")
-        played += _play(context, {**plan, "indices": missing}, gate_store, case_library)
-    store = gate_store.open(once=True)
     try:
-        agents = identities
+        _refuse_a_completed_night(context, store)  # before anything is played here
+        played = [p for part in parts for p in part["played"]]
+        agents = [spec.identity for spec in _specs(plan, case_library)]
+        have = {(p["index"], p["agent"]) for p in played}
+        missing = sorted({i for i in range(plan["cases"]) for a in agents if (i, a) not in have})
+        if missing:  # chunks that never ran (a re-execution from failure skips steps that never started)
+            context.log.warning(f"{len(missing)} cases were not played by any chunk of this run: playing them here")
+            played += _play(context, {**plan, "indices": missing}, gate_store, case_library)
         cases_file = plan["cases_file"]
         cases = _cases(cases_file, plan.get("cases_sha256"))
         grades: dict[str, list] = {a: [None] * len(cases) for a in agents}

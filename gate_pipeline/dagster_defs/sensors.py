@@ -27,6 +27,7 @@ import re
 import dagster as dg
 
 from ..kernel.grading import grade_stored, zero_grade
+from ..kernel.numbers import whole_number
 from ..kernel.records import TERMS, Grade
 from ..store import ENDED, RUNNING, StoreError
 from ..verify import differs
@@ -136,8 +137,8 @@ def graded_summary(grades: list[dict], listed: int = 3) -> str:
 
 def last_grade(cursor: str | None) -> int:
     """The grade sequence number a cursor starts with (the rest of it is for people)."""
-    head = (cursor or "").split(" ", 1)[0]  # ASCII digits, and few enough for a row number ("²" is a digit to isdigit)
-    return int(head) if re.fullmatch(r"[0-9]{1,18}", head) else 0
+    number = whole_number((cursor or "").split(" ", 1)[0], digits=18, signed=False)  # few enough for a row number
+    return 0 if number is None else number
 
 
 @dg.sensor(minimum_interval_seconds=15, default_status=dg.DefaultSensorStatus.RUNNING,
