@@ -605,6 +605,32 @@ def test_mcp_lists_the_tools_gate_run_sends_and_plays_an_episode_to_its_reward()
         stopped_cleanly(proc, err)
 
 
+def test_a_notification_is_carried_out_never_answered_and_health_answers_head():
+    """JSON-RPC: a request without an 'id' is a notification, and the server must not answer it. A tools/call
+    notification was answered with the observation; it now steps its session (202, no body). `HEAD /health`,
+    what load balancers and `curl -I` send, answered 405."""
+    proc, url, err = start_server("--cases", str(EVAL), "--idle-timeout", "60")
+    try:
+        sid = rpc(url, "openenv/session/create", {"reset": {"case_id": CASES[0].case_id}})["result"]["session_id"]
+        for message in ({"jsonrpc": "2.0", "method": "tools/call", "params": {"session_id": sid, "name": "list_batches"}},
+                        {"jsonrpc": "2.0", "method": "tools/call", "params": {"session_id": "nope", "name": "x"}},
+                        {"jsonrpc": "2.0", "method": "nope"}, {"jsonrpc": "2.0", "method": "ping"},
+                        {"jsonrpc": "2.0", "method": "notifications/initialized"}):
+            assert request(url, "POST", "/mcp", message) == (202, None), message
+        answer = rpc(url, "tools/call", {"session_id": sid, "name": "list_batches"})["result"]
+        assert answer["_meta"]["turn"] == 2  # the notification's call was the first
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        try:
+            conn.request("HEAD", "/health")
+            response = conn.getresponse()
+            assert response.status == 200 and response.read() == b""
+        finally:
+            conn.close()
+    finally:
+        stopped_cleanly(proc, err)
+
+
 def test_a_text_frame_that_is_not_utf8_is_closed_1007_without_a_traceback():
     """uvicorn logged a whole traceback for each text frame that was not UTF-8: a loop of them wrote 1.1 MB of
     log in 3 s. The connection is still closed with 1007 (invalid data), and the log says nothing."""

@@ -517,7 +517,12 @@ class Gate:
         method, params = message["method"], message.get("params", {})
         if not isinstance(params, dict):
             return rpc_error(RPC_PARAMS, "'params' must be an object", request_id)
-        if "id" not in message and method.startswith("notifications/"):
+        if "id" not in message:  # a notification: carried out (a tools/call still steps its session), never answered
+            if not method.startswith("notifications/"):
+                try:
+                    await self._rpc_method(method, params, client, session)
+                except (BadRequest, ResetOptionError, CapacityError, LookupError):
+                    pass  # what would be its error has no one to go to
             return None
         try:
             return rpc_result(await self._rpc_method(method, params, client, session), request_id)
@@ -783,7 +788,7 @@ def create_gate_app(pool: CasePool, config: ServeConfig | None = None):
     async def http_state():
         return GateServerEnv(pool).public_state().model_dump()
 
-    @app.get("/health", tags=["Health"])
+    @app.api_route("/health", methods=["GET", "HEAD"], tags=["Health"])
     async def health():
         return {"status": "healthy"}
 
