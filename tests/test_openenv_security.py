@@ -703,3 +703,54 @@ def test_upgraded_websockets_count_against_the_per_client_connection_cap():
         for sock in held:
             sock.close()
         stopped_cleanly(proc, err)
+
+
+@pytest.mark.slow
+def test_a_client_may_hold_more_websockets_than_the_connection_cap_when_its_session_cap_says_so():
+    """Each WebSocket counts against its client's connection cap (1,024) until its socket is gone, so a session cap
+    over 1,024 for one client would have been cut to 1,024: the cap on a client's connections is at least its
+    session cap plus 64. With 1,100 sessions allowed, all 1,100 of one client's WebSockets are accepted."""
+    import resource
+    import socket
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2600:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    proc, url, err = start_server("--cases", str(EVAL), "--max-sessions", "1100", "--max-per-client", "1100",
+                                  "--idle-timeout", "120")
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    key = base64.b64encode(os.urandom(16)).decode()
+    upgrade = (f"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+               f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode()
+    held: list = []
+    try:
+        for _ in range(1100):
+            sock = socket.create_connection((host, int(port)))
+            held.append(sock)
+            sock.sendall(upgrade)
+        accepted = 0
+        for sock in held:
+            sock.settimeout(20)
+            try:
+                answer = sock.recv(200)
+            except OSError:
+                answer = b""
+            accepted += answer.startswith(b"HTTP/1.1 101")
+        time.sleep(0.5)
+        closed = sum(1 for sock in held if _closed_by_server(sock))
+        assert accepted == 1100 and closed == 0, (accepted, closed)
+    finally:
+        for sock in held:
+            sock.close()
+        stopped_cleanly(proc, err)
+
+
+def _closed_by_server(sock) -> bool:
+    import socket
+    sock.setblocking(False)
+    try:
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
