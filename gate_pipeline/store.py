@@ -1004,12 +1004,13 @@ class RunStore:
             return False
         return True
 
-    def grades_after(self, grade_seq: int) -> list[tuple[int, dict]]:
-        """Kept grades after a sequence number (a row that does not parse comes back as a stub saying so)."""
+    def grades_after(self, grade_seq: int, limit: int | None = None) -> list[tuple[int, dict]]:
+        """Kept grades after a sequence number, the first `limit` of them when given (a row that does not parse
+        comes back as a stub saying so)."""
         with self.engine.connect() as c:
             rows = c.execute(select(grades.c.grade_seq, grades.c.episode_id, grades.c.case_id, grades.c.agent,
                                     grades.c.grade).where(grades.c.grade_seq > grade_seq)
-                             .order_by(grades.c.grade_seq)).all()
+                             .order_by(grades.c.grade_seq).limit(limit)).all()
         return [(seq, _grade_json(g, eid, cid, agent)) for seq, eid, cid, agent, g in rows]
 
     def recorded_grade(self, episode_id: str) -> dict | None:

@@ -206,6 +206,18 @@ def test_a_kept_grade_that_was_raised_is_caught(home, capsys):
     assert code == 1 and "kept grade differs from a fresh grade in reward" in out
 
 
+def test_the_grading_sensor_reads_no_more_kept_grades_than_a_tick_publishes(home):
+    """The sensor read every kept grade after its cursor (each parsed) and kept the first 500: on a store of many
+    nights, a tick after its cursor was reset read them all. The limit is the query's now."""
+    store, result = stored_episode("naive")
+    store.add_grade(result.episode_id, "naive", result.grade)
+    kept = db(home).execute("SELECT episode_id, case_id, agent, grade, graded_at FROM grades").fetchone()
+    db(home).executemany("INSERT INTO grades (episode_id, case_id, agent, grade, graded_at) VALUES (?, ?, ?, ?, ?)",
+                         [(f"copy-{i}", *kept[1:]) for i in range(30)])
+    assert [seq for seq, _ in store.grades_after(0, 5)] == [1, 2, 3, 4, 5]
+    assert [seq for seq, _ in store.grades_after(29, 5)] == [30, 31] and len(store.grades_after(0)) == 31
+
+
 def test_an_unreadable_ledger_row_fails_its_episode_only(home):
     import dagster as dg
 

@@ -158,7 +158,7 @@ def grading_sensor(context: dg.SensorEvaluationContext, gate_store: GateStore):
                 context.log.info(f"graded {row['agent']} on {grade.case_id}: {grade.reward:.4f}"
                                  + (f" (failed: {grade.reason})" if grade.failed else ""))
         last = last_grade(context.cursor)
-        pending = store.grades_after(last)[:MAX_GRADES_PER_TICK]
+        pending = store.grades_after(last, MAX_GRADES_PER_TICK)  # read no more than a tick publishes
         if not pending:
             return dg.SensorResult(skip_reason=dg.SkipReason("no new grades"), cursor=str(last))
         latest: dict[str, dict] = {}
