@@ -194,6 +194,8 @@ def reply(model: str, messages: list, rng: random.Random | None = None, tool_cho
             calls[0]["id"] += "\udc80"
             calls.append({"id": "y", "type": "function", "function": {"name": "list\ud800", "arguments": "{}"}})
         return {"role": "assistant", "content": "thinking \ud83d", "tool_calls": calls}
+    if model == "flood" and first:  # a thousand calls in one reply
+        return {"role": "assistant", "content": None, "tool_calls": [_call("list_batches", {}) for _ in range(1000)]}
     if model == "silent" or (model == "no-tool-call" and first):
         return {"role": "assistant", "content": "All batches look fine to me."}
     if model in MALFORMED and first:

@@ -279,3 +279,20 @@ def test_an_error_text_that_utf8_cannot_carry_is_made_storable():
     assert describe_error(RuntimeError("bad \ud800 here")) == "RuntimeError: bad \ufffd here"
     assert _failure(RuntimeError("lost \udcff")) == ("RuntimeError: lost \ufffd", "agent_error")
     assert _failure(RuntimeError("\ud83d\ude00 stays")) == ("RuntimeError: \U0001f600 stays", "agent_error")
+
+
+def test_a_reply_plays_at_most_64_tool_calls_and_counts_the_rest_dropped(server, prepared):
+    """A reply's structured tool calls had no bound (those written as text had 64): a reply of a thousand calls played
+    a thousand steps. The first 64 are played; the rest are dropped from the conversation, counted, and the episode
+    still verifies against its transcript."""
+    from gate_pipeline.kernel.ledger import last_hash
+    from gate_pipeline.verify import _tie
+    result, convo = play_one(prepared, server, model="flood")
+    first = convo["messages"][2]
+    assert first["role"] == "assistant" and len(first["tool_calls"]) == 64
+    assert [m["role"] for m in convo["messages"][3:3 + 65]] == ["tool"] * 64 + ["assistant"]
+    assert convo["counts"]["dropped_calls"] == 936 and convo["end_reason"] == "reported"
+    assert 64 <= sum(1 for e in result.ledger if e["action"] == "list_batches") <= 64 + 1  # (careful lists once)
+    row = {"ledger_digest": last_hash(result.ledger), "ledger_entries": len(result.ledger)}
+    assert _tie(prepared[ANY], convo["messages"], row) is None
+

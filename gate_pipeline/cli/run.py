@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..kernel.settings import Settings
-from ..model_agent.limits import MAX_RETRIES
+from ..model_agent.limits import MAX_CALLS_PER_REPLY, MAX_RETRIES
 from .common import CASES_HELP, cases_arg, int_arg, positive_arg
 from .errors import UsageError
 
@@ -110,9 +110,10 @@ def _summary_lines(records: list[dict], new: int, kept: int, path: Path) -> list
              "retries {retries}".format(**{k: counts.get(k, 0) for k in
                                             ("tool_calls", "tool_errors", "invalid_json", "not_an_object",
                                              "unknown_tool", "bad_arguments", "nudges", "retries")})]
-    if counts.get("text_tool_calls") or counts.get("after_report"):
+    if counts.get("text_tool_calls") or counts.get("after_report") or counts.get("dropped_calls"):
         lines.append(f"of the tool calls: written as text {counts.get('text_tool_calls', 0)}, after an accepted "
-                     f"report (refused) {counts.get('after_report', 0)}")
+                     f"report (refused) {counts.get('after_report', 0)}, beyond {MAX_CALLS_PER_REPLY} in a reply "
+                     f"(dropped) {counts.get('dropped_calls', 0)}")
     if usage:
         lines.append("tokens: " + ", ".join(f"{k} {usage[k]:,}" for k in ("prompt_tokens", "completion_tokens",
                                                                            "total_tokens") if k in usage))

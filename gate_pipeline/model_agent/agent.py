@@ -33,15 +33,16 @@ from ..kernel.episode import check_args
 from ..kernel.errors import GateError
 from ..kernel.records import API_ERROR, MAX_TURNS, REPORTED, TIMEOUT
 from ..kernel.suite import suites
-from .limits import MAX_RETRIES
+from .limits import MAX_CALLS_PER_REPLY, MAX_RETRIES
 from .prompt import NUDGE, opening_messages
 from .text_calls import parse_text_calls
 from .tool_schemas import tool_schemas
 
 # replies: answers read from the server; text_tool_calls: the calls of `tool_calls` read from a reply's text;
-# after_report: calls after an accepted report in the same reply, refused
+# after_report: calls after an accepted report in the same reply, refused; dropped_calls: a reply's structured calls
+# beyond MAX_CALLS_PER_REPLY, never played nor kept in the conversation
 COUNTERS = ("tool_calls", "tool_errors", "invalid_json", "not_an_object", "unknown_tool", "bad_arguments",
-            "nudges", "retries", "replies", "text_tool_calls", "after_report")
+            "nudges", "retries", "replies", "text_tool_calls", "after_report", "dropped_calls")
 TOOL_CHOICES = ("auto", "required", "none")
 
 
@@ -177,7 +178,7 @@ def _assistant_message(message: dict, turn: int, ids: set) -> dict:
     content = valid_text(content) if isinstance(content, str) else None
     raw_calls = message.get("tool_calls")
     calls = []
-    for n, tc in enumerate(raw_calls if isinstance(raw_calls, list) else []):
+    for n, tc in enumerate(raw_calls[:MAX_CALLS_PER_REPLY] if isinstance(raw_calls, list) else []):
         tc = tc if isinstance(tc, dict) else {}
         fn = tc.get("function") if isinstance(tc.get("function"), dict) else {}
         calls.append({"id": _unique_id(tc.get("id"), f"call_{turn}_{n}", ids), "type": "function",
@@ -353,6 +354,8 @@ class ModelAgent:
             _add_usage(convo.usage, reply.get("usage"))
             convo.counts["replies"] += 1
             assistant = _assistant_message(message, turn, convo.ids)
+            raw_calls = message.get("tool_calls")
+            convo.counts["dropped_calls"] += max(0, len(raw_calls) - MAX_CALLS_PER_REPLY) if isinstance(raw_calls, list) else 0
             if not assistant.get("tool_calls") and self.settings.text_tool_calls:
                 assistant = _with_text_calls(assistant, turn, convo)
             messages.append(assistant)

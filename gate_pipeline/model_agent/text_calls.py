@@ -16,11 +16,12 @@ from __future__ import annotations
 import json
 import re
 
+from .limits import MAX_CALLS_PER_REPLY
+
 HERMES = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.S)
 FENCE_TAG = re.compile(r"[A-Za-z0-9_-]*")  # the language named after a code fence's opening ```
 NAME = re.compile(r'"name"\s*:\s*"([^"\\]{1,200})"')
 MAX_TEXT = 200_000  # a reply longer than this is not searched for calls
-MAX_CALLS = 64
 
 
 def _decode(text: str):
@@ -48,7 +49,7 @@ def parse_text_calls(content) -> tuple[list[tuple[str, str]], str | None]:
         return [], content
     if "<tool_call>" in content:
         calls = []
-        for block in HERMES.findall(content)[:MAX_CALLS]:
+        for block in HERMES.findall(content)[:MAX_CALLS_PER_REPLY]:
             value, why = _decode(block.strip())
             call = _call_of(value) if why is None else None
             if call is None:  # a tool call the model meant, in a shape that does not read: answered, not dropped
