@@ -131,22 +131,23 @@ def test_text_tool_calls_are_opt_in_and_counted_apart(server, tmp_path, capsys, 
 
 
 def test_text_calls_in_the_common_shapes_and_hostile_text():
-    calls, rest = parse_text_calls('Checking.\n<tool_call>\n{"name": "list_batches", "arguments": {}}\n</tool_call>\n'
+    calls, rest, _ = parse_text_calls('Checking.\n<tool_call>\n{"name": "list_batches", "arguments": {}}\n</tool_call>\n'
                                    '<tool_call>{"name": "profile_batch", "arguments": {"batch_id": "B-1"}}</tool_call>')
     assert calls == [("list_batches", "{}"), ("profile_batch", '{"batch_id": "B-1"}')] and rest == "Checking."
     assert parse_text_calls('{"name": "run_sql", "parameters": {"query": "SELECT 1"}}') == (
-        [("run_sql", '{"query": "SELECT 1"}')], None)
-    assert parse_text_calls('```json\n{"name": "read_contract"}\n```') == ([("read_contract", "")], None)
+        [("run_sql", '{"query": "SELECT 1"}')], None, 0)
+    assert parse_text_calls('```json\n{"name": "read_contract"}\n```') == ([("read_contract", "")], None, 0)
     assert parse_text_calls('{"name": "load_batch", "arguments": "{\\"batch_id\\": \\"B\\"}"}')[0] == [
         ("load_batch", '{"batch_id": "B"}')]
     # a <tool_call> block that is not JSON is a call with invalid arguments (answered), never dropped
-    calls, _ = parse_text_calls('<tool_call>{"name": "load_batch", "arguments": {"batch_id": </tool_call>')
+    calls, _, _ = parse_text_calls('<tool_call>{"name": "load_batch", "arguments": {"batch_id": </tool_call>')
     assert calls[0][0] == "load_batch" and calls[0][1].startswith('{"name"')
     for text in ("All fine.", '{"answer": 42}', "[1, 2]", "{" * 100_000, "", None, 7, "<tool_call>" * 10_000,
                  '{"name": ""}', '{"name": 5}', "x" * 300_000):
-        calls, _ = parse_text_calls(text)
+        calls, _, _ = parse_text_calls(text)
         assert all(isinstance(n, str) and isinstance(a, str) for n, a in calls)
-    assert len(parse_text_calls("<tool_call>{}</tool_call>" * 1000)[0]) == 64  # at most MAX_CALLS a reply
+    calls, _, dropped = parse_text_calls("<tool_call>{}</tool_call>" * 1000)
+    assert len(calls) == 64 and dropped == 936  # at most MAX_CALLS_PER_REPLY a reply, the rest counted
 
 
 def test_a_reply_that_opens_a_fence_and_runs_on_whitespace_is_read_in_the_time_of_its_length():
@@ -156,12 +157,12 @@ def test_a_reply_that_opens_a_fence_and_runs_on_whitespace_is_read_in_the_time_o
     for fill in (" ", "\n", "\t"):
         started = time.perf_counter()
         for reply in ("```json\n" + fill * 199_000 + "x", "```" + fill * 199_000 + "```x", "```json" + fill * 199_990):
-            assert parse_text_calls(reply) == ([], reply)
+            assert parse_text_calls(reply) == ([], reply, 0)
         assert time.perf_counter() - started < 5  # the old pattern: hundreds of seconds for each
     # what a fence holds is still read, whatever its language tag and the space around it
-    assert parse_text_calls('```\n{"name": "read_contract"}```') == ([("read_contract", "")], None)
-    assert parse_text_calls('  ```tool_code  \n\n {"name": "list_batches"} \n```  ') == ([("list_batches", "")], None)
-    assert parse_text_calls('```json{"name": "read_contract"}```') == ([("read_contract", "")], None)
+    assert parse_text_calls('```\n{"name": "read_contract"}```') == ([("read_contract", "")], None, 0)
+    assert parse_text_calls('  ```tool_code  \n\n {"name": "list_batches"} \n```  ') == ([("list_batches", "")], None, 0)
+    assert parse_text_calls('```json{"name": "read_contract"}```') == ([("read_contract", "")], None, 0)
     assert parse_text_calls("``````")[0] == [] and parse_text_calls("`````")[0] == []
 
 

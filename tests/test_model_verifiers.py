@@ -102,7 +102,7 @@ def test_the_rollout_state_holds_an_engine_session_then_the_grade_ledger_and_cou
     assert chain_intact(grade["ledger"]) and grade["ledger"][-1]["action"] == "submit_report"
     first = grade["ledger"][0]  # the malformed call reached the session, which refused and logged it
     assert first["action"] == "profile_batch" and not first["executed"] and first["note"] == "malformed action"
-    assert grade["counts"] == {"tool_calls": len(grade["ledger"]), "tool_errors": 1, "nudges": 0}
+    assert grade["counts"] == {"tool_calls": len(grade["ledger"]), "tool_errors": 1, "nudges": 0, "dropped_calls": 0}
     assert o["gate_session"] is None  # the session is closed once graded
 
 
@@ -154,3 +154,20 @@ def test_vf_eval_finds_load_environment_by_the_package_name():
     for env_id in ("gate-pipeline", "gate_pipeline"):
         env = vf_load(env_id, num_cases=2)
         assert type(env).__name__ == "GateEnv" and len(env.pool) == 2
+
+
+def test_a_reply_plays_at_most_64_tool_calls_and_answers_the_rest_unplayed(server):
+    """A reply of a thousand tool calls played a thousand steps. The first 64 are played; every other call is still
+    answered (the next request needs an answer to each), as not played, and counted."""
+    env = load_environment(num_cases=1)
+    client = OpenAIChatCompletionsClient(AsyncOpenAI(base_url=server.url, api_key="x"))
+    out = asyncio.run(env.evaluate(client=client, model="flood", num_examples=1, rollouts_per_example=1,
+                                   max_concurrent=1, on_progress=[], state_columns=["gate_grade"]))
+    o = out["outputs"][0]
+    grade = o["gate_grade"]
+    answers = [m for m in o["completion"] if m["role"] == "tool"][:1000]
+    assert len(answers) == 1000 and sum('"not played: a reply plays at most 64 tool calls"' in m["content"]
+                                        for m in answers) == 936
+    assert grade["counts"]["dropped_calls"] == 936 and grade["counts"]["tool_calls"] == len(grade["ledger"])
+    assert sum(1 for e in grade["ledger"] if e["action"] == "list_batches") <= 64 + 1 and grade["finished"]
+

@@ -606,29 +606,46 @@ def test_mcp_lists_the_tools_gate_run_sends_and_plays_an_episode_to_its_reward()
 
 
 def test_a_notification_is_carried_out_never_answered_and_health_answers_head():
-    """JSON-RPC: a request without an 'id' is a notification, and the server must not answer it. A tools/call
-    notification was answered with the observation; it now steps its session (202, no body). `HEAD /health`,
-    what load balancers and `curl -I` send, answered 405."""
-    proc, url, err = start_server("--cases", str(EVAL), "--idle-timeout", "60")
+    """JSON-RPC: a request without an 'id' is a notification, and the server must not answer it, not even with an
+    error. A tools/call notification was answered with the observation; it now steps its session (202, no body).
+    A session-create notification opens nothing (a session nobody is told of would hold a place of its client's cap
+    until its idle timeout). `HEAD /health`, what load balancers and `curl -I` send, answered 405."""
+    proc, url, err = start_server("--cases", str(EVAL), "--idle-timeout", "60", "--max-per-client", "2")
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+
+    def raw(method, path, body=None):
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        try:
+            conn.request(method, path, body=None if body is None else json.dumps(body).encode(),
+                         headers={"content-type": "application/json"})
+            response = conn.getresponse()
+            return response.status, response.read()
+        finally:
+            conn.close()
+
     try:
         sid = rpc(url, "openenv/session/create", {"reset": {"case_id": CASES[0].case_id}})["result"]["session_id"]
         for message in ({"jsonrpc": "2.0", "method": "tools/call", "params": {"session_id": sid, "name": "list_batches"}},
                         {"jsonrpc": "2.0", "method": "tools/call", "params": {"session_id": "nope", "name": "x"}},
+                        {"jsonrpc": "2.0", "method": "tools/call", "params": [1]},
+                        {"jsonrpc": "2.0", "method": "openenv/session/create", "params": {}},
+                        {"jsonrpc": "2.0", "method": "openenv/session/create", "params": {}},
                         {"jsonrpc": "2.0", "method": "nope"}, {"jsonrpc": "2.0", "method": "ping"},
                         {"jsonrpc": "2.0", "method": "notifications/initialized"}):
-            assert request(url, "POST", "/mcp", message) == (202, None), message
+            assert raw("POST", "/mcp", message) == (202, b""), message
         answer = rpc(url, "tools/call", {"session_id": sid, "name": "list_batches"})["result"]
         assert answer["_meta"]["turn"] == 2  # the notification's call was the first
-        host, port = url.removeprefix("http://").rsplit(":", 1)
-        conn = http.client.HTTPConnection(host, int(port), timeout=10)
-        try:
-            conn.request("HEAD", "/health")
-            response = conn.getresponse()
-            assert response.status == 200 and response.read() == b""
-        finally:
-            conn.close()
+        assert "session_id" in rpc(url, "openenv/session/create")["result"]  # the notified creates hold no place
+        assert raw("POST", "/mcp", {"jsonrpc": "2.0", "method": "openenv/session/close",
+                                    "params": {"session_id": sid}}) == (202, b"")
+        assert "no open MCP session" in rpc(url, "tools/call", {"session_id": sid, "name": "list_batches"})[
+            "error"]["message"]  # the notified close closed it
+        assert raw("HEAD", "/health") == (200, b"")
+        status, body = raw("GET", "/openapi.json")
+        assert status == 200 and list(json.loads(body)["paths"]["/health"]) == ["get"]
     finally:
-        stopped_cleanly(proc, err)
+        log = stopped_cleanly(proc, err)
+    assert "Duplicate Operation ID" not in log, log[-2000:]
 
 
 def test_a_text_frame_that_is_not_utf8_is_closed_1007_without_a_traceback():

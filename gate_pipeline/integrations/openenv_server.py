@@ -57,7 +57,7 @@ from typing import Any, Callable
 from urllib.parse import unquote
 
 import numpy as np
-from fastapi import FastAPI, Request, WebSocket
+from fastapi import FastAPI, Request, Response, WebSocket
 from fastapi.responses import JSONResponse
 from openenv.core.env_server import Environment
 from openenv.core.env_server.types import EnvironmentMetadata
@@ -461,6 +461,12 @@ class Sessions:
 RPC_PARSE, RPC_INVALID, RPC_METHOD, RPC_PARAMS, RPC_SERVER = -32700, -32600, -32601, -32602, -32000
 
 
+# the methods a notification carries out: those whose effect is not their answer (a tools/call steps its session,
+# a close frees it). Anything else notified is ignored: a session created by a notification is one nobody is told
+# of, held until its idle timeout against its client's cap.
+NOTIFIED = frozenset({"tools/call", "openenv/session/close"})
+
+
 def rpc_error(code: int, message: str, request_id=None, data: dict | None = None) -> dict:
     error: dict = {"code": code, "message": message}
     if data:
@@ -515,15 +521,15 @@ class Gate:
                    "'jsonrpc' must be \"2.0\"" if message.get("jsonrpc") != "2.0" else "'method' must be text")
             return rpc_error(RPC_INVALID, f"invalid request: {why}", request_id)
         method, params = message["method"], message.get("params", {})
-        if not isinstance(params, dict):
-            return rpc_error(RPC_PARAMS, "'params' must be an object", request_id)
-        if "id" not in message:  # a notification: carried out (a tools/call still steps its session), never answered
-            if not method.startswith("notifications/"):
+        if "id" not in message:  # a notification: never answered, not even with an error
+            if method in NOTIFIED and isinstance(params, dict):
                 try:
                     await self._rpc_method(method, params, client, session)
                 except (BadRequest, ResetOptionError, CapacityError, LookupError):
                     pass  # what would be its error has no one to go to
             return None
+        if not isinstance(params, dict):
+            return rpc_error(RPC_PARAMS, "'params' must be an object", request_id)
         try:
             return rpc_result(await self._rpc_method(method, params, client, session), request_id)
         except BadRequest as exc:
@@ -788,9 +794,13 @@ def create_gate_app(pool: CasePool, config: ServeConfig | None = None):
     async def http_state():
         return GateServerEnv(pool).public_state().model_dump()
 
-    @app.api_route("/health", methods=["GET", "HEAD"], tags=["Health"])
+    @app.get("/health", tags=["Health"])
     async def health():
         return {"status": "healthy"}
+
+    @app.head("/health", include_in_schema=False)  # load balancers' and `curl -I`'s health check
+    async def health_head():
+        return Response(status_code=200)
 
     @app.get("/metadata", tags=["Environment Info"])
     async def get_metadata():
@@ -809,7 +819,7 @@ def create_gate_app(pool: CasePool, config: ServeConfig | None = None):
         except BadRequest as exc:
             return rpc_error(RPC_PARSE, str(exc))
         answer = await gate.rpc(message, client)
-        return answer if answer is not None else AsciiJSONResponse(status_code=202, content=None)
+        return answer if answer is not None else Response(status_code=202)  # a notification: no body
 
     @app.websocket("/ws")
     async def ws(websocket: WebSocket):

@@ -24,8 +24,11 @@ from ..kernel.pool import CasePool
 from ..kernel.records import TERMS
 from ..kernel.settings import Settings
 from ..kernel.suite import Suite
+from ..model_agent.limits import MAX_CALLS_PER_REPLY
 from ..model_agent.prompt import NUDGE, OPENING
 from ..model_agent.tool_schemas import tool_schemas
+
+DROPPED = f"not played: a reply plays at most {MAX_CALLS_PER_REPLY} tool calls"
 
 METRICS = (*TERMS, "bad_batches_loaded", "revenue_error_usd", "finished")
 
@@ -73,7 +76,7 @@ class GateEnv(vf.MultiTurnEnv):
         if case_id not in self.pool:
             raise vf.Error(f"no gate case {case_id!r} in this environment")
         state["gate_session"] = Session(self.pool.prepared(case_id), "verifiers", stop_at_report=True)
-        state["gate_counts"] = {"tool_calls": 0, "tool_errors": 0, "nudges": 0}
+        state["gate_counts"] = {"tool_calls": 0, "tool_errors": 0, "nudges": 0, "dropped_calls": 0}
         return state
 
     async def env_response(self, messages, state, **kwargs):
@@ -84,10 +87,14 @@ class GateEnv(vf.MultiTurnEnv):
             counts["nudges"] += 1
             return [UserMessage(content=NUDGE)]
         out = []
-        for call in calls:
-            counts["tool_calls"] += 1
-            result = session.step({"tool": call.name, "args": call.arguments}).result
-            counts["tool_errors"] += isinstance(result, dict) and "error" in result
+        for n, call in enumerate(calls):
+            if n >= MAX_CALLS_PER_REPLY:  # answered (every call of the reply must be), never played
+                counts["dropped_calls"] += 1
+                result = {"error": DROPPED}
+            else:
+                counts["tool_calls"] += 1
+                result = session.step({"tool": call.name, "args": call.arguments}).result
+                counts["tool_errors"] += isinstance(result, dict) and "error" in result
             out.append(ToolMessage(tool_call_id=call.id, content=json.dumps(result, default=str)))
         if session.reported:
             state["final_env_response"] = out

@@ -39,8 +39,8 @@ from .text_calls import parse_text_calls
 from .tool_schemas import tool_schemas
 
 # replies: answers read from the server; text_tool_calls: the calls of `tool_calls` read from a reply's text;
-# after_report: calls after an accepted report in the same reply, refused; dropped_calls: a reply's structured calls
-# beyond MAX_CALLS_PER_REPLY, never played nor kept in the conversation
+# after_report: calls after an accepted report in the same reply, refused; dropped_calls: a reply's calls (structured
+# or written as text) beyond MAX_CALLS_PER_REPLY, never played nor kept in the conversation
 COUNTERS = ("tool_calls", "tool_errors", "invalid_json", "not_an_object", "unknown_tool", "bad_arguments",
             "nudges", "retries", "replies", "text_tool_calls", "after_report", "dropped_calls")
 TOOL_CHOICES = ("auto", "required", "none")
@@ -193,10 +193,11 @@ def _assistant_message(message: dict, turn: int, ids: set) -> dict:
 def _with_text_calls(assistant: dict, turn: int, convo: Conversation) -> dict:
     """The assistant turn with the tool calls its text carries made structured (as a server's tool
     parser would have returned them), and the text around them as its content."""
-    calls, rest = parse_text_calls(assistant.get("content"))
+    calls, rest, dropped = parse_text_calls(assistant.get("content"))
     if not calls:
         return assistant
     convo.counts["text_tool_calls"] += len(calls)
+    convo.counts["dropped_calls"] += dropped
     return {"role": "assistant", "content": rest or "",
             "tool_calls": [{"id": _unique_id(None, f"text_call_{turn}_{n}", convo.ids), "type": "function",
                             "function": {"name": name, "arguments": arguments}}

@@ -42,14 +42,16 @@ def _call_of(obj) -> tuple[str, str] | None:
     return obj["name"], args if isinstance(args, str) else json.dumps(args)
 
 
-def parse_text_calls(content) -> tuple[list[tuple[str, str]], str | None]:
-    """The tool calls written in a reply's text, as (name, arguments JSON text), and the text left
-    around them (None when nothing is left). No call found: ([], content unchanged)."""
+def parse_text_calls(content) -> tuple[list[tuple[str, str]], str | None, int]:
+    """The tool calls written in a reply's text, as (name, arguments JSON text), the text left around
+    them (None when nothing is left), and how many calls beyond MAX_CALLS_PER_REPLY were dropped. No
+    call found: ([], content unchanged, 0)."""
     if not isinstance(content, str) or not content.strip() or len(content) > MAX_TEXT:
-        return [], content
+        return [], content, 0
     if "<tool_call>" in content:
         calls = []
-        for block in HERMES.findall(content)[:MAX_CALLS_PER_REPLY]:
+        blocks = HERMES.findall(content)
+        for block in blocks[:MAX_CALLS_PER_REPLY]:
             value, why = _decode(block.strip())
             call = _call_of(value) if why is None else None
             if call is None:  # a tool call the model meant, in a shape that does not read: answered, not dropped
@@ -57,14 +59,14 @@ def parse_text_calls(content) -> tuple[list[tuple[str, str]], str | None]:
                 call = (found.group(1) if found else "", block.strip())
             calls.append(call)
         rest = HERMES.sub("", content).strip()
-        return calls, rest or None
+        return calls, rest or None, max(0, len(blocks) - MAX_CALLS_PER_REPLY)
     text = content.strip()
     if len(text) >= 6 and text.startswith("```") and text.endswith("```"):  # one fenced block: what it holds
         inner = text[3:-3]  # (sliced, not matched by a pattern: a reply's length in time, whatever it holds)
         tag = FENCE_TAG.match(inner)
         text = inner[tag.end() if tag else 0:].strip()
     if not text.startswith("{"):
-        return [], content
+        return [], content, 0
     value, why = _decode(text)
     call = _call_of(value) if why is None else None
-    return ([call], None) if call else ([], content)
+    return ([call], None, 0) if call else ([], content, 0)
