@@ -244,6 +244,31 @@ def test_an_agent_named_twice_is_refused_before_anything_is_played(home, capsys,
     assert not RunStore().episodes()
 
 
+def test_options_for_an_agent_not_played_are_refused_before_anything_is_played(home, capsys, tmp_path):
+    """`--agent-options '{"carful": ...}'` (a misspelt name) was dropped without a word, and careful played without
+    the options meant for it; the entry was even sealed in the night's plan. It is one line now, on the command line
+    and in run config, and nothing is stored. An option object that names an agent twice is refused too."""
+    two = tmp_path / "two.jsonl"
+    write_cases(two, [c.data for c in read_cases(EVAL)[:2]])
+    without = {"without": ["orders.amount.out_of_range"]}
+    assert main(["nightly", "--cases", str(two), "--agents", "careful", "--agent-options",
+                 json.dumps({"carful": without})]) == 2
+    err = capsys.readouterr().err
+    assert err == ("gate: error: options are given for agent 'carful', which is not one of the agents played "
+                   "(careful)\n"), err
+    assert main(["nightly", "--cases", str(two), "--agents", "careful", "--agent-options",
+                 '{"careful": {}, "careful": {"without": ["orders.amount.out_of_range"]}}']) == 2
+    assert capsys.readouterr().err == "gate: error: --agent-options names the key 'careful' twice in one object\n"
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = defs.resolve_job_def("nightly_benchmark").execute_in_process(
+            instance=instance, raise_on_error=False,
+            run_config=nightly_run_config(cases_file=str(two), agents=["careful"], agent_options={"carful": without}))
+    assert not result.success
+    [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert "options are given for agent 'carful'" in failure.event_specific_data.error.message
+    assert not RunStore().episodes() and RunStore().manifests() == []
+
+
 def test_a_completed_night_is_not_played_again_by_a_re_execution(home, tmp_path, capsys):
     """"Re-execute all" of a night that completed played it again as a continuation of it, whose manifest stayed
     open for good, and kept a second summary `gate verify` could not recompute: a store that read as tampered

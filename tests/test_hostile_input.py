@@ -151,6 +151,7 @@ def test_a_list_as_case_id_in_a_replay_file_is_one_line(tmp_path):
     ("variant: " + "[" * 20000 + "]" * 20000 + "\n", "nested deeper than"),
     ("a: &a [x, x, x]\nb: &b [*a, *a, *a]\nvariant: [*b, *b]\n", "anchors and aliases are not allowed"),
     ("variant:\n  base: classic\n  description: d\nextra: 1\n", "unknown key 'extra'"),
+    ("variant:\n  base: classic\n  description: d\n1: a\nb: c\n", "unknown key '1'"),  # keys of two types: a traceback
 ])
 def test_a_hostile_variant_file_is_one_line(tmp_path, text, needle):
     contracts = tmp_path / "contracts"
@@ -160,6 +161,45 @@ def test_a_hostile_variant_file_is_one_line(tmp_path, text, needle):
     env = {**os.environ, "GATE_CONTRACTS": str(contracts)}
     p = subprocess.run([GATE, "experiment"], capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
     one_line(p, needle)
+
+
+@pytest.mark.parametrize("kind, words", [("directory", "bad.yaml: is a directory, not a variant file"),
+                                         ("device", "bad.yaml: is no regular file, not a variant file")])
+def test_a_variant_entry_that_is_no_file_says_so(tmp_path, kind, words):
+    """A directory or a link to /dev/zero named like a variant was listed as a variant and called unknown in one
+    breath: `unknown variant 'bad'; variants in ...: bad`."""
+    contracts = tmp_path / "contracts"
+    (contracts / "variants").mkdir(parents=True)
+    (contracts / "classic.yaml").write_text((ROOT / "contracts" / "classic.yaml").read_text())
+    if kind == "directory":
+        (contracts / "variants" / "bad.yaml").mkdir()
+    else:
+        (contracts / "variants" / "bad.yaml").symlink_to("/dev/zero")
+    env = {**os.environ, "GATE_CONTRACTS": str(contracts)}
+    p = subprocess.run([GATE, "experiment", "--variants", "bad"], capture_output=True, text=True, cwd=ROOT,
+                       timeout=300, env=env)
+    one_line(p, words)
+
+
+def test_a_replay_names_the_line_of_an_unknown_case_and_refuses_a_key_named_twice(tmp_path):
+    """An unknown case id was said without its line (the docs promise the file and the line); an object naming a key
+    twice was read as its last value, where `gate serve` refuses it: one reading of a trajectory, whoever reads it."""
+    (tmp_path / "u.jsonl").write_text('{"case_id": "eval-amount-bounds-0", "calls": []}\n'
+                                      '{"case_id": "zzz", "calls": []}\n')
+    one_line(gate("replay", "--trajectories", str(tmp_path / "u.jsonl")), "u.jsonl:2: no case 'zzz' in ")
+    (tmp_path / "d.jsonl").write_text('{"case_id": "nope", "case_id": "eval-amount-bounds-0", "calls": []}\n')
+    one_line(gate("replay", "--trajectories", str(tmp_path / "d.jsonl")),
+             "d.jsonl:1: not valid JSON (names the key 'case_id' twice in one object)")
+
+
+def test_a_tool_calls_arguments_are_read_as_gate_serve_reads_a_frame():
+    """A model's arguments naming a key twice were read as the last value (gate serve refuses such a frame); NaN,
+    which JSON has not, was read as a number. Both are now the one parser's invalid JSON."""
+    from gate_pipeline.kernel.actions import INVALID_JSON, parse_arguments
+    for raw, words in (('{"batch_id": "B-1", "batch_id": "B-2"}', "names the key 'batch_id' twice"),
+                       ('{"limit": NaN}', "NaN is not a JSON number")):
+        action = parse_arguments("profile_batch", raw)
+        assert action.kind == INVALID_JSON and words in action.problem, action
 
 
 def test_deeply_nested_actions_are_error_observations(case):
@@ -245,7 +285,7 @@ def test_other_files_gate_is_handed_are_refused_when_no_regular_file(fifo, never
     for command in (["report", "--agents", "careful@stuck"], ["experiment"]):  # a variant file that is a FIFO
         assert main(command) == 2
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and "unknown variant 'stuck'" in err
+        assert err.count("\n") == 1 and "variants/stuck.yaml: is no regular file, not a variant file" in err
 
 
 def test_a_row_with_a_column_its_table_does_not_have_is_refused_naming_it(tmp_path, capsys):

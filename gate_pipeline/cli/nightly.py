@@ -14,6 +14,8 @@ import sys
 import uuid
 from pathlib import Path
 
+from ..kernel import strict_json
+from ..kernel.agents import options_named
 from ..kernel.cases import printable
 from ..kernel.settings import Settings
 from .common import CASES_HELP, agent_list, agents_epilog, cases_arg, int_arg, resolve_agents
@@ -25,7 +27,9 @@ def _options(text: str | None):
     if text is None:
         return None
     try:
-        value = json.loads(text)
+        value = strict_json.loads(text)
+    except strict_json.KeyTwice as exc:
+        raise UsageError(f"--agent-options {exc}") from None
     except json.JSONDecodeError as exc:
         raise UsageError(f"--agent-options is not JSON ({exc.msg})") from None
     except RecursionError:
@@ -91,6 +95,7 @@ def _night(a, settings: Settings, collecting: bool) -> int:
     cases = cases_of_text(text, str(Path(cases_file)))  # a bad case file is one line too
     agents = agent_list(a.agents, list(suite_of_cases(cases).report_agents))
     options = _options(a.agent_options) or {}
+    options_named(agents, options)
     resolve_agents(agents, settings, options)  # an unknown agent is one line, before Dagster starts
     from ..store import RunStore
     store = RunStore(settings, once=True)  # the night's steps share its engine (`once`)

@@ -19,13 +19,10 @@ def cmd_replay(a, settings: Settings) -> int:
     path = cases_arg(a, settings)
     pool = CasePool.from_file(path)
     text = read_text(a.trajectories, "trajectory file", MAX_TRAJECTORY_BYTES, UsageError)
-    items = parse_trajectories(text, a.trajectories)
+    items = parse_trajectories(text, a.trajectories, pool, str(path))
     if not items:
         raise UsageError(f"{a.trajectories}: no trajectories in the file (one JSON object per line: "
                          f"{{\"case_id\": ..., \"calls\": [...]}})")
-    for case_id, _ in items:
-        if case_id not in pool:
-            raise UsageError(f"{a.trajectories}: no case {case_id!r} in {path}")
     for case_id, actions in items:
         results, episode = replay(pool.prepared(case_id), actions, reward=a.reward)
         g = episode.grade

@@ -64,7 +64,7 @@ from openenv.core.env_server.types import EnvironmentMetadata
 from starlette.requests import ClientDisconnect
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from ..kernel import compile_check
+from ..kernel import compile_check, strict_json
 from ..kernel.engine import Session
 from ..kernel.errors import GateError
 from ..kernel.pool import CasePool
@@ -271,34 +271,13 @@ def observation_payload(obs: GateObservation) -> dict:
 
 # -- strict reading of requests -------------------------------------------------------------------
 
-def _not_json(constant: str):
-    raise ValueError(f"{constant} is not a JSON number")
-
-
-class _Twice(ValueError):
-    pass
-
-
-def _one_value_per_key(pairs: list[tuple[str, Any]]) -> dict:
-    """An object whose keys are all different: one that names a key twice means what its reader makes of it
-    (Python's json, the last value), so it is refused rather than read one way here and another elsewhere."""
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise _Twice(repr(key[:80]))
-            seen.add(key)
-    return out
-
-
 def decode_json(raw: str | bytes, what: str = "message"):
     """The JSON value of a frame or a body, or BadRequest (not JSON, nested too deep, a huge number,
     Python's NaN and Infinity, which JSON has not, or an object that names a key twice)."""
     try:
-        return json.loads(raw, parse_constant=_not_json, object_pairs_hook=_one_value_per_key)
-    except _Twice as exc:
-        raise BadRequest(f"the {what} names the key {exc} twice in one object") from None
+        return strict_json.loads(raw)
+    except strict_json.KeyTwice as exc:
+        raise BadRequest(f"the {what} {exc}") from None
     except RecursionError:
         raise BadRequest(f"the {what} is nested too deep to read") from None
     except (ValueError, UnicodeDecodeError) as exc:

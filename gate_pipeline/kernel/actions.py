@@ -17,10 +17,11 @@ business (`tools.check_args`), not the parser's.
 from __future__ import annotations
 
 import json
-from typing import NamedTuple
+from typing import Container, NamedTuple
 
 from .errors import GateError
 from .files import json_lines
+from .strict_json import loads as strict_loads
 
 ACTION_KEYS = frozenset({"tool", "args"})
 TOOL_CALL_KEYS = frozenset({"id", "type", "function"})  # a chat-completions tool call
@@ -41,7 +42,7 @@ class Action(NamedTuple):
 def _decode(text: str):
     """(value, None) or (None, why)."""
     try:
-        return json.loads(text), None
+        return strict_loads(text), None
     except ValueError as exc:
         return None, f"not valid JSON ({exc})"
     except RecursionError:
@@ -144,8 +145,10 @@ class TrajectoryError(GateError, ValueError):
     """A trajectory file gate cannot replay; the message names the file and the line."""
 
 
-def parse_trajectories(text: str, where: str) -> list[tuple[str, list]]:
-    """(case id, actions) per line of a trajectory file: `{"case_id": ..., "calls": [action, ...]}`.
+def parse_trajectories(text: str, where: str, cases: Container[str] | None = None,
+                       cases_where: str = "the cases") -> list[tuple[str, list]]:
+    """(case id, actions) per line of a trajectory file: `{"case_id": ..., "calls": [action, ...]}`; with
+    `cases`, a case id not in it is an error of its line too (`cases_where` names where they come from).
 
     Only the line's shape is checked here; each action is parsed when it is replayed, exactly as
     the episode API parses it (a malformed action is a refused call, not a bad file)."""
@@ -161,5 +164,7 @@ def parse_trajectories(text: str, where: str) -> list[tuple[str, list]]:
         case_id = value.get("case_id")
         if not isinstance(case_id, str) or not case_id:
             raise TrajectoryError(f"{where}:{n}: 'case_id' must be a non-empty string, not {ledger_repr(case_id)}")
+        if cases is not None and case_id not in cases:
+            raise TrajectoryError(f"{where}:{n}: no case {case_id[:80]!r} in {cases_where}")
         out.append((case_id, value["calls"]))
     return out

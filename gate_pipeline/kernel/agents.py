@@ -123,7 +123,7 @@ def _accepted(factory) -> list[str] | None:
 def _option_problem(name: str, factory, options: dict, exc: Exception) -> str:
     accepted = _accepted(factory)
     if accepted is not None:
-        unknown = sorted(set(options) - set(accepted))
+        unknown = sorted(str(k) for k in set(options) - set(accepted))
         if unknown:
             return (f"agent {name!r} does not take option {unknown[0]!r}; "
                     f"it takes {', '.join(accepted) if accepted else 'no options'}")
@@ -232,6 +232,15 @@ def resolve_agents(names, options: dict | None = None, contracts=None) -> list[A
     """`resolve_agent` of each name, with its options (`options[name]`); RepeatedAgent when two are one agent."""
     options = options or {}
     return unique_agents([resolve_agent(name, options.get(name), contracts=contracts) for name in names])
+
+
+def options_named(names: list[str], options: dict) -> None:
+    """Options given for agents are for agents played: an entry for any other (a misspelt name) would be dropped
+    without a word, and the agent it meant played without them (AgentOptionError)."""
+    stray = [str(key) for key in options if key not in names]
+    if stray:
+        raise AgentOptionError(f"options are given for agent {stray[0][:80]!r}, which is not one of the agents "
+                               f"played ({', '.join(names)[:200]})")
 
 
 def unique_agents(specs: list[AgentSpec]) -> list[AgentSpec]:

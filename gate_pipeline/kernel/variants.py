@@ -31,6 +31,7 @@ from pathlib import Path
 
 from .contract import SHIPPED_CONTRACTS, ContractError, load_contract, read_yaml, suite_of_contract_file
 from .errors import UnknownAgent
+from .files import path_state
 from .suite import Suite, suites
 
 VARIANT_KEYS = ("base", "description", "remove_rules", "overrides")
@@ -121,9 +122,9 @@ def parse_variant(doc, name: str, where: str, contracts: str | Path | None = Non
         raise ContractError(f"{where}: variant name {name!r} must be lower-case letters, digits, '.', '_' or '-'")
     if not isinstance(doc, dict) or "variant" not in doc:
         raise ContractError(f"{where}: missing key 'variant'")
-    extra = sorted(set(doc) - {"variant"})
+    extra = sorted(str(k) for k in set(doc) - {"variant"})  # YAML keys may be numbers, dates, ...
     if extra:
-        raise ContractError(f"{where}: unknown key {extra[0]!r} (a variant file has one key, 'variant')")
+        raise ContractError(f"{where}: unknown key {extra[0][:80]!r} (a variant file has one key, 'variant')")
     body = doc["variant"]
     if not isinstance(body, dict):
         raise ContractError(f"{where}: key 'variant' must be a mapping, not {type(body).__name__}")
@@ -175,8 +176,12 @@ def variant_names(contracts: str | Path | None = None) -> list[str]:
 def load_variant(name: str, contracts: str | Path | None = None) -> Variant:
     folder = variants_dir(contracts)
     outside = not isinstance(name, str) or not name or name.startswith(".") or "/" in name or "\\" in name
-    if outside or not (folder / f"{name}.yaml").is_file():
+    state = "missing" if outside else path_state(folder / f"{name}.yaml")
+    if state == "missing":
         raise ContractError(f"unknown variant {name!r}; variants in {folder}: {', '.join(variant_names(contracts))}")
+    if state != "file":  # listed (its name ends .yaml), but no file to read: said so, not "unknown" and listed
+        raise ContractError(f"{folder / f'{name}.yaml'}: is {'a directory' if state == 'directory' else 'no regular file'}"
+                            f", not a variant file")
     return load_variant_file(folder / f"{name}.yaml", contracts)
 
 
