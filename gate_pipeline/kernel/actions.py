@@ -39,10 +39,12 @@ class Action(NamedTuple):
     kind: str | None = None  # INVALID_JSON, NOT_AN_OBJECT or MALFORMED when there is a problem
 
 
-def _decode(text: str):
-    """(value, None) or (None, why)."""
+def _decode(text: str, loads=json.loads):
+    """(value, None) or (None, why). A tool call's arguments and an action's text are read as Python's json reads
+    them (an object naming a key twice is its last value): a model transcript an older gate stored is played
+    again by `gate verify` through this parser, and must read as it did when it was played."""
     try:
-        return strict_loads(text), None
+        return loads(text), None
     except ValueError as exc:
         return None, f"not valid JSON ({exc})"
     except RecursionError:
@@ -156,7 +158,7 @@ def parse_trajectories(text: str, where: str, cases: Container[str] | None = Non
     for n, line in enumerate(json_lines(text), 1):
         if not line.strip():
             continue
-        value, why = _decode(line)
+        value, why = _decode(line, strict_loads)  # a file handed to gate: one meaning, as `gate serve` reads a frame
         if why:
             raise TrajectoryError(f"{where}:{n}: {why}")
         if not isinstance(value, dict) or not isinstance(value.get("calls"), list):
