@@ -95,8 +95,8 @@ def _night(a, settings: Settings, collecting: bool) -> int:
     cases = cases_of_text(text, str(Path(cases_file)))  # a bad case file is one line too
     agents = agent_list(a.agents, list(suite_of_cases(cases).report_agents))
     options = _options(a.agent_options) or {}
-    options_named(agents, options)
     resolve_agents(agents, settings, options)  # an unknown agent is one line, before Dagster starts
+    options_named(agents, options)  # and options for an agent not played (a misspelt name)
     from ..store import RunStore
     store = RunStore(settings, once=True)  # the night's steps share its engine (`once`)
     for run_id, closed in store.close_dead_runs():  # a night whose process died: closed before this one starts

@@ -142,13 +142,13 @@ def plan_nightly(context: dg.OpExecutionContext, config: NightlyConfig, case_lib
         agents = [a.value for a in config.agents] or list(suite_of_cases(cases).report_agents)
     except CaseError as exc:
         raise dg.Failure(description=f"nightly cases file: {exc}") from None
-    try:
-        options_named(agents, config.agent_options)
-    except AgentOptionError as exc:
-        raise dg.Failure(description=f"nightly: {exc}") from None
     plan = {"cases_file": cases_file, "cases_sha256": digest, "agents": agents,
             "agent_options": dict(config.agent_options), "log_reads": config.log_reads}
     specs = _specs(plan, case_library)  # every agent checked before anything is played
+    try:
+        options_named(agents, config.agent_options)  # and options for an agent not played (a misspelt name)
+    except AgentOptionError as exc:
+        raise dg.Failure(description=f"nightly: {exc}") from None
     who = "gate nightly" if context.run.tags.get("gate/trigger") == "cli" else f"the Dagster run {context.run.run_id}"
     store = gate_store.open()
     try:  # sealed before anything is played: what the night must produce
