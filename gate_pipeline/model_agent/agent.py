@@ -171,17 +171,18 @@ def _unique_id(wanted, fallback: str, ids: set) -> str:
     return call_id
 
 
-def _assistant_message(message: dict, turn: int, ids: set) -> dict:
-    """The assistant turn as it goes back into the conversation: content and well-shaped tool calls, each
-    with an id of its own in the conversation (`_unique_id`; `ids` holds those given so far)."""
+def _assistant_message(message: dict, turn: int, convo: Conversation) -> dict:
+    """The assistant turn as it goes back into the conversation: content and well-shaped tool calls (the first
+    MAX_CALLS_PER_REPLY; the rest counted dropped), each with an id of its own in the conversation (`_unique_id`)."""
     content = message.get("content")
     content = valid_text(content) if isinstance(content, str) else None
-    raw_calls = message.get("tool_calls")
+    raw_calls = message.get("tool_calls") if isinstance(message.get("tool_calls"), list) else []
+    convo.counts["dropped_calls"] += max(0, len(raw_calls) - MAX_CALLS_PER_REPLY)
     calls = []
-    for n, tc in enumerate(raw_calls[:MAX_CALLS_PER_REPLY] if isinstance(raw_calls, list) else []):
+    for n, tc in enumerate(raw_calls[:MAX_CALLS_PER_REPLY]):
         tc = tc if isinstance(tc, dict) else {}
         fn = tc.get("function") if isinstance(tc.get("function"), dict) else {}
-        calls.append({"id": _unique_id(tc.get("id"), f"call_{turn}_{n}", ids), "type": "function",
+        calls.append({"id": _unique_id(tc.get("id"), f"call_{turn}_{n}", convo.ids), "type": "function",
                       "function": {"name": _text(fn.get("name")), "arguments": _text(fn.get("arguments"))}})
     # content is always text, "" for none (OpenAI allows null beside tool calls; llama.cpp's server does not)
     out: dict = {"role": "assistant", "content": content or ""}
@@ -354,9 +355,7 @@ class ModelAgent:
                 return
             _add_usage(convo.usage, reply.get("usage"))
             convo.counts["replies"] += 1
-            assistant = _assistant_message(message, turn, convo.ids)
-            raw_calls = message.get("tool_calls")
-            convo.counts["dropped_calls"] += max(0, len(raw_calls) - MAX_CALLS_PER_REPLY) if isinstance(raw_calls, list) else 0
+            assistant = _assistant_message(message, turn, convo)
             if not assistant.get("tool_calls") and self.settings.text_tool_calls:
                 assistant = _with_text_calls(assistant, turn, convo)
             messages.append(assistant)
