@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gate_pipeline.kernel.agents import AgentOptionError, AgentSpec, UnknownAgent, make_agent
+from gate_pipeline.kernel.agents import AgentOptionError, AgentSpec, UnknownAgent, make_agent, resolve_agents
 from gate_pipeline.kernel.cases import load_case
 from gate_pipeline.kernel.engine import play, play_cases, prepare
 from gate_pipeline.kernel.grading import exact_mean
@@ -176,6 +176,18 @@ def test_bad_options_are_an_option_error_not_an_unknown_agent(name, options, tex
     with pytest.raises(AgentOptionError, match=text) as exc:
         make_agent(name, **options)
     assert not isinstance(exc.value, UnknownAgent)
+
+
+def test_options_for_an_agent_not_played_are_refused_by_the_mechanism_itself():
+    """Options are checked where agents are resolved, for every caller: an entry for an agent not played (a misspelt
+    name) would be dropped without a word. The names are checked first: an unknown agent is the first error."""
+    with pytest.raises(AgentOptionError, match="options are given for agent 'carful', which is not one of the agents "
+                                               r"played \(careful\)"):
+        resolve_agents(["careful"], {"carful": {"without": ["orders.amount.out_of_range"]}})
+    with pytest.raises(UnknownAgent):
+        resolve_agents(["carefull"], {"carful": {}})
+    [spec] = resolve_agents(["random"], {"random": {"seed": 3}})
+    assert spec.name == "random"
 
 
 def test_the_random_agent_draws_from_the_case_not_the_play_order(eval_cases):

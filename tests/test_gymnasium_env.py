@@ -356,6 +356,13 @@ def test_cli_dense_report_careful_far_above_random(capsys):
     assert "careful - random:" in text and "terminal" in text
 
 
+def test_cli_dense_report_without_random_plays_the_agents_named(capsys):
+    """The seed is random's option: given only when random plays, since options for an agent not played are
+    refused (a misspelt name would be dropped without a word)."""
+    assert main(["report", "--reward", "dense", "--cases", str(EVAL), "--json", "--agents", "naive"]) == 0
+    assert list(json.loads(capsys.readouterr().out)["policies"]) == ["naive"]
+
+
 def test_dense_return_splits_into_step_and_terminal_as_the_report_does():
     from gate_pipeline.cli.dense import parts
     for case in CASES[:6]:

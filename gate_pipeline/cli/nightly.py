@@ -15,7 +15,6 @@ import uuid
 from pathlib import Path
 
 from ..kernel import strict_json
-from ..kernel.agents import options_named
 from ..kernel.cases import printable
 from ..kernel.settings import Settings
 from .common import CASES_HELP, agent_list, agents_epilog, cases_arg, int_arg, resolve_agents
@@ -95,8 +94,7 @@ def _night(a, settings: Settings, collecting: bool) -> int:
     cases = cases_of_text(text, str(Path(cases_file)))  # a bad case file is one line too
     agents = agent_list(a.agents, list(suite_of_cases(cases).report_agents))
     options = _options(a.agent_options) or {}
-    resolve_agents(agents, settings, options)  # an unknown agent is one line, before Dagster starts
-    options_named(agents, options)  # and options for an agent not played (a misspelt name)
+    resolve_agents(agents, settings, options)  # an unknown agent, or options for one not played: one line, first
     from ..store import RunStore
     store = RunStore(settings, once=True)  # the night's steps share its engine (`once`)
     for run_id, closed in store.close_dead_runs():  # a night whose process died: closed before this one starts

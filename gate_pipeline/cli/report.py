@@ -31,7 +31,8 @@ def cmd_report(a, settings: Settings) -> int:
     lines = CaseLines.read(path)
     if a.reward != "terminal":
         from .dense import DENSE_AGENTS, dense_report
-        specs = resolve_agents(agent_list(a.agents, list(DENSE_AGENTS)), settings, {"random": {"seed": a.seed}})
+        names = agent_list(a.agents, list(DENSE_AGENTS))
+        specs = resolve_agents(names, settings, {"random": {"seed": a.seed}} if "random" in names else {})
         return dense_report(a, lines.cases(), specs, path)
     default = list(suites.get(lines.first().suite).report_agents) if a.agents is None else []
     specs = resolve_agents(agent_list(a.agents, default), settings)

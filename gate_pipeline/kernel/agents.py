@@ -229,18 +229,16 @@ def resolve_agent(name, options: dict | None = None, contracts=None) -> AgentSpe
 
 
 def resolve_agents(names, options: dict | None = None, contracts=None) -> list[AgentSpec]:
-    """`resolve_agent` of each name, with its options (`options[name]`); RepeatedAgent when two are one agent."""
+    """`resolve_agent` of each name, with its options (`options[name]`); RepeatedAgent when two are one agent.
+    Options are for agents played: an entry for any other (a misspelt name) would be dropped without a word, and
+    the agent it meant played without them, so it is refused (AgentOptionError), once the names are checked."""
     options = options or {}
-    return unique_agents([resolve_agent(name, options.get(name), contracts=contracts) for name in names])
-
-
-def options_named(names: list[str], options: dict) -> None:
-    """Options given for agents are for agents played: an entry for any other (a misspelt name) would be dropped
-    without a word, and the agent it meant played without them (AgentOptionError)."""
+    specs = unique_agents([resolve_agent(name, options.get(name), contracts=contracts) for name in names])
     stray = [str(key) for key in options if key not in names]
     if stray:
         raise AgentOptionError(f"options are given for agent {stray[0][:80]!r}, which is not one of the agents "
-                               f"played ({', '.join(names)[:200]})")
+                               f"played ({', '.join(map(str, names))[:200]})")
+    return specs
 
 
 def unique_agents(specs: list[AgentSpec]) -> list[AgentSpec]:
