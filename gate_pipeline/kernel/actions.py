@@ -39,7 +39,7 @@ class Action(NamedTuple):
     kind: str | None = None  # INVALID_JSON, NOT_AN_OBJECT or MALFORMED when there is a problem
 
 
-def _decode(text: str, loads=json.loads):
+def decode(text: str, loads=json.loads):
     """(value, None) or (None, why). A tool call's arguments and an action's text are read as Python's json reads
     them (an object naming a key twice is its last value): a model transcript an older gate stored is played
     again by `gate verify` through this parser, and must read as it did when it was played."""
@@ -56,7 +56,7 @@ def parse_arguments(tool, raw) -> Action:
     if raw is None or (isinstance(raw, str) and not raw.strip()):
         return Action(tool, {})  # "no arguments" is how many servers send a zero-argument call
     if isinstance(raw, str):
-        args, why = _decode(raw)
+        args, why = decode(raw)
         if why:
             return Action(tool, raw, f"arguments are {why}; send one JSON object", INVALID_JSON)
     else:
@@ -77,7 +77,7 @@ def tool_call_action(name, raw, parsed: Action | None = None) -> dict:
 def parse_action(value) -> Action:
     """(tool, args) of an action, or the action with `problem` saying what is wrong with it."""
     if isinstance(value, str):
-        decoded, why = _decode(value)
+        decoded, why = decode(value)
         if why:
             return Action(None, value, f"action is {why}", INVALID_JSON)
         value = decoded
@@ -158,7 +158,7 @@ def parse_trajectories(text: str, where: str, cases: Container[str] | None = Non
     for n, line in enumerate(json_lines(text), 1):
         if not line.strip():
             continue
-        value, why = _decode(line, strict_loads)  # a file handed to gate: one meaning, as `gate serve` reads a frame
+        value, why = decode(line, strict_loads)  # a file handed to gate: one meaning, as `gate serve` reads a frame
         if why:
             raise TrajectoryError(f"{where}:{n}: {why}")
         if not isinstance(value, dict) or not isinstance(value.get("calls"), list):

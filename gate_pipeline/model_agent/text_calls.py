@@ -16,20 +16,13 @@ from __future__ import annotations
 import json
 import re
 
+from ..kernel.actions import decode
 from .limits import MAX_CALLS_PER_REPLY
 
 HERMES = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.S)
 FENCE_TAG = re.compile(r"[A-Za-z0-9_-]*")  # the language named after a code fence's opening ```
 NAME = re.compile(r'"name"\s*:\s*"([^"\\]{1,200})"')
 MAX_TEXT = 200_000  # a reply longer than this is not searched for calls
-
-
-def _decode(text: str):
-    """(value, None) or (None, why): JSON text that may be broken or nested too deep."""
-    try:
-        return json.loads(text), None
-    except (ValueError, RecursionError) as exc:
-        return None, str(exc)
 
 
 def _call_of(obj) -> tuple[str, str] | None:
@@ -52,7 +45,7 @@ def parse_text_calls(content) -> tuple[list[tuple[str, str]], str | None, int]:
         calls = []
         blocks = HERMES.findall(content)
         for block in blocks[:MAX_CALLS_PER_REPLY]:
-            value, why = _decode(block.strip())
+            value, why = decode(block.strip())
             call = _call_of(value) if why is None else None
             if call is None:  # a tool call the model meant, in a shape that does not read: answered, not dropped
                 found = NAME.search(block)
@@ -67,6 +60,6 @@ def parse_text_calls(content) -> tuple[list[tuple[str, str]], str | None, int]:
         text = inner[tag.end() if tag else 0:].strip()
     if not text.startswith("{"):
         return [], content, 0
-    value, why = _decode(text)
+    value, why = decode(text)
     call = _call_of(value) if why is None else None
     return ([call], None, 0) if call else ([], content, 0)
