@@ -75,6 +75,12 @@ class Problem:
     agent: str
     what: str
 
+    def __post_init__(self):  # what a hostile row holds (a BLOB, a number) is text here, as `--json` writes it
+        for name in ("episode_id", "case_id", "agent", "what"):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                object.__setattr__(self, name, "" if value is None else str(value))
+
     def line(self) -> str:
         """One line: what the store holds (ids, names, errors) is written with its unprintable characters escaped."""
         who = " ".join(printable(x) for x in (self.episode_id, self.case_id, self.agent) if x)
@@ -99,8 +105,9 @@ class Verification:
 def differs(kept: dict, fresh: Grade) -> str | None:
     """What a kept grade (a JSON dict) has that a fresh grade has not, or None."""
     now = fresh.as_dict()
-    if kept.get("unreadable"):
-        return kept.get("reason", "the kept grade is not readable")
+    if "unreadable" in kept:  # the store's word for a row it cannot read; no grade gate makes has the key
+        reason = kept.get("reason")
+        return reason[:200] if isinstance(reason, str) and reason else "the kept grade is not readable"
     changed = [k for k in COMPARED if kept.get(k) != now[k]]
     if changed:
         return (f"the kept grade differs from a fresh grade in {', '.join(changed)} "

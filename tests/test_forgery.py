@@ -438,6 +438,48 @@ def test_a_model_episode_is_tied_to_its_transcript(home, tmp_path, capsys):
     assert f"{first['episode_id']} {first['case_id']} careful: the episode has no line in transcripts.jsonl" in out
 
 
+def test_a_transcript_line_claims_only_what_the_store_holds(home, tmp_path, capsys):
+    """Without the key: a transcript line whose top-level reward, end or case was raised was never compared, and a
+    grade `{"unreadable": true, "reason": ""}` (or a reason that is not text: a traceback) switched the grade's
+    comparison off, so `gate verify --run` passed a file claiming every rollout passed."""
+    from scripted_server import ScriptedServer
+    with ScriptedServer() as server:
+        assert main(["run", "--model", "careful", "--base-url", server.url, "-n", "3", "--run-id", "m",
+                     "--runs-dir", str(tmp_path), "--json"]) == 0
+    capsys.readouterr()
+    path = tmp_path / "m" / "transcripts.jsonl"
+    honest = path.read_text()
+    assert verify(capsys, "--run", str(tmp_path / "m"))[0] == 0
+    edits = [("reward", 0.5), ("finished", False), ("end_reason", "no_report"), ("error", "x"), ("case_id", "other"),
+             ("model", "other"), ("rollout", 7), ("run_id", "other")]
+    for key, value in edits:
+        lines = [json.loads(line) for line in honest.splitlines()]
+        lines[0][key] = value
+        path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        code, out, _ = verify(capsys, "--run", str(tmp_path / "m"))
+        assert code == 1 and f"the transcript line says {key} " in out, (key, out)
+    for reason in ("", None, 0, float("nan"), 5):
+        lines = [json.loads(line) for line in honest.splitlines()]
+        lines[1]["grade"] = {"unreadable": True, "reason": reason}
+        path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        for flags in ((), ("--json",)):
+            code, out, _ = verify(capsys, "--run", str(tmp_path / "m"), *flags)
+            assert code == 1 and "the transcript line is not readable" in out, (reason, out)
+
+
+@pytest.mark.parametrize("reason", ["", None, 5])
+def test_a_kept_grade_saying_it_is_unreadable_is_a_problem_whatever_its_reason(home, night, capsys, reason):
+    """Without the key: a kept grade row `{"unreadable": true, "reason": ""}` read as no difference at all."""
+    with dg.DagsterInstance.ephemeral() as instance:
+        context = dg.build_sensor_context(instance=instance, resources={"gate_store": GateStore()})
+        assert len(defs.resolve_sensor_def("grading_sensor").evaluate_tick(context).asset_events) == 8
+    naive = episode_of(home, "naive", BAD)
+    db(home).execute("UPDATE grades SET grade = ? WHERE episode_id = ?",
+                     (json.dumps({"unreadable": True, "reason": reason}), naive))
+    code, out, _ = verify(capsys)
+    assert code == 1 and f"{naive} {BAD} naive: the kept grade is not readable" in out, out
+
+
 def test_deleting_the_manifests_does_not_make_a_night_or_its_episodes_unchecked(home, night, capsys):
     """Without the key: delete every manifest, raise the night's summary and delete an episode. A night whose
     run has no manifest, and episodes that claim a run with none, are failures: only a store whose episodes
@@ -561,6 +603,19 @@ def test_a_stored_id_cannot_forge_a_line_of_verify(home, night, capsys):
     assert code == 1 and "\x1b" not in out
     assert not any(line.startswith("8 episodes checked: every check holds") for line in out.splitlines())
     assert f"{BAD}\\n8 episodes checked: every check holds\\x1b[2J" in out
+
+
+@pytest.mark.parametrize("column", ["case_id", "agent"])
+def test_a_stored_id_of_bytes_is_text_in_verify_json_never_a_traceback(home, night, capsys, column):
+    """No key needed: an id edited into a BLOB was said in verify's lines but raised a TypeError traceback with
+    --json (bytes are no JSON). Every field of a problem is text."""
+    naive = episode_of(home, "naive", BAD)
+    db(home).execute(f"UPDATE episodes SET {column} = X'00ff41' WHERE episode_id = ?", (naive,))
+    code, out, _ = verify(capsys, "--json")
+    assert code == 1
+    problems = json.loads(out)["problems"]
+    assert problems and all(isinstance(v, str) for p in problems for v in p.values())
+    assert any(p["episode_id"] == naive and "\\x00\\xffA" in p[column] for p in problems), problems
 
 
 def _returns_within(fn, seconds: float = 10.0):

@@ -31,6 +31,7 @@ from functools import partial
 from pathlib import Path
 from typing import Callable
 
+from ..kernel.actions import ledger_repr
 from ..kernel.agents import AgentSpec
 from ..kernel.cases import Case
 from ..kernel.engine import fewer_collections, play_async
@@ -441,6 +442,19 @@ async def _run(cases, settings, rollouts, concurrency, run_dir, store, on_done, 
     return {"records": run_records(store, cases, rollouts, run_id, played, counts), "new": len(todo), "kept": kept}
 
 
+def _claims_beside_the_grade(line: dict, row: dict, grade: Grade, run_id: str) -> str | None:
+    """The first of a transcript line's top-level fields that is not what the store holds (the episode's row and
+    its fresh grade), in words, or None: the line is read as the run's result, not only its `grade`."""
+    held = {"run_id": run_id, "episode_id": row["episode_id"], "case_id": row["case_id"], "model": row["agent"],
+            "rollout": row["rollout"], "finished": grade.finished, "end_reason": row["end_reason"],
+            "error": row["error"] or "", "reward": grade.reward}
+    for key, value in held.items():
+        claimed = line.get(key)
+        if claimed != value or isinstance(claimed, bool) != isinstance(value, bool):  # 1 is not True
+            return f"{key} {ledger_repr(claimed)[:80]}, where the store holds {value!r}"[:200]
+    return None
+
+
 def verify_transcripts(path: Path, store: RunStore, run_id: str, fresh: dict[str, Grade]) -> list[Problem]:
     """Each transcript line against the stored episode it names (`fresh`: grade per episode id): one line
     per stored episode of the run, its grade, ledger and messages the store's."""
@@ -465,6 +479,9 @@ def verify_transcripts(path: Path, store: RunStore, run_id: str, fresh: dict[str
         why = differs(claimed, fresh[eid])
         if why:
             problems.append(Problem(eid, case_id, agent, "the transcript line " + why.removeprefix("the kept grade ")))
+        wrong = _claims_beside_the_grade(line, rows[eid], fresh[eid], run_id)
+        if wrong:
+            problems.append(Problem(eid, case_id, agent, f"the transcript line says {wrong}"))
         if line.get("ledger") != store.entries(eid):
             problems.append(Problem(eid, case_id, agent, "the transcript line's ledger is not the stored ledger"))
         log = store.transcript(eid)
