@@ -450,6 +450,11 @@ def check_run(manifest: dict, family: list[dict], out: Verification) -> None:
             for r in rows:
                 if r["episode_id"] != eid:
                     _superseded(out, r, f"played again in run {run_id} ({eid})")
+                elif r["status"] != ENDED or r["end_reason"] == ABANDONED:  # a run completes with what its
+                    # episodes earned: none it counted was cut off, or is still being played
+                    out.problems.append(Problem(eid, r["case_id"], r["agent"], (
+                        f"run {run_id} counted it when it completed, but it "
+                        + ("is abandoned" if r["status"] == ENDED else "never ended"))))
         return
     played = 0
     for slot in slots:

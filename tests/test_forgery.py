@@ -202,6 +202,49 @@ def test_a_sealed_episode_edited_back_to_running_is_named_altered_and_never_clos
     assert after == tuple("running" if v == "ended" else v for v in before)  # nothing but the forger's edit
 
 
+@pytest.mark.parametrize("how", ["abandoned, with the key", "running, its lock held"])
+def test_an_episode_a_complete_night_counted_cannot_be_made_abandoned_or_running(home, night, capsys, how):
+    """A night completes with what its episodes earned. An episode of it closed as abandoned (its ledger and warehouse
+    deleted, its row sealed again with the key beside the database) was never played again, only noted; one set back
+    to running with its night's lock held (no key: a running row has no seal) was noted as still being played. Both
+    passed verify. An episode a complete run counted is now a problem when it is either."""
+    import fcntl
+    naive = episode_of(home, "naive", BAD)
+    conn = db(home)
+    for table in ("ledger_entries", "warehouses"):
+        conn.execute(f"DELETE FROM {table} WHERE episode_id = ?", (naive,))
+    lock = None
+    if how.startswith("abandoned"):
+        conn.execute("UPDATE episodes SET end_reason = 'abandoned', error = 'its process died', ledger_entries = NULL,"
+                     " ledger_digest = NULL, warehouse_sha256 = NULL WHERE episode_id = ?", (naive,))
+        store = RunStore(Settings(home=home))
+        try:
+            conn.execute("UPDATE episodes SET seal = ? WHERE episode_id = ?", (store.seal(store.episode(naive)), naive))
+            assert store.load(naive).problems == ()
+        finally:
+            store.dispose()
+        words = "is abandoned"
+    else:
+        ends = ", ".join(f"{c} = NULL" for c in ("end_reason", "error", "ledger_digest", "ledger_entries", "ended_at",
+                                                  "warehouse_sha256", "transcript_sha256", "seal"))
+        conn.execute(f"UPDATE episodes SET status = 'running', {ends} WHERE episode_id = ?", (naive,))
+        store = RunStore(Settings(home=home), check_key=False)
+        try:
+            lock_path = store.run_lock(store.episode(naive)["run_id"])
+        finally:
+            store.dispose()
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(lock_path, "a")
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        words = "never ended"
+    try:
+        code, out, _ = verify(capsys)
+    finally:
+        if lock is not None:
+            lock.close()
+    assert code == 1 and f"{naive} {BAD} naive: run " in out and f"counted it when it completed, but it {words}" in out, out
+
+
 def test_an_api_run_once_completed_names_an_episode_deleted_from_it_or_added_to_it(home, capsys):
     """Episodes stored through the Python API (a StoreSink, no night around them) belong to a run of kind api,
     which lists no episodes while its caller plays it: deleting the episode where an agent failed (its row and
