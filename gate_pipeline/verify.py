@@ -372,8 +372,10 @@ def _slot(row: dict) -> tuple[str, str, int]:
 def _file_cases(path: str | None, want_sha: str | None) -> tuple[dict[str, str] | None, str | None]:
     """({case id: SHA-256 of the case as stored}, None) from the run's case file when it is unchanged, else
     (None, a note saying why the file is not checked)."""
-    if not path or not want_sha:
-        return None, None
+    if not path:
+        return None, "its case file is not checked (the manifest names none: its cases were handed to gate in memory)"
+    if not want_sha:
+        return None, f"its case file {path} is not checked (it could not be read when the run was sealed)"
     try:
         data = read_bytes(path, "case file", MAX_CASE_FILE_BYTES, StoreError)
     except StoreError as exc:

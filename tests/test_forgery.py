@@ -583,6 +583,18 @@ def with_body(home, **fields) -> dict:
     return {**body, **fields}
 
 
+@pytest.mark.parametrize("body", [{"cases_file": None}, {"cases_file_sha256": None}])
+def test_a_manifest_naming_no_case_file_says_its_case_file_is_not_checked(home, night, tmp_path, capsys, body):
+    """With the key: a manifest whose case file was set to null (so a case swapped in the store and sealed again
+    went unchecked against the file) passed without a word, where the docs say the check is noted as skipped."""
+    set_manifest(home, "body", with_body(home, **body))
+    key = tmp_path / "own.key"
+    key.write_text((home / "store.key").read_text())
+    reseal_everything(home, key)
+    code, out, _ = verify(capsys)
+    assert "note: run " in out and "its case file" in out and "is not checked (" in out, out
+
+
 HOSTILE_MANIFESTS = {  # what an edit without the key can make of a manifest row: each must be one line
     "episodes an int": ("episodes", lambda home: "5", "its episodes are not a list"),
     "episodes unhashable": ("episodes", lambda home: [[[1], "naive", 0, "x"]], "its episodes are not a list"),
