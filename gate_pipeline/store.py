@@ -513,7 +513,7 @@ class RunStore:
             self._check_readable(database)
         # a key that whoever can rewrite the database can rewrite too proves nothing against them
         self.key_beside = key_file if (key_file is not None and database is not None
-                                       and database.parent in key_file.resolve().parents) else None
+                                       and _beside(key_file, database)) else None
         ready = (settings.store_url, key_id(self.key))
         if once and check_key and ready in _READY:  # this process made or checked the tables and the key
             self.key_problem = None
@@ -1390,6 +1390,14 @@ def summary_problem(summary) -> str | None:
     if summary.get("cases_file") is not None and not _text(summary["cases_file"]):
         return "its cases_file is not text"
     return None
+
+
+def _beside(key_file: Path, database: Path) -> bool:
+    """Whether the key file is in the database's folder, by either path as given or where it leads: a key
+    there that is a link to a file elsewhere is still replaced by whoever can write the folder."""
+    folders = {Path(os.path.abspath(database)).parent, database.resolve().parent}
+    keys = (Path(os.path.abspath(key_file)), key_file.resolve())
+    return any(folder in key.parents for folder in folders for key in keys)
 
 
 def process_name(what: str) -> str:

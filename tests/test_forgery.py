@@ -422,6 +422,20 @@ def test_a_key_of_non_ascii_text_works_and_a_key_from_outside_gate_home_warns_no
     assert "is not the key" in capsys.readouterr().err
 
 
+def test_a_key_beside_the_database_that_links_elsewhere_still_warns(home, tmp_path, capsys):
+    """Whoever can write GATE_HOME replaced store.key with a link to a key of their own outside it, which silenced
+    the warning that the key sits beside the database: the link is in the folder, and is replaced as easily."""
+    store = RunStore()
+    play(prepare(read_cases(EVAL)[0]), "naive", sinks=[StoreSink(store)], run_id="k")
+    store.dispose()
+    elsewhere = tmp_path / "elsewhere.key"
+    elsewhere.write_text((home / "store.key").read_text())
+    (home / "store.key").unlink()
+    (home / "store.key").symlink_to(elsewhere)
+    code, out, err = verify(capsys)
+    assert code == 0 and "sits beside the database it seals" in err, (out, err)
+
+
 def test_refused_calls_keep_a_bounded_preview(home):
     """300 refused quarantine_rows calls of 1,000 keys of 200 characters each: a bounded ledger."""
     v2 = read_cases(ROOT / "cases" / "v2" / "eval_curated.jsonl")[0]
