@@ -214,10 +214,15 @@ def _wait_for_workers(broker: str, names: list[str], procs: list, timeout: float
         app.close()
 
 
-def start_server(*args: str, timeout: float = 60.0):
-    """`gate serve --port 0 ...` in a process group of its own; (process, base URL, stderr lines)."""
+def start_server(*args: str, timeout: float = 60.0, open_files: int | None = None):
+    """`gate serve --port 0 ...` in a process group of its own; (process, base URL, stderr lines). `open_files`:
+    its open-files limit, soft and hard (`ulimit -n`)."""
+    def limit():
+        import resource
+        resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
     proc = subprocess.Popen([sys.executable, "-m", "gate_pipeline.cli.main", "serve", "--port", "0", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=limit if open_files else None)
     lines: queue.Queue = queue.Queue()
     err: list[str] = []
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()

@@ -255,7 +255,7 @@ def test_a_request_that_never_ends_or_never_finishes_arriving_holds_nothing():
     """One connection streaming a header line that never ends froze every session and grew the server's memory
     without limit (uvicorn's httptools protocol, which bounds nothing), and half-sent requests on thousands of
     connections took every file descriptor (no protocol of uvicorn's times one out). Now a head over 16 KiB
-    is a 400 at once, a request that has not arrived whole after --request-timeout is closed, head or body,
+    is a 400 at once, whether it is still arriving or came whole in one read, a request that has not arrived whole after --request-timeout is closed, head or body,
     an answer that takes longer than that is not cut, and one client holds at most 1,024 HTTP connections."""
     import resource
     import select
@@ -278,6 +278,11 @@ def test_a_request_that_never_ends_or_never_finishes_arriving_holds_nothing():
             endless.settimeout(5)
             assert endless.recv(64).startswith(b"HTTP/1.1 400 "), sent
             assert sent < 1 << 20, sent  # refused after about 16 KiB of it
+        for size, status in ((60_000, b"400"), (15_000, b"200")):  # a head that arrives whole in one read: h11
+            with socket.create_connection((host, int(port))) as whole:  # parsed it, and 60,000 bytes got 200
+                whole.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * size + b"\r\n\r\n")
+                whole.settimeout(5)
+                assert whole.recv(64).startswith(b"HTTP/1.1 " + status + b" "), size
         for partial in (b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: ",  # a head that stops
                         b"POST /reset HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"):  # a body that stops
             with socket.create_connection((host, int(port))) as sock:
@@ -313,6 +318,51 @@ def test_a_request_that_never_ends_or_never_finishes_arriving_holds_nothing():
         assert request(url, "GET", "/health")[0] == 200  # and, its connections gone, this one again
     finally:
         stopped_cleanly(proc, err)
+
+
+def test_one_client_cannot_take_every_descriptor_and_the_server_keeps_its_own():
+    """At an open-files limit of 1,024 (soft and hard, a common default), one client's 1,024 connections took every
+    descriptor, and a client on another address had its connections reset. A client now holds at most half of
+    what the limit leaves after the server's own files, all clients together no more than that, and sessions that
+    could not all be held are refused at start, in one line."""
+    import select
+    import socket
+    proc, url, err = start_server("--cases", str(EVAL), open_files=600)  # 472 connections, 236 a client
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    try:
+        held = [socket.create_connection((host, int(port))) for _ in range(300)]
+        try:
+            time.sleep(0.3)
+            poll = select.poll()
+            for sock in held:
+                poll.register(sock, select.POLLIN)
+            readable = {fd for fd, _ in poll.poll(0)}
+            closed = [sock for sock in held if sock.fileno() in readable and _closed_within(sock, 0.01) is not None]
+            assert len(closed) == 300 - 236, len(closed)
+            assert request(url, "GET", "/health", source="127.0.0.2")[0] == 200  # another client is served
+            more = [socket.create_connection((host, int(port)), source_address=("127.0.0.2", 0)) for _ in range(235)]
+            try:
+                time.sleep(0.3)
+                assert request(url, "GET", "/health", source="127.0.0.3")[0] == 200  # 236 + 235 held: one place left
+                more.append(socket.create_connection((host, int(port)), source_address=("127.0.0.4", 0)))
+                time.sleep(0.3)
+                with pytest.raises((ConnectionError, http.client.HTTPException, OSError)):
+                    request(url, "GET", "/health", source="127.0.0.3")  # all 472 held: closed as it opens
+            finally:
+                for sock in more:
+                    sock.close()
+        finally:
+            for sock in held:
+                sock.close()
+        time.sleep(0.3)
+        assert request(url, "GET", "/health")[0] == 200
+    finally:
+        stopped_cleanly(proc, err)
+    p = subprocess.run([sys.executable, "-c", "import resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, "
+                        "(600, 600)); from gate_pipeline.cli.main import main; sys.exit(main(sys.argv[1:]))", "serve",
+                        "--port", "0", "--cases", str(EVAL), "--max-sessions", "500"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "raise `ulimit -n` or lower --max-sessions" in p.stderr, p
 
 
 def _too_big_on_a_raw_websocket(host: str, port: int, send_big: bool = True, receive_buffer: int = 0):
@@ -445,6 +495,7 @@ def test_an_address_other_machines_reach_refuses_to_start_without_a_token(host):
 @pytest.mark.parametrize("args, words", [
     (("--no-token", "--token", "x"), "--no-token and a token"),
     (("--token", " "), "the token is empty"),
+    (("--token", "pässwörd"), "not printable ASCII, such as a line break or an accented letter"),
     (("--idle-timeout", "0"), "--idle-timeout must be more than 0"),
     (("--idle-timeout", "soon"), "--idle-timeout must be a number"),
     (("--max-per-client", "0"), "--max-per-client must be at least 1"),
@@ -598,7 +649,10 @@ def test_mcp_lists_the_tools_gate_run_sends_and_plays_an_episode_to_its_reward()
                              "id": 1}, -32602),
                            ({"jsonrpc": "2.0", "method": "openenv/session/create",
                              "params": {"reset": {"seed": "7"}}, "id": 1}, -32602),
-                           (b"{not json", -32700), (b"[" * 100_000, -32700)):
+                           (b"{not json", -32700), (b"[" * 100_000, -32700),
+                           # UTF-8 only, as a WebSocket's text: Python's json guessed UTF-16 and skipped a BOM
+                           ('{"jsonrpc": "2.0", "method": "tools/list", "id": 1}'.encode("utf-16"), -32700),
+                           (b'\xef\xbb\xbf{"jsonrpc": "2.0", "method": "tools/list", "id": 1}', -32700)):
             status, answer = request(url, "POST", "/mcp", body)
             assert status == 200 and answer["jsonrpc"] == "2.0" and answer["error"]["code"] == code, (body, answer)
     finally:

@@ -29,11 +29,6 @@ def cmd_serve(a, settings: Settings) -> int:
     token = a.token if a.token is not None else settings.serve_token
     if a.no_token and token:
         raise UsageError("--no-token and a token (--token or GATE_SERVE_TOKEN) contradict each other")
-    if token is not None and not token.strip():
-        raise UsageError("the token is empty (--token or GATE_SERVE_TOKEN)")
-    if token is not None and not token.isprintable():  # no HTTP client can send a header holding a line break
-        raise UsageError("the token holds a character that is not printable, such as a line break "
-                         "(--token or GATE_SERVE_TOKEN); no client could send it")
     # a missing or malformed file is a CaseError: one line, in main (read before the server's imports)
     pool = CasePool.from_file(a.cases) if a.cases else CasePool.default(settings, "train")
     try:

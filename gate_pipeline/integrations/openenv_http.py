@@ -13,7 +13,10 @@ connections took every file descriptor. `gate serve` speaks HTTP through h11 ins
   request that has arrived takes as long as its answer takes; a WebSocket, once upgraded, is the
   session's business: its idle and stall timeouts);
 - at most `CONNECTIONS_PER_CLIENT` connections open at once per client: one more is closed as it
-  opens. A WebSocket counts until its socket is gone, whether its session was opened or refused
+  opens; and over all clients, what the process's open-files limit leaves (`connection_budget`: the
+  limit, raised to its hard limit at start, less `RESERVED_DESCRIPTORS` for the server's own files), of
+  which one client holds at most half, so that neither one client nor many take the descriptors the
+  server's own work needs or, at the usual limit of 1,024, every connection another client could make. A WebSocket counts until its socket is gone, whether its session was opened or refused
   (a refused one's closing handshake holds the socket for seconds); its session also counts against
   `--max-sessions` and `--max-per-client`.
 
@@ -46,6 +49,7 @@ from websockets.exceptions import InvalidState
 MAX_HEAD_BYTES = 16 * 1024
 REQUEST_SECONDS = 10.0
 CONNECTIONS_PER_CLIENT = 1024
+RESERVED_DESCRIPTORS = 128  # the server's own: its listening socket, the compile check's pipes, logs, imports
 LINGER_SECONDS = 2.0
 LINGER_MAX = 64
 
@@ -63,11 +67,27 @@ def client_key(host: str) -> str:
     return str(ip)
 
 
-def protocol_class(request_seconds: float = REQUEST_SECONDS,
-                   per_client: int = CONNECTIONS_PER_CLIENT) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with the deadline and the cap above; each server gets a class of its own (its
-    count of open connections per client is the class's)."""
+def connection_budget() -> int:
+    """How many connections the process can hold open at once, over all clients: its open-files limit, first
+    raised as far as its hard limit allows, less RESERVED_DESCRIPTORS."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 16)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError):  # not allowed here: the limit as it is
+            pass
+    return max(0, (1 << 20 if soft == resource.RLIM_INFINITY else soft) - RESERVED_DESCRIPTORS)
+
+
+def protocol_class(request_seconds: float = REQUEST_SECONDS, per_client: int = CONNECTIONS_PER_CLIENT,
+                   total: int | None = None) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with the deadline and the caps above (`total`: over all clients, None for none);
+    each server gets a class of its own (its counts of open connections are the class's)."""
     open_by_client: dict[str, int] = {}
+    open_all = [0]
 
     class Bounded(H11Protocol):
         _key: str | None = None
@@ -76,11 +96,12 @@ def protocol_class(request_seconds: float = REQUEST_SECONDS,
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             key = client_key(self.client[0] if self.client else "")
-            if open_by_client.get(key, 0) >= per_client:
+            if open_by_client.get(key, 0) >= per_client or (total is not None and open_all[0] >= total):
                 transport.close()
                 return
             self._key = key
             open_by_client[key] = open_by_client.get(key, 0) + 1
+            open_all[0] += 1
             self._arm()
 
         def connection_lost(self, exc: Exception | None) -> None:
@@ -114,6 +135,7 @@ def protocol_class(request_seconds: float = REQUEST_SECONDS,
         def _release(self) -> None:
             self._disarm()
             if self._key is not None:
+                open_all[0] -= 1
                 left = open_by_client[self._key] - 1
                 if left:
                     open_by_client[self._key] = left

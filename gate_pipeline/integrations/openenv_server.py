@@ -74,8 +74,10 @@ from .openenv_http import (
     CONNECTIONS_PER_CLIENT,
     MAX_HEAD_BYTES,
     REQUEST_SECONDS,
+    RESERVED_DESCRIPTORS,
     ClosingWebSocket,
     client_key,
+    connection_budget,
     protocol_class,
 )
 from .openenv_lanes import Lanes
@@ -273,9 +275,10 @@ def observation_payload(obs: GateObservation) -> dict:
 
 def decode_json(raw: str | bytes, what: str = "message"):
     """The JSON value of a frame or a body, or BadRequest (not JSON, nested too deep, a huge number,
-    Python's NaN and Infinity, which JSON has not, or an object that names a key twice)."""
+    Python's NaN and Infinity, which JSON has not, or an object that names a key twice). Bytes are UTF-8,
+    as a WebSocket's text is: Python's json would guess UTF-16 or UTF-32 from them, or skip a byte-order mark."""
     try:
-        return strict_json.loads(raw)
+        return strict_json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
     except strict_json.KeyTwice as exc:
         raise BadRequest(f"the {what} {exc}") from None
     except RecursionError:
@@ -345,6 +348,13 @@ class ServeConfig:
     request_timeout: float = REQUEST_SECONDS  # for an HTTP request to arrive whole (openenv_http.py)
 
     def __post_init__(self) -> None:
+        if self.token is not None:
+            if not self.token.strip():
+                raise ServeError("the token is empty (--token or GATE_SERVE_TOKEN)")
+            if not (self.token.isascii() and self.token.isprintable()):  # a line break no client can send; other
+                # characters reach a server in whatever bytes each client encodes them as (UTF-8, Latin-1, escaped)
+                raise ServeError("the token holds a character that is not printable ASCII, such as a line break or "
+                                 "an accented letter (--token or GATE_SERVE_TOKEN); clients could not send it alike")
         low, high = STALL_TIMEOUT_RANGE
         if not (isinstance(self.stall_timeout, (int, float)) and low <= self.stall_timeout <= high):
             raise ServeError(f"the stall timeout must be from {low:g} to {high:,g} seconds, not {self.stall_timeout!r}")
@@ -625,6 +635,16 @@ def presented_token(scope) -> str | None:
     return None
 
 
+def head_too_long(scope) -> str | None:
+    """The refusal of a request whose head (its request line and headers, as sent) is over MAX_HEAD_BYTES, or
+    None. h11 stops a head that is still arriving at that size; one that arrives whole in one read it parses."""
+    size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") + 32  # method, version, CRLF
+    size += sum(len(name) + len(value) + 4 for name, value in scope.get("headers", ()))  # ": " and CRLF
+    if size > MAX_HEAD_BYTES:
+        return f"the request's head is over {MAX_HEAD_BYTES // 1024} KiB"
+    return None
+
+
 class Guard:
     """ASGI middleware: with a token, every request but `GET /health` must carry it (else 401); with
     none, only clients on this machine are served (unless the server was told otherwise)."""
@@ -654,21 +674,23 @@ class Guard:
     async def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
-        why = self.refusal(scope)
+        status, why = 400, head_too_long(scope)
+        if why is None:
+            status, why = 401, self.refusal(scope)
         if why is None:
             return await self.app(scope, receive, send)
         body = json.dumps({"detail": why}).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                   (b"www-authenticate", b'Bearer realm="gate"')]
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        headers.append((b"www-authenticate", b'Bearer realm="gate"') if status == 401 else (b"connection", b"close"))
         if scope["type"] == "http":
-            await send({"type": "http.response.start", "status": 401, "headers": headers})
+            await send({"type": "http.response.start", "status": status, "headers": headers})
             await send({"type": "http.response.body", "body": body})
             return
         message = await receive()  # websocket.connect
         if message["type"] != "websocket.connect":
             return
         if "websocket.http.response" in scope.get("extensions", {}):
-            await send({"type": "websocket.http.response.start", "status": 401, "headers": headers})
+            await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
             await send({"type": "websocket.http.response.body", "body": body})
         else:
             await send({"type": "websocket.close", "code": 1008, "reason": why[:120]})
@@ -959,6 +981,13 @@ def serve(pool: CasePool, host: str = "127.0.0.1", port: int = 8000, config: Ser
     import uvicorn
     config = config or ServeConfig()
     check_exposure(host, port, config)
+    total = connection_budget()
+    sessions = config.per_client + 64  # a client's connections: at least its sessions (each WebSocket is one)
+    if max(sessions, config.max_sessions) > total:
+        raise ServeError(f"{config.max_sessions:,} sessions ({config.per_client:,} per client) need more open files "
+                         f"than this process may have ({total + RESERVED_DESCRIPTORS:,}, of which "
+                         f"{RESERVED_DESCRIPTORS} are the server's own): raise `ulimit -n` or lower --max-sessions")
+    per_client = max(sessions, min(CONNECTIONS_PER_CLIENT, total // 2))
     app = create_gate_app(pool, config)
     sock = bind(host, port, config.stall_timeout)
     bound_host, bound_port = sock.getsockname()[:2]
@@ -967,9 +996,7 @@ def serve(pool: CasePool, host: str = "127.0.0.1", port: int = 8000, config: Ser
     # a fifth of the server's time per step in a profile of the load test (benchmarks/bench_serve.py)
     uv_config = uvicorn.Config(app, log_level="warning", access_log=False, ws_max_size=WS_MAX_BYTES,
                                ws_per_message_deflate=False, timeout_graceful_shutdown=5, lifespan="on",
-                               # a client's connections: at least its sessions (each WebSocket counts as one)
-                               http=protocol_class(config.request_timeout,
-                                                   max(CONNECTIONS_PER_CLIENT, config.per_client + 64)),
+                               http=protocol_class(config.request_timeout, per_client, total),
                                ws=ClosingWebSocket,
                                h11_max_incomplete_event_size=MAX_HEAD_BYTES)
     server = uvicorn.Server(uv_config)
