@@ -251,6 +251,16 @@ def _closed_within(sock, seconds: float) -> float | None:
     return None
 
 
+def _closed_already(held: list) -> list:
+    """Those of the sockets `held` the server has closed by now."""
+    import select
+    poll = select.poll()
+    for sock in held:
+        poll.register(sock, select.POLLIN)
+    readable = {fd for fd, _ in poll.poll(0)}
+    return [sock for sock in held if sock.fileno() in readable and _closed_within(sock, 0.01) is not None]
+
+
 def test_a_request_that_never_ends_or_never_finishes_arriving_holds_nothing():
     """One connection streaming a header line that never ends froze every session and grew the server's memory
     without limit (uvicorn's httptools protocol, which bounds nothing), and half-sent requests on thousands of
@@ -304,11 +314,7 @@ def test_a_request_that_never_ends_or_never_finishes_arriving_holds_nothing():
         held = [socket.create_connection((host, int(port))) for _ in range(1030)]
         try:
             time.sleep(0.3)  # within the request timeout: only the connections over the cap are closed by now
-            poll = select.poll()
-            for sock in held:
-                poll.register(sock, select.POLLIN)
-            readable = {fd for fd, _ in poll.poll(0)}
-            closed = [sock for sock in held if sock.fileno() in readable and _closed_within(sock, 0.01) is not None]
+            closed = _closed_already(held)
             assert len(closed) == 1030 - 1024, len(closed)
             assert request(url, "GET", "/health", source="127.0.0.2")[0] == 200  # another client is served
         finally:
@@ -325,7 +331,6 @@ def test_one_client_cannot_take_every_descriptor_and_the_server_keeps_its_own():
     descriptor, and a client on another address had its connections reset. A client now holds at most half of
     what the limit leaves after the server's own files, all clients together no more than that, and sessions that
     could not all be held are refused at start, in one line."""
-    import select
     import socket
     proc, url, err = start_server("--cases", str(EVAL), open_files=600)  # 472 connections, 236 a client
     host, port = url.removeprefix("http://").rsplit(":", 1)
@@ -333,11 +338,7 @@ def test_one_client_cannot_take_every_descriptor_and_the_server_keeps_its_own():
         held = [socket.create_connection((host, int(port))) for _ in range(300)]
         try:
             time.sleep(0.3)
-            poll = select.poll()
-            for sock in held:
-                poll.register(sock, select.POLLIN)
-            readable = {fd for fd, _ in poll.poll(0)}
-            closed = [sock for sock in held if sock.fileno() in readable and _closed_within(sock, 0.01) is not None]
+            closed = _closed_already(held)
             assert len(closed) == 300 - 236, len(closed)
             assert request(url, "GET", "/health", source="127.0.0.2")[0] == 200  # another client is served
             more = [socket.create_connection((host, int(port)), source_address=("127.0.0.2", 0)) for _ in range(235)]
