@@ -86,7 +86,7 @@ def test_an_error_in_a_call_reaches_its_caller_and_the_lanes_go_on():
 def test_the_baton_lets_one_query_on_at_a_time_in_turns_and_a_waiter_never_past_its_deadline():
     from gate_pipeline.integrations.openenv_lanes import Baton, _Turn
     baton = Baton(turn_s=0.05)
-    first, second, third = _Turn(), _Turn(), _Turn()
+    first, second, third = _Turn("a"), _Turn("b"), _Turn("c")  # three clients' queries
     far = time.monotonic() + 10
     assert baton.take(first, far) == 0.0  # free: taken at once
     seen = {}
@@ -213,6 +213,51 @@ def test_a_session_back_from_a_long_call_is_never_queued_behind_other_sessions_l
     finally:
         lanes.shutdown()
     assert max(waits) < 0.25, waits
+
+
+def test_one_clients_queries_end_oldest_first_not_all_at_their_deadline():
+    """One client's long queries passed the baton round among them: each got a sixteenth of the turns, and sixteen
+    queries of a second's work each all came to the end of their wait for turns together and all came back
+    `interrupted`. Among one client's queries the oldest keeps its turn now, so they end one after another."""
+    from gate_pipeline.integrations.openenv_lanes import Baton, _Turn
+    baton = Baton(turn_s=0.01)
+    far = time.monotonic() + 30
+    queries = [_Turn("trainer") for _ in range(3)]
+    assert baton.take(queries[0], far) == 0.0
+    order, threads = [], []
+
+    def wait_for_the_baton(turn, name):
+        baton.take(turn, far)
+        order.append(name)
+
+    for k in (1, 2):
+        threads.append(threading.Thread(target=wait_for_the_baton, args=(queries[k], k)))
+        threads[-1].start()
+        while queries[k] not in baton._waiting:
+            time.sleep(0.001)
+    time.sleep(0.03)  # the oldest's turn is over; at its next progress check it goes on
+    assert baton.take(queries[0], far) == 0.0 and baton._holder is queries[0] and order == []
+    other = _Turn("another client")  # a query of a client not served yet comes first, as before
+    threads.append(threading.Thread(target=wait_for_the_baton, args=(other, "other")))
+    threads[-1].start()
+    while other not in baton._waiting:
+        time.sleep(0.001)
+    time.sleep(0.02)
+    threading.Thread(target=baton.take, args=(queries[0], far), daemon=True).start()  # its turn over: handed over
+    while order != ["other"]:
+        time.sleep(0.001)
+    baton.give_up(other)  # ended: the oldest of the trainer's again, not the one that waited longest
+    while baton._holder is not queries[0]:
+        time.sleep(0.001)
+    baton.give_up(queries[0])
+    while order != ["other", 1]:
+        time.sleep(0.001)
+    baton.give_up(queries[1])
+    for thread in threads:
+        thread.join()
+    assert order == ["other", 1, 2]
+    baton.give_up(queries[2])
+    assert baton._holder is None and not baton._waiting
 
 
 def test_the_baton_takes_turns_between_clients_not_queries():

@@ -23,8 +23,8 @@ time before it starts (a duty cycle: the session rests, no thread does, so no ot
 not have it, waiting without the GIL and without CPU, until its turn comes (its wait does not count
 against its time budget, up to `kernel.sandbox.MAX_WAIT_S` in all: a query waiting then is stopped
 by its budget as ever, `interrupted`); the holder passes it on after a turn of
-`slice_s` seconds when others wait, to the client served longest ago (first come first served among one
-client's queries), the next turn starting after a turn's rest. So the long queries of all sessions
+`slice_s` seconds when others wait, to the client served longest ago (the oldest of that client's
+queries: one client's queries end one after another), the next turn starting after a turn's rest. So the long queries of all sessions
 together use at most one CPU, at the lowest priority. Why one at a time, when each runs in SQLite
 without the GIL: a running query takes the GIL back at every progress check (every 1,000 SQLite
 steps, about every 2 ms for string work), and a thread at the lowest priority that has asked for
@@ -69,22 +69,26 @@ class _Worker:
 
 
 class _Turn:
-    """A query's place on the baton; `owner`, the client whose query it is (None: nobody's in particular)."""
+    """A query's place on the baton; `owner`, the client whose query it is (None: nobody's in particular);
+    `started`, when the query under way first asked for the baton (0: none under way)."""
 
-    __slots__ = ("granted", "since", "owner")
+    __slots__ = ("granted", "since", "owner", "started")
 
     def __init__(self, owner: Any = None) -> None:
         self.granted = threading.Event()
         self.since = 0.0
         self.owner = owner
+        self.started = 0.0
 
 
 class Baton:
     """One long query runs at a time; the others wait for their turn at their progress checks (in a wait
     that holds neither the GIL nor a CPU), a turn being `turn_s` seconds while others wait. The next turn is
-    the waiting query of the client (`_Turn.owner`) served longest ago, first come first served among one
-    client's: a client with many sessions of long queries gets a turn as often as a client with one. A query
-    still waiting at the deadline it gives goes on (and is stopped by its budget)."""
+    the waiting query of the client (`_Turn.owner`) served longest ago, the oldest first among one client's:
+    a client with many sessions of long queries gets a turn as often as a client with one, and its own
+    queries end one after another, oldest first. (Passed round among them, every one of sixteen queries of a
+    second's work each came to the end of its wait for turns together, and all sixteen came back
+    `interrupted`.) A query still waiting at the deadline it gives goes on (and is stopped by its budget)."""
 
     OWNERS = 4096  # clients whose last turn is remembered (then those with no query waiting are forgotten)
 
@@ -99,9 +103,14 @@ class Baton:
     def take(self, turn: _Turn, deadline: float) -> float:
         """Return when `turn` has the baton, or at `deadline`; the seconds it waited."""
         with self._lock:
+            if not turn.started:
+                turn.started = time.monotonic()
             if self._holder is turn:
                 if not self._waiting or time.monotonic() - turn.since < self.turn_s:
                     return 0.0  # its turn goes on
+                if self._rank(turn) <= self._rank(self._next()):  # still the one whose turn it would be
+                    turn.since = time.monotonic()
+                    return 0.0
                 self._pass_on()
             elif self._holder is None and not self._waiting:
                 self._grant(turn)
@@ -122,15 +131,23 @@ class Baton:
         return time.monotonic() - start
 
     def give_up(self, turn: _Turn) -> None:
+        """The query ended (its turn's next query, if any, is another)."""
         with self._lock:
+            turn.started = 0.0
             if self._holder is turn:
                 self._pass_on()
+
+    def _rank(self, turn: _Turn) -> tuple[int, float]:
+        """Whose turn comes first: the client served longest ago, then the oldest query."""
+        return self._served.get(turn.owner, 0), turn.started
+
+    def _next(self) -> _Turn:
+        return min(self._waiting, key=self._rank)  # of equals, the first in the queue
 
     def _pass_on(self) -> None:
         self._holder = None
         if self._waiting:
-            served = self._served
-            turn = min(self._waiting, key=lambda t: served.get(t.owner, 0))  # the first such in the queue
+            turn = self._next()
             self._waiting.remove(turn)
             self._grant(turn)
             turn.granted.set()
