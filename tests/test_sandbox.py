@@ -639,6 +639,35 @@ def _db(tables: dict[str, str]):
     return conn
 
 
+def test_the_compile_check_works_with_descriptors_numbered_past_1024():
+    """`gate serve` raises its open-files limit and holds many connections, so the compile check's pipes may be
+    numbered 1,024 or more, which select() refuses: every statement with a subquery came back "filedescriptor out
+    of range in select()" as the agent's own error. The check now waits with poll."""
+    import resource
+
+    from gate_pipeline.kernel.compile_check import CompileCheck
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip("the open-files limit here cannot reach 1,200")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    taken = []
+    try:
+        while not taken or taken[-1] < 1100:  # every lower number taken: the child's pipes get higher ones
+            taken.append(os.open(os.devnull, os.O_RDONLY))
+        check = CompileCheck()
+        try:
+            db = _db({"wh_orders": "order_id TEXT", "stg_b_1": "order_id TEXT"})
+            assert check.compiles_within(db, "SELECT (SELECT 1) FROM stg_b_1", 1.0)
+            assert check._child.stdout.fileno() > 1024
+            assert not check.compiles_within(db, HEAVY_TO_COMPILE["doubling CTEs"], 0.2)
+        finally:
+            check.close()
+    finally:
+        for fd in taken:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def test_a_statement_that_compiled_in_time_is_not_compiled_again_for_the_same_schema_under_other_names():
     """The compile check remembers what passed by the statement and schema with every name replaced by its
     place: the next episode's database (other batch ids, the same tables) needs no child; another schema,

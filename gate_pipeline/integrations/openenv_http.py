@@ -14,7 +14,7 @@ connections took every file descriptor. `gate serve` speaks HTTP through h11 ins
   session's business: its idle and stall timeouts);
 - at most `CONNECTIONS_PER_CLIENT` connections open at once per client: one more is closed as it
   opens; and over all clients, what the process's open-files limit leaves (`connection_budget`: the
-  limit, raised to its hard limit at start, less `RESERVED_DESCRIPTORS` for the server's own files), of
+  limit, raised to its hard limit at start, less what the server opens itself for its sessions), of
   which one client holds at most half, so that neither one client nor many take the descriptors the
   server's own work needs or, at the usual limit of 1,024, every connection another client could make. A WebSocket counts until its socket is gone, whether its session was opened or refused
   (a refused one's closing handshake holds the socket for seconds); its session also counts against
@@ -49,7 +49,8 @@ from websockets.exceptions import InvalidState
 MAX_HEAD_BYTES = 16 * 1024
 REQUEST_SECONDS = 10.0
 CONNECTIONS_PER_CLIENT = 1024
-RESERVED_DESCRIPTORS = 128  # the server's own: its listening socket, the compile check's pipes, logs, imports
+RESERVED_DESCRIPTORS = 128  # the server's own: its listening socket, logs, imports, its first compile checks
+SESSION_DESCRIPTORS = 4  # and a session's: a compile check's two pipes, a spilled database's file, a spare
 LINGER_SECONDS = 2.0
 LINGER_MAX = 64
 
@@ -67,19 +68,25 @@ def client_key(host: str) -> str:
     return str(ip)
 
 
-def connection_budget() -> int:
-    """How many connections the process can hold open at once, over all clients: its open-files limit, first
-    raised as far as its hard limit allows, less RESERVED_DESCRIPTORS."""
+def connection_budget(sessions: int) -> int:
+    """How many connections a process serving `sessions` sessions can hold open at once, over all clients: its
+    open-files limit, first raised as far as its hard limit allows, less what the server opens itself
+    (RESERVED_DESCRIPTORS, and SESSION_DESCRIPTORS a session)."""
     import resource
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 16)
-    if soft != resource.RLIM_INFINITY and soft < want:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-            soft = want
-        except (ValueError, OSError):  # not allowed here: the limit as it is
-            pass
-    return max(0, (1 << 20 if soft == resource.RLIM_INFINITY else soft) - RESERVED_DESCRIPTORS)
+    if soft != resource.RLIM_INFINITY:
+        wants = [hard] if hard != resource.RLIM_INFINITY else [1 << 16, 10240]  # (10,240: macOS's OPEN_MAX)
+        for want in wants:
+            if want <= soft:
+                break
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+                soft = want
+                break
+            except (ValueError, OSError):  # not allowed here: a lower one, or the limit as it is
+                continue
+    limit = 1 << 20 if soft == resource.RLIM_INFINITY else soft
+    return max(0, limit - RESERVED_DESCRIPTORS - SESSION_DESCRIPTORS * sessions)
 
 
 def protocol_class(request_seconds: float = REQUEST_SECONDS, per_client: int = CONNECTIONS_PER_CLIENT,

@@ -75,6 +75,7 @@ from .openenv_http import (
     MAX_HEAD_BYTES,
     REQUEST_SECONDS,
     RESERVED_DESCRIPTORS,
+    SESSION_DESCRIPTORS,
     ClosingWebSocket,
     client_key,
     connection_budget,
@@ -636,9 +637,12 @@ def presented_token(scope) -> str | None:
 
 
 def head_too_long(scope) -> str | None:
-    """The refusal of a request whose head (its request line and headers, as sent) is over MAX_HEAD_BYTES, or
-    None. h11 stops a head that is still arriving at that size; one that arrives whole in one read it parses."""
-    size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") + 32  # method, version, CRLF
+    """The refusal of a request whose head (its request line and headers, as h11 read them: without the spaces
+    that end a value) is over MAX_HEAD_BYTES, or None. h11 stops a head that is still arriving at that size; one
+    that arrives whole in one read it parses."""
+    query = scope.get("query_string") or b""
+    size = len(scope.get("method") or "GET") + len(scope.get("raw_path") or b"") + (len(query) + 1 if query else 0)
+    size += 14  # the request line's two spaces, "HTTP/1.1" and CRLF, and the head's closing CRLF
     size += sum(len(name) + len(value) + 4 for name, value in scope.get("headers", ()))  # ": " and CRLF
     if size > MAX_HEAD_BYTES:
         return f"the request's head is over {MAX_HEAD_BYTES // 1024} KiB"
@@ -981,12 +985,13 @@ def serve(pool: CasePool, host: str = "127.0.0.1", port: int = 8000, config: Ser
     import uvicorn
     config = config or ServeConfig()
     check_exposure(host, port, config)
-    total = connection_budget()
+    total = connection_budget(config.max_sessions)
     sessions = config.per_client + 64  # a client's connections: at least its sessions (each WebSocket is one)
     if max(sessions, config.max_sessions) > total:
+        own = RESERVED_DESCRIPTORS + SESSION_DESCRIPTORS * config.max_sessions
         raise ServeError(f"{config.max_sessions:,} sessions ({config.per_client:,} per client) need more open files "
-                         f"than this process may have ({total + RESERVED_DESCRIPTORS:,}, of which "
-                         f"{RESERVED_DESCRIPTORS} are the server's own): raise `ulimit -n` or lower --max-sessions")
+                         f"than this process may have ({total + own:,}, of which {own:,} are the server's own for "
+                         f"its sessions): raise `ulimit -n` or lower --max-sessions")
     per_client = max(sessions, min(CONNECTIONS_PER_CLIENT, total // 2))
     app = create_gate_app(pool, config)
     sock = bind(host, port, config.stall_timeout)

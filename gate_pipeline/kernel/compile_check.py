@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import subprocess
 import sys
 import threading
@@ -32,6 +31,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from .errors import NoRoom
+from .files import readable_within
 
 CHILD = r'''
 import json, os, sqlite3, sys, time, _thread
@@ -211,7 +211,7 @@ class CompileCheck:
         assert child.stdin is not None and child.stdout is not None
         try:
             child.stdin.write((json.dumps(msg) + "\n").encode())
-            ready, _, _ = select.select([child.stdout], [], [], max(0.0, seconds))
+            ready = readable_within(child.stdout.fileno(), seconds)
             answer = os.read(child.stdout.fileno(), 2) if ready else b""
             if answer == b"1\n":
                 return True

@@ -8,7 +8,9 @@ that grows until it is killed.
 from __future__ import annotations
 
 import errno
+import math
 import os
+import select
 import stat
 from pathlib import Path
 
@@ -141,3 +143,11 @@ def read_text(path: str | Path, what: str, limit: int | None, error: type[GateEr
         return read_bytes(path, what, limit, error).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise error(f"{_shown(path)}: the {what} is not UTF-8 text (byte {exc.start:,})") from None
+
+
+def readable_within(fd: int, seconds: float) -> bool:
+    """Whether descriptor `fd` has something to read (or is at its end) within `seconds`. With poll, not select:
+    select refuses a descriptor numbered 1,024 or more, which a server holding many connections gives out."""
+    poll = select.poll()
+    poll.register(fd, select.POLLIN)
+    return bool(poll.poll(math.ceil(max(0.0, seconds) * 1000)))
