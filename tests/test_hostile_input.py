@@ -181,24 +181,24 @@ def test_a_variant_entry_that_is_no_file_says_so(tmp_path, kind, words):
     one_line(p, words)
 
 
-def test_the_variant_list_holds_only_what_can_be_loaded_by_its_name(tmp_path):
+def test_the_variant_list_leaves_out_hidden_files_which_no_name_loads(tmp_path):
     """A hidden `.draft.yaml` was listed as the variant '.draft', which no name can load: every experiment over all
-    the variants failed with `unknown variant '.draft'; variants in ...: ..., .draft`. A directory named like a
-    variant was listed too. The list now holds the variant files a name can load; by its name, an entry that is no
-    file still says what it is."""
+    the variants failed with `unknown variant '.draft'; variants in ...: ..., .draft`. Hidden files are not
+    variants now. An entry that is no regular file is still listed, so loading every variant says what it is."""
     from gate_pipeline.kernel.contract import ContractError
-    from gate_pipeline.kernel.variants import load_variant, load_variants, variant_names
+    from gate_pipeline.kernel.variants import load_variants, variant_names
     contracts = tmp_path / "contracts"
     (contracts / "variants").mkdir(parents=True)
     (contracts / "classic.yaml").write_text((ROOT / "contracts" / "classic.yaml").read_text())
     full = (ROOT / "contracts" / "variants" / "full.yaml").read_text()
     (contracts / "variants" / "full.yaml").write_text(full)
     (contracts / "variants" / ".draft.yaml").write_text(full)
-    (contracts / "variants" / "dir.yaml").mkdir()
     assert variant_names(contracts) == ["full"]
     assert [v.name for v in load_variants(None, contracts)] == ["full"]
+    (contracts / "variants" / "dir.yaml").mkdir()
+    assert variant_names(contracts) == ["full", "dir"]
     with pytest.raises(ContractError, match="dir.yaml: is a directory, not a variant file"):
-        load_variant("dir", contracts)
+        load_variants(None, contracts)
 
 
 def test_a_replay_names_the_line_of_an_unknown_case_and_refuses_a_key_named_twice(tmp_path):

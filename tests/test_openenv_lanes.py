@@ -243,12 +243,13 @@ def test_one_clients_queries_end_oldest_first_not_all_at_their_deadline():
     while other not in baton._waiting:
         time.sleep(0.001)
     time.sleep(0.02)
-    threading.Thread(target=baton.take, args=(queries[0], far), daemon=True).start()  # its turn over: handed over
+    oldest = threading.Thread(target=baton.take, args=(queries[0], far))  # its turn over: handed over
+    oldest.start()
     while order != ["other"]:
         time.sleep(0.001)
     baton.give_up(other)  # ended: the oldest of the trainer's again, not the one that waited longest
-    while baton._holder is not queries[0]:
-        time.sleep(0.001)
+    oldest.join()  # (a query gives the baton up on its own thread, once its wait for it has returned)
+    assert baton._holder is queries[0]
     baton.give_up(queries[0])
     while order != ["other", 1]:
         time.sleep(0.001)

@@ -163,14 +163,14 @@ def load_variant_file(path: str | Path, contracts: str | Path | None = None) -> 
 def variant_names(contracts: str | Path | None = None) -> list[str]:
     """Every variant file's name, suite by suite (the default suite's unprefixed, the others' prefixed with
     the suite's name): '<prefix>full', then the per-rule ablation '<prefix>no-<rule>' in its suite's rule
-    order; then the rest by name. Only what `load_variant` loads by its name: regular files, not hidden ones."""
+    order; then the rest by name. Not hidden files (no name loads them); an entry that is no regular file is
+    listed, so that loading every variant says what it is rather than leaving it out."""
     rank: dict[str, int] = {}
     for suite in suites.all():
         prefix = "" if suite.default else f"{suite.name}-"
         for name in (f"{prefix}full", *(f"{prefix}no-{key}" for key in suite.rule_keys)):
             rank.setdefault(name, len(rank))
-    names = sorted(p.stem for p in variants_dir(contracts).glob("*.yaml")
-                   if not p.name.startswith(".") and path_state(p) == "file")
+    names = sorted(p.stem for p in variants_dir(contracts).glob("*.yaml") if not p.name.startswith("."))
     return sorted(names, key=lambda n: rank.get(n, len(rank)))
 
 
