@@ -265,7 +265,8 @@ def test_a_request_that_never_ends_or_never_finishes_arriving_holds_nothing():
     """One connection streaming a header line that never ends froze every session and grew the server's memory
     without limit (uvicorn's httptools protocol, which bounds nothing), and half-sent requests on thousands of
     connections took every file descriptor (no protocol of uvicorn's times one out). Now a head over 16 KiB
-    is a 400 at once, whether it is still arriving or came whole in one read, a request that has not arrived whole after --request-timeout is closed, head or body,
+    is a 400 at once, whether it is still arriving or came whole in one read (its bytes counted as sent, the spaces
+    that end a value too, a pipelined request's as well), a request that has not arrived whole after --request-timeout is closed, head or body,
     an answer that takes longer than that is not cut, and one client holds at most 1,024 HTTP connections."""
     import resource
     import select
@@ -293,6 +294,17 @@ def test_a_request_that_never_ends_or_never_finishes_arriving_holds_nothing():
                 whole.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * size + b"\r\n\r\n")
                 whole.settimeout(5)
                 assert whole.recv(64).startswith(b"HTTP/1.1 " + status + b" "), size
+        padded = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: a" + b" " * 60_000 + b"\r\n\r\n"  # h11 drops the
+        for head in (padded, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n" + padded):  # spaces: the head read was
+            with socket.create_connection((host, int(port))) as whole:  # counted without them (and pipelined too)
+                whole.sendall(head)
+                whole.settimeout(5)
+                answers = b""
+                while answers.count(b"HTTP/1.1 ") < head.count(b"GET "):
+                    got = whole.recv(65536)
+                    assert got, answers
+                    answers += got
+                assert answers.rsplit(b"HTTP/1.1 ", 1)[1].startswith(b"400 "), answers[:200]
         for partial in (b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: ",  # a head that stops
                         b"POST /reset HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"):  # a body that stops
             with socket.create_connection((host, int(port))) as sock:

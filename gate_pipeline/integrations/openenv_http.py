@@ -6,17 +6,18 @@ more at each chunk, so one connection froze every session; and no protocol of uv
 request that never finishes arriving, so a client that sends half a request on each of thousands of
 connections took every file descriptor. `gate serve` speaks HTTP through h11 instead, with:
 
-- a request's head (its request line and headers) at most `MAX_HEAD_BYTES`: beyond it h11 stops and
-  the connection gets **400** and is closed;
+- a request's head (its request line and headers) at most `MAX_HEAD_BYTES`, counted in the bytes sent
+  (`HeadBoundConnection`): beyond it the connection gets **400** and is closed;
 - `REQUEST_SECONDS` for a request to arrive whole, head and body, counted from the connection's
   opening or from the answer before it: a connection still sending a request then is closed (a
   request that has arrived takes as long as its answer takes; a WebSocket, once upgraded, is the
   session's business: its idle and stall timeouts);
 - at most `CONNECTIONS_PER_CLIENT` connections open at once per client: one more is closed as it
   opens; and over all clients, what the process's open-files limit leaves (`connection_budget`: the
-  limit, raised to its hard limit at start, less what the server opens itself for its sessions), of
-  which one client holds at most half, so that neither one client nor many take the descriptors the
-  server's own work needs or, at the usual limit of 1,024, every connection another client could make. A WebSocket counts until its socket is gone, whether its session was opened or refused
+  limit, raised to its hard limit at start by `raise_open_files_limit`, less what the server opens
+  itself for its sessions), of which one client holds at most half, so that neither one client nor
+  many take the descriptors the server's own work needs or, at the usual limit of 1,024, every
+  connection another client could make. A WebSocket counts until its socket is gone, whether its session was opened or refused
   (a refused one's closing handshake holds the socket for seconds); its session also counts against
   `--max-sessions` and `--max-per-client`.
 
@@ -68,10 +69,9 @@ def client_key(host: str) -> str:
     return str(ip)
 
 
-def connection_budget(sessions: int) -> int:
-    """How many connections a process serving `sessions` sessions can hold open at once, over all clients: its
-    open-files limit, first raised as far as its hard limit allows, less what the server opens itself
-    (RESERVED_DESCRIPTORS, and SESSION_DESCRIPTORS a session)."""
+def raise_open_files_limit() -> int:
+    """Raise the process's open-files limit as far as its hard limit allows, and return the limit it then has
+    (2**20 where it is unlimited)."""
     import resource
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY:
@@ -85,8 +85,34 @@ def connection_budget(sessions: int) -> int:
                 break
             except (ValueError, OSError):  # not allowed here: a lower one, or the limit as it is
                 continue
-    limit = 1 << 20 if soft == resource.RLIM_INFINITY else soft
-    return max(0, limit - RESERVED_DESCRIPTORS - SESSION_DESCRIPTORS * sessions)
+    return 1 << 20 if soft == resource.RLIM_INFINITY else soft
+
+
+def connection_budget(open_files: int, sessions: int) -> int:
+    """How many connections a process with an open-files limit of `open_files`, serving `sessions` sessions,
+    can hold open at once over all clients: the limit less what the server opens itself
+    (RESERVED_DESCRIPTORS, and SESSION_DESCRIPTORS a session)."""
+    return max(0, open_files - RESERVED_DESCRIPTORS - SESSION_DESCRIPTORS * sessions)
+
+
+class HeadBoundConnection(h11.Connection):
+    """h11's server side, with a request's head bounded by the bytes it took to send, spaces and all.
+
+    h11 stops a head still arriving once its buffer passes the limit, but one that arrived whole in a single
+    read (up to the transport's read size) it parses, and the headers it gives back have lost the spaces
+    that end a value, so neither they nor the limit tell how long the head was. What the buffer held before
+    the request was read, less what it holds after, does. (`trailing_data` copies the buffer, which at a
+    head's turn holds at most one read.)"""
+
+    def next_event(self) -> Any:
+        if self.their_state is not h11.IDLE:
+            return super().next_event()
+        before = len(self.trailing_data[0])
+        event = super().next_event()
+        if isinstance(event, h11.Request) and before - len(self.trailing_data[0]) > MAX_HEAD_BYTES:
+            raise h11.RemoteProtocolError(f"the request's head is over {MAX_HEAD_BYTES // 1024} KiB",
+                                          error_status_hint=400)
+        return event
 
 
 def protocol_class(request_seconds: float = REQUEST_SECONDS, per_client: int = CONNECTIONS_PER_CLIENT,
@@ -99,6 +125,10 @@ def protocol_class(request_seconds: float = REQUEST_SECONDS, per_client: int = C
     class Bounded(H11Protocol):
         _key: str | None = None
         _timer: asyncio.TimerHandle | None = None
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.conn = HeadBoundConnection(h11.SERVER, MAX_HEAD_BYTES)
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)

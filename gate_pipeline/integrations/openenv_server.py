@@ -72,7 +72,6 @@ from ..kernel.rewards import REWARD_MODES
 from ..model_agent.tool_schemas import tool_schemas
 from .openenv_http import (
     CONNECTIONS_PER_CLIENT,
-    MAX_HEAD_BYTES,
     REQUEST_SECONDS,
     RESERVED_DESCRIPTORS,
     SESSION_DESCRIPTORS,
@@ -80,6 +79,7 @@ from .openenv_http import (
     client_key,
     connection_budget,
     protocol_class,
+    raise_open_files_limit,
 )
 from .openenv_lanes import Lanes
 from .openenv_models import ACTION_SCHEMA, GateAction, GateObservation, GateState
@@ -636,19 +636,6 @@ def presented_token(scope) -> str | None:
     return None
 
 
-def head_too_long(scope) -> str | None:
-    """The refusal of a request whose head (its request line and headers, as h11 read them: without the spaces
-    that end a value) is over MAX_HEAD_BYTES, or None. h11 stops a head that is still arriving at that size; one
-    that arrives whole in one read it parses."""
-    query = scope.get("query_string") or b""
-    size = len(scope.get("method") or "GET") + len(scope.get("raw_path") or b"") + (len(query) + 1 if query else 0)
-    size += 14  # the request line's two spaces, "HTTP/1.1" and CRLF, and the head's closing CRLF
-    size += sum(len(name) + len(value) + 4 for name, value in scope.get("headers", ()))  # ": " and CRLF
-    if size > MAX_HEAD_BYTES:
-        return f"the request's head is over {MAX_HEAD_BYTES // 1024} KiB"
-    return None
-
-
 class Guard:
     """ASGI middleware: with a token, every request but `GET /health` must carry it (else 401); with
     none, only clients on this machine are served (unless the server was told otherwise)."""
@@ -678,23 +665,21 @@ class Guard:
     async def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
-        status, why = 400, head_too_long(scope)
-        if why is None:
-            status, why = 401, self.refusal(scope)
+        why = self.refusal(scope)
         if why is None:
             return await self.app(scope, receive, send)
         body = json.dumps({"detail": why}).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        headers.append((b"www-authenticate", b'Bearer realm="gate"') if status == 401 else (b"connection", b"close"))
+        headers.append((b"www-authenticate", b'Bearer realm="gate"'))
         if scope["type"] == "http":
-            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.start", "status": 401, "headers": headers})
             await send({"type": "http.response.body", "body": body})
             return
         message = await receive()  # websocket.connect
         if message["type"] != "websocket.connect":
             return
         if "websocket.http.response" in scope.get("extensions", {}):
-            await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
+            await send({"type": "websocket.http.response.start", "status": 401, "headers": headers})
             await send({"type": "websocket.http.response.body", "body": body})
         else:
             await send({"type": "websocket.close", "code": 1008, "reason": why[:120]})
@@ -985,7 +970,7 @@ def serve(pool: CasePool, host: str = "127.0.0.1", port: int = 8000, config: Ser
     import uvicorn
     config = config or ServeConfig()
     check_exposure(host, port, config)
-    total = connection_budget(config.max_sessions)
+    total = connection_budget(raise_open_files_limit(), config.max_sessions)
     sessions = config.per_client + 64  # a client's connections: at least its sessions (each WebSocket is one)
     if max(sessions, config.max_sessions) > total:
         own = RESERVED_DESCRIPTORS + SESSION_DESCRIPTORS * config.max_sessions
@@ -1002,8 +987,7 @@ def serve(pool: CasePool, host: str = "127.0.0.1", port: int = 8000, config: Ser
     uv_config = uvicorn.Config(app, log_level="warning", access_log=False, ws_max_size=WS_MAX_BYTES,
                                ws_per_message_deflate=False, timeout_graceful_shutdown=5, lifespan="on",
                                http=protocol_class(config.request_timeout, per_client, total),
-                               ws=ClosingWebSocket,
-                               h11_max_incomplete_event_size=MAX_HEAD_BYTES)
+                               ws=ClosingWebSocket)
     server = uvicorn.Server(uv_config)
     stopped: list[int] = []
 
