@@ -1405,6 +1405,9 @@ def process_name(what: str) -> str:
     return f"{what} (process {os.getpid()} on {socket.gethostname()})"
 
 
+UNREADABLE_JSON = "the kept grade is not readable JSON"  # the store's reason, where a grade row is not JSON
+
+
 def _grade_json(text: str, episode_id: str, case_id: str, agent: str) -> dict:
     try:
         grade = json.loads(text)
@@ -1413,7 +1416,7 @@ def _grade_json(text: str, episode_id: str, case_id: str, agent: str) -> dict:
     except (ValueError, RecursionError, TypeError):
         pass
     return {"episode_id": episode_id, "case_id": case_id, "agent": agent, "unreadable": True,
-            "reason": "the kept grade is not readable JSON"}
+            "reason": UNREADABLE_JSON}
 
 
 class StoreSink(Sink):

@@ -54,6 +54,7 @@ from .store import (
     NIGHTLY,
     OPEN,
     STOPPED,
+    UNREADABLE_JSON,
     RunStore,
     StoreError,
     lock_free,
@@ -106,8 +107,8 @@ def differs(kept: dict, fresh: Grade) -> str | None:
     """What a kept grade (a JSON dict) has that a fresh grade has not, or None."""
     now = fresh.as_dict()
     if "unreadable" in kept:  # the store's word for a row it cannot read; no grade gate makes has the key
-        reason = kept.get("reason")
-        return reason[:200] if isinstance(reason, str) and reason else "the kept grade is not readable"
+        # said in verify's words: a reason in the row (or a transcript line) could be anyone's
+        return UNREADABLE_JSON if kept.get("reason") == UNREADABLE_JSON else "the kept grade is not readable"
     changed = [k for k in COMPARED if kept.get(k) != now[k]]
     if changed:
         return (f"the kept grade differs from a fresh grade in {', '.join(changed)} "

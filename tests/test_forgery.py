@@ -498,7 +498,8 @@ def test_a_model_episode_is_tied_to_its_transcript(home, tmp_path, capsys):
 def test_a_transcript_line_claims_only_what_the_store_holds(home, tmp_path, capsys):
     """Without the key: a transcript line whose top-level reward, end or case was raised was never compared, and a
     grade `{"unreadable": true, "reason": ""}` (or a reason that is not text: a traceback) switched the grade's
-    comparison off, so `gate verify --run` passed a file claiming every rollout passed."""
+    comparison off, so `gate verify --run` passed a file claiming every rollout passed; and the reason such a grade
+    gives was printed as the problem, the forger's words in verify's mouth."""
     from scripted_server import ScriptedServer
     with ScriptedServer() as server:
         assert main(["run", "--model", "careful", "--base-url", server.url, "-n", "3", "--run-id", "m",
@@ -515,18 +516,20 @@ def test_a_transcript_line_claims_only_what_the_store_holds(home, tmp_path, caps
         path.write_text("".join(json.dumps(line) + "\n" for line in lines))
         code, out, _ = verify(capsys, "--run", str(tmp_path / "m"))
         assert code == 1 and f"the transcript line says {key} " in out, (key, out)
-    for reason in ("", None, 0, float("nan"), 5):
+    for reason in ("", None, 0, float("nan"), 5, "a line forged to read well"):
         lines = [json.loads(line) for line in honest.splitlines()]
         lines[1]["grade"] = {"unreadable": True, "reason": reason}
         path.write_text("".join(json.dumps(line) + "\n" for line in lines))
         for flags in ((), ("--json",)):
             code, out, _ = verify(capsys, "--run", str(tmp_path / "m"), *flags)
             assert code == 1 and "the transcript line is not readable" in out, (reason, out)
+            assert "forged" not in out, out  # verify says what is wrong in its own words, not the line's
 
 
-@pytest.mark.parametrize("reason", ["", None, 5])
+@pytest.mark.parametrize("reason", ["", None, 5, "a row forged to read well"])
 def test_a_kept_grade_saying_it_is_unreadable_is_a_problem_whatever_its_reason(home, night, capsys, reason):
-    """Without the key: a kept grade row `{"unreadable": true, "reason": ""}` read as no difference at all."""
+    """Without the key: a kept grade row `{"unreadable": true, "reason": ""}` read as no difference at all, and a
+    reason in words was printed as verify's own."""
     with dg.DagsterInstance.ephemeral() as instance:
         context = dg.build_sensor_context(instance=instance, resources={"gate_store": GateStore()})
         assert len(defs.resolve_sensor_def("grading_sensor").evaluate_tick(context).asset_events) == 8
@@ -535,6 +538,7 @@ def test_a_kept_grade_saying_it_is_unreadable_is_a_problem_whatever_its_reason(h
                      (json.dumps({"unreadable": True, "reason": reason}), naive))
     code, out, _ = verify(capsys)
     assert code == 1 and f"{naive} {BAD} naive: the kept grade is not readable" in out, out
+    assert "forged" not in out, out
 
 
 def test_deleting_the_manifests_does_not_make_a_night_or_its_episodes_unchecked(home, night, capsys):
