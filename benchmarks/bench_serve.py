@@ -11,12 +11,15 @@ before the sessions opened, divided by N. Bounded: `--episodes` in all per run, 
 episode starts after `--time-limit` seconds.
 
     .venv/bin/python benchmarks/bench_serve.py [--sessions 64,256,512] [--episodes 1024] [--cases FILE]
-                                               [--noisy 8] [--noisy-sessions 64]
+                                               [--noisy 8] [--noisy-sessions 64] [--burst 16]
 
 The noisy-neighbours rows: N sessions play while K more sessions each run a query until the
 sandbox's 2 s budget stops it, one after another, for the whole run, each such run right after a
 quiet run of the same N sessions, R times; the playing sessions' p99 step latency is printed
 beside the quiet runs' (the goal: at most twice it).
+
+The burst row: K sessions of one client each send one query of about a second's work (a counting query sized
+on the server by timing it alone), all at once; each must answer, none `interrupted`.
 """
 from __future__ import annotations
 
@@ -235,6 +238,53 @@ async def load(url: str, sessions: int, episodes: int, plays: dict, time_limit: 
     return out
 
 
+def counting_query(n: int) -> str:
+    """A query whose work grows with n: SLOW_QUERY's string work on n rows (few SQLite steps for its time, as the
+    sandbox also bounds the steps a query takes)."""
+    return SLOW_QUERY.replace("FROM c)", f"FROM c WHERE x < {n})", 1)
+
+
+async def one_query_each(url: str, case_id: str, sessions: int, query: str) -> list[tuple[float, bool]]:
+    """`sessions` sessions of one client (this process, one address) each send `query` at once: per query, the
+    seconds from the common start to its answer and whether it came back `interrupted`."""
+    action = {"tool": "run_sql", "args": {"query": query}}
+    clients = [GateEnvClient(base_url=url, message_timeout_s=120) for _ in range(sessions)]
+    for env in clients:
+        await env.connect()
+        await env.reset(case_id=case_id)
+    start = time.perf_counter()
+
+    async def ask(env: GateEnvClient) -> tuple[float, bool]:
+        result = await env.step(action)
+        return time.perf_counter() - start, json.loads(result.observation.result) == {"error": "interrupted"}
+
+    try:
+        return await asyncio.gather(*(ask(env) for env in clients))
+    finally:
+        for env in clients:
+            await env.close()
+
+
+def burst(cases_file: str, case_id: str, sessions: int, seconds: float) -> tuple[float, list[tuple[float, bool]]]:
+    """The one-client burst: on a fresh server, a counting query sized to take about `seconds` alone (measured on
+    that server), then `sessions` of them from one client at once. Returns (its time alone, each query's)."""
+    server = Server(cases_file, sessions)
+    try:
+        n, alone = 1_000, 0.0
+        for _ in range(6):  # size the query by timing it alone: its work is linear in n
+            took, interrupted = asyncio.run(one_query_each(server.url, case_id, 1, counting_query(n)))[0]
+            if interrupted:
+                n //= 4
+                continue
+            alone = took
+            if abs(took - seconds) < 0.2 * seconds:
+                break
+            n = max(1, int(n * seconds / took))
+        return alone, asyncio.run(one_query_each(server.url, case_id, sessions, counting_query(n)))
+    finally:
+        server.stop()
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
@@ -294,6 +344,9 @@ def main() -> int:
                                                                                "(default: 64)")
     ap.add_argument("--noisy-rounds", type=int, default=2, metavar="R",
                     help="quiet and noisy runs, one after the other, R times (default: 2)")
+    ap.add_argument("--burst", type=int, default=16, metavar="K",
+                    help="one client's burst: K sessions of one client each send a query of about a second at once "
+                         "(default: 16; 0: none)")
     a = ap.parse_args()
     counts = [int(x) for x in a.sessions.split(",") if x.strip()]
     load1, load5, _ = os.getloadavg()  # before this benchmark's own work
@@ -333,6 +386,13 @@ def main() -> int:
         q99, n99 = percentile(pooled["quiet"], 0.99), percentile(pooled["noisy"], 0.99)
         print(f"p99 step latency of the {n} playing sessions over the {a.noisy_rounds} rounds, noisy / quiet: "
               f"{1000 * n99:.1f} / {1000 * q99:.1f} ms = {n99 / q99:.2f}x (goal: at most 2x)")
+    if a.burst:
+        alone, answers = burst(a.cases, cases[0].case_id, a.burst, 1.0)
+        cut = sum(interrupted for _, interrupted in answers)
+        print(f"one client's burst: {a.burst} sessions of one client each send one query of {alone:.2f} s alone, all "
+              f"at once: {len(answers) - cut} answered, {cut} came back interrupted; the last answer after "
+              f"{max(t for t, _ in answers):.1f} s (a query waits at most its budget and 30 s)")
+        bad += cut
     print("every episode's grade equal to the in-process grade" if bad == 0 else f"{bad} problems")
     return 0 if bad == 0 else 1
 

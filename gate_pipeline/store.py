@@ -290,6 +290,12 @@ MART_STEP_BUDGET = 50_000_000  # virtual-machine steps one read of a stored ware
 MART_TIME_BUDGET_S = 5.0  # and seconds, compiling included
 
 
+def _as_text(value) -> str:
+    """A stored text field as text: "" for none, and a value of another type (a column edited into a BLOB or a
+    number, which its row's seal then fails on) spelled as Python writes it, so that nothing reading it raises."""
+    return "" if value is None else value if isinstance(value, str) else repr(value)
+
+
 def read_mart(image: bytes | None, name: str, expected_sha256: str | None, sql: str = MART_SQL) -> float:
     """The revenue mart of a stored warehouse image, read from an in-memory copy only once the image is
     the one recorded (its SHA-256, which must be recorded: an image without one is not queried), and
@@ -301,7 +307,7 @@ def read_mart(image: bytes | None, name: str, expected_sha256: str | None, sql: 
         raise StoreError(f"warehouse {name} is missing from the run store")
     if not expected_sha256:
         raise StoreError(f"warehouse {name} has no SHA-256 recorded: it is not read")
-    if sha256(image) != expected_sha256:
+    if not isinstance(image, bytes) or sha256(image) != expected_sha256:  # (a BLOB edited into a number: altered)
         raise StoreError(f"warehouse {name} was altered (its SHA-256 differs from the one recorded)")
     conn = sqlite3.connect(":memory:", cached_statements=0)
     sandbox = None
@@ -512,8 +518,10 @@ class RunStore:
         if not check_key:
             self._check_readable(database)
         # a key that whoever can rewrite the database can rewrite too proves nothing against them
+        # (judged from the database's path as given, not as resolved: a link there leads elsewhere, but whoever can
+        # write its folder can point it at a database of theirs)
         self.key_beside = key_file if (key_file is not None and database is not None
-                                       and _beside(key_file, database)) else None
+                                       and _beside(key_file, given_path(url.database))) else None
         ready = (settings.store_url, key_id(self.key))
         if once and check_key and ready in _READY:  # this process made or checked the tables and the key
             self.key_problem = None
@@ -979,7 +987,7 @@ class RunStore:
         return StoredEpisode(
             episode_id=episode_id, case=case, agent=row["agent"],
             options=options if isinstance(options, dict) else {}, run_id=row["run_id"], rollout=row["rollout"],
-            status=row["status"], end_reason=row["end_reason"] or "", error=row["error"] or "", entries=entries,
+            status=row["status"], end_reason=_as_text(row["end_reason"]), error=_as_text(row["error"]), entries=entries,
             ledger_digest=row["ledger_digest"] or "", mart=mart, problems=tuple(problems),
             case_json=row["case_json"] or "", case_id=row["case_id"], intact=intact)
 
@@ -1247,7 +1255,7 @@ class RunStore:
 
     def run_lock(self, run_id: str) -> Path:
         """The lock a process holds on this machine while it plays run `run_id` (`hold_lock`)."""
-        return self.home / LOCKS / f"{_UNSAFE.sub('_', run_id)}.lock"
+        return self.home / LOCKS / f"{_UNSAFE.sub('_', _as_text(run_id))}.lock"  # (an id edited into a BLOB: its repr)
 
     def close_dead_runs(self) -> list[tuple[str, list[str]]]:
         """Close every open run whose process, on this machine, died (its lock under GATE_HOME is free):

@@ -436,6 +436,21 @@ def test_a_key_beside_the_database_that_links_elsewhere_still_warns(home, tmp_pa
     assert code == 0 and "sits beside the database it seals" in err, (out, err)
 
 
+def test_a_key_beside_a_database_that_is_a_link_still_warns(home, tmp_path, capsys):
+    """runs.db in GATE_HOME a link to a database elsewhere, the key still in GATE_HOME: no warning, as the database's
+    folder was judged by where the link leads. Whoever can write GATE_HOME can swap the key and point the link at a
+    store sealed with it."""
+    store = RunStore()
+    play(prepare(read_cases(EVAL)[0]), "naive", sinks=[StoreSink(store)], run_id="k")
+    store.dispose()
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    (home / "runs.db").rename(volume / "runs.db")
+    (home / "runs.db").symlink_to(volume / "runs.db")
+    code, out, err = verify(capsys)
+    assert code == 0 and "sits beside the database it seals" in err, (out, err)
+
+
 def test_refused_calls_keep_a_bounded_preview(home):
     """300 refused quarantine_rows calls of 1,000 keys of 200 characters each: a bounded ledger."""
     v2 = read_cases(ROOT / "cases" / "v2" / "eval_curated.jsonl")[0]
@@ -524,6 +539,12 @@ def test_a_transcript_line_claims_only_what_the_store_holds(home, tmp_path, caps
             code, out, _ = verify(capsys, "--run", str(tmp_path / "m"), *flags)
             assert code == 1 and "the transcript line is not readable" in out, (reason, out)
             assert "forged" not in out, out  # verify says what is wrong in its own words, not the line's
+    for eid in ([honest.split('"episode_id": "', 1)[1].split('"', 1)[0]], {"x": 1}):  # no id is a list: it
+        lines = [json.loads(line) for line in honest.splitlines()]                  # raised a traceback
+        lines[0]["episode_id"] = eid
+        path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        code, out, _ = verify(capsys, "--run", str(tmp_path / "m"))
+        assert code == 1 and "its 'episode_id' is not text" in out, (eid, out)
 
 
 @pytest.mark.parametrize("reason", ["", None, 5, "a row forged to read well"])
@@ -901,3 +922,20 @@ def test_verify_names_a_summary_whose_seal_does_not_hold(home, night, capsys):
         assert RunStore().nightly_history() == []
         code, out, _ = verify(capsys)
         assert code == 0 and "night 1: its kept summary is not sealed with its run" in out, out
+
+
+@pytest.mark.parametrize("edit, said", [
+    ("UPDATE episodes SET error = CAST('x' AS BLOB) WHERE episode_id = :e", "the episode's record was altered"),
+    ("UPDATE warehouses SET image = 7 WHERE episode_id = :e", "was altered (its SHA-256 differs"),
+    ("UPDATE episodes SET status = 'running', end_reason = NULL, error = NULL, ledger_digest = NULL, "
+     "ledger_entries = NULL, ended_at = NULL, warehouse_sha256 = NULL, transcript_sha256 = NULL, seal = NULL, "
+     "run_id = CAST(run_id AS BLOB) WHERE episode_id = :e", "never ended"),
+])
+def test_a_column_edited_into_another_type_is_named_not_a_traceback(home, night, capsys, edit, said):
+    """Without the key: an episode's error edited into a BLOB, its warehouse image into a number, or its run id into
+    a BLOB with the episode set back to running (a running row carries no seal) each stopped verify with a
+    traceback, where a row edited into another type is an altered row."""
+    naive = episode_of(home, "naive", BAD)
+    db(home).execute(edit, {"e": naive})
+    code, out, err = verify(capsys)
+    assert code == 1 and f"{naive} {BAD} naive: " in out and said in out and "Traceback" not in err, (out, err)

@@ -143,6 +143,8 @@ def read_transcripts(path: Path) -> list[dict]:
         else:
             if not isinstance(record, dict) or not isinstance(record.get("key"), str):
                 why = "not a JSON object with a text 'key'"
+            elif not isinstance(record.get("episode_id", ""), str):  # (a list or an object: no id can be one)
+                why = "its 'episode_id' is not text"
         if why is not None:
             if n == len(lines):
                 continue
