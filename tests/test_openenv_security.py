@@ -342,7 +342,8 @@ def test_one_client_cannot_take_every_descriptor_and_the_server_keeps_its_own():
     """At an open-files limit of 1,024 (soft and hard, a common default), one client's 1,024 connections took every
     descriptor, and a client on another address had its connections reset. A client now holds at most half of
     what the limit leaves after the server's own files, all clients together no more than that, and sessions that
-    could not all be held are refused at start, in one line."""
+    could not all be held are refused at start, in one line; and at a limit of 512, a client's share is at most
+    half as well, where its sessions and 64 more made it every connection."""
     import socket
     # 1,000 files, less 128 and 4 for each of 64 sessions: 616 connections, 308 a client
     proc, url, err = start_server("--cases", str(EVAL), open_files=1000)
@@ -370,6 +371,21 @@ def test_one_client_cannot_take_every_descriptor_and_the_server_keeps_its_own():
                 sock.close()
         time.sleep(0.3)
         assert request(url, "GET", "/health")[0] == 200
+    finally:
+        stopped_cleanly(proc, err)
+    # 512 files, less 128 and 4 for each of 64 sessions: 128 connections, 64 a client (its sessions' worth), where
+    # a client's share was its sessions and 64 more, 128: every connection, and other clients were reset
+    proc, url, err = start_server("--cases", str(EVAL), open_files=512)
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    try:
+        held = [socket.create_connection((host, int(port))) for _ in range(128)]
+        try:
+            time.sleep(0.3)
+            assert len(_closed_already(held)) == 128 - 64
+            assert request(url, "GET", "/health", source="127.0.0.2")[0] == 200
+        finally:
+            for sock in held:
+                sock.close()
     finally:
         stopped_cleanly(proc, err)
     p = subprocess.run([sys.executable, "-c", "import resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, "
