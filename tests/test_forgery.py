@@ -524,13 +524,28 @@ def test_a_transcript_line_claims_only_what_the_store_holds(home, tmp_path, caps
     honest = path.read_text()
     assert verify(capsys, "--run", str(tmp_path / "m"))[0] == 0
     edits = [("reward", 0.5), ("finished", False), ("end_reason", "no_report"), ("error", "x"), ("case_id", "other"),
-             ("model", "other"), ("rollout", 7), ("run_id", "other")]
+             ("model", "other"), ("rollout", 7), ("run_id", "other"), ("key", "other#0"), ("family", "other")]
     for key, value in edits:
         lines = [json.loads(line) for line in honest.splitlines()]
         lines[0][key] = value
         path.write_text("".join(json.dumps(line) + "\n" for line in lines))
         code, out, _ = verify(capsys, "--run", str(tmp_path / "m"))
         assert code == 1 and f"the transcript line says {key} " in out, (key, out)
+    for key, value in (("revenue", 1.5), ("correct_revenue", 1.5), ("suite", "v2"), ("a\nmetric", 1),
+                       ("reason", "x"), ("family", "other")):  # the rest of the grade, beside its reward
+        lines = [json.loads(line) for line in honest.splitlines()]
+        lines[0]["grade"][key] = value
+        path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        code, out, _ = verify(capsys, "--run", str(tmp_path / "m"))
+        named = "keys a grade has not" if "\n" in key else key  # a key of the line's own is not printed
+        assert code == 1 and f"the transcript line differs from a fresh grade in {named}" in out, (key, out)
+    for key, value in (("turns", 99), ("counts", {"run_sql": 99}), ("usage", {"total_tokens": 1}),
+                       ("tool_calls", []), ("settings", {"temperature": 9})):  # what the model's side says
+        lines = [json.loads(line) for line in honest.splitlines()]
+        lines[0][key] = value
+        path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        code, out, _ = verify(capsys, "--run", str(tmp_path / "m"))
+        assert code == 1 and f"the transcript line's {key} are not the stored ones" in out, (key, out)
     for reason in ("", None, 0, float("nan"), 5, "a line forged to read well"):
         lines = [json.loads(line) for line in honest.splitlines()]
         lines[1]["grade"] = {"unreadable": True, "reason": reason}

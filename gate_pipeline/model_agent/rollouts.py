@@ -448,7 +448,8 @@ def _claims_beside_the_grade(line: dict, row: dict, grade: Grade, run_id: str) -
     """The first of a transcript line's top-level fields that is not what the store holds (the episode's row and
     its fresh grade), in words, or None: the line is read as the run's result, not only its `grade`."""
     held = {"run_id": run_id, "episode_id": row["episode_id"], "case_id": row["case_id"], "model": row["agent"],
-            "rollout": row["rollout"], "finished": grade.finished, "end_reason": row["end_reason"],
+            "rollout": row["rollout"], "key": rollout_key(row["case_id"], row["rollout"]), "family": grade.family,
+            "finished": grade.finished, "end_reason": row["end_reason"],
             "error": row["error"] or "", "reward": grade.reward}
     for key, value in held.items():
         claimed = line.get(key)
@@ -479,6 +480,12 @@ def verify_transcripts(path: Path, store: RunStore, run_id: str, fresh: dict[str
         seen.add(eid)
         claimed = line.get("grade") if isinstance(line.get("grade"), dict) else {}
         why = differs(claimed, fresh[eid])
+        if why is None:  # and the rest of it (the figures a grade shows beside its reward, a suite's metrics)
+            whole = json.loads(json.dumps(fresh[eid].as_dict()))
+            changed = sorted(k for k in whole if claimed.get(k) != whole[k])  # named by gate's keys, not the line's
+            changed += ["keys a grade has not"] if claimed.keys() - whole.keys() else []
+            if changed:
+                why = f"the kept grade differs from a fresh grade in {', '.join(changed)}"
         if why:
             problems.append(Problem(eid, case_id, agent, "the transcript line " + why.removeprefix("the kept grade ")))
         wrong = _claims_beside_the_grade(line, rows[eid], fresh[eid], run_id)
@@ -489,6 +496,9 @@ def verify_transcripts(path: Path, store: RunStore, run_id: str, fresh: dict[str
         log = store.transcript(eid)
         if log is not None and line.get("messages") != log.get("messages"):
             problems.append(Problem(eid, case_id, agent, "the transcript line's messages are not the stored ones"))
+        for key, none in (("turns", 0), ("counts", {}), ("usage", {}), ("tool_calls", []), ("settings", {})):
+            if log is not None and line.get(key) != log.get(key, none):  # (a resumed run's tables read `counts`)
+                problems.append(Problem(eid, case_id, agent, f"the transcript line's {key} are not the stored ones"))
     for eid, row in rows.items():
         if eid not in seen:
             problems.append(Problem(eid, row["case_id"], row["agent"], f"the episode has no line in {path.name}"))
