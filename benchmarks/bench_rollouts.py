@@ -103,7 +103,7 @@ def main() -> None:
     server = subprocess.Popen([sys.executable, str(ROOT / "tests" / "scripted_server.py"), "--asyncio"],
                               stdout=subprocess.PIPE, text=True)
     try:
-        settings = ModelSettings(model="careful", base_url=server.stdout.readline().strip())
+        settings = ModelSettings(model="scripted", base_url=server.stdout.readline().strip())
         n = len(cases) * a.rollouts
         with tempfile.TemporaryDirectory() as tmp:
             tmp = Path(tmp)

@@ -3,7 +3,7 @@
 It speaks the OpenAI chat-completions protocol over HTTP/1.1 (keep-alive) with the standard
 library only. The policy is chosen by the request's `model`:
 
-- `careful`: reads the contract and the listing, checks each batch with gate's SQL rules
+- `scripted` (or any name not below): reads the contract and the listing, checks each batch with gate's SQL rules
   (gate_pipeline.suites.classic.agents.sql_checks), customers first, loads or quarantines, reports.
   It is stateless like a model: every decision is derived from the conversation it is sent,
   and it uses parallel tool calls (4 requests for a two-batch case).
@@ -130,7 +130,7 @@ def load_all(messages: list) -> list[dict]:
         _call("submit_report", {"loaded": ids, "quarantined": []})]
 
 
-POLICIES = ("careful", *MALFORMED, "no-tool-call", "silent", "hang", "garbage", "coin", "hermes-text", "json-text",
+POLICIES = ("scripted", *MALFORMED, "no-tool-call", "silent", "hang", "garbage", "coin", "hermes-text", "json-text",
             "lazy", "report-then-load", "no-ids", "same-id", "surrogates")
 
 

@@ -5,6 +5,7 @@ first shows the forgery passing the store's own checks (what `gate verify` relie
 `gate verify` failing it, naming what is wrong."""
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 from pathlib import Path
@@ -475,7 +476,7 @@ def test_a_model_episode_is_tied_to_its_transcript(home, tmp_path, capsys):
     attacker with the key who rewrites one call in the stored transcript (or the transcript file) is named."""
     from scripted_server import ScriptedServer
     with ScriptedServer() as server:
-        assert main(["run", "--model", "careful", "--base-url", server.url, "-n", "2", "--run-id", "m",
+        assert main(["run", "--model", "scripted", "--base-url", server.url, "-n", "2", "--run-id", "m",
                      "--runs-dir", str(tmp_path), "--json"]) == 0
     capsys.readouterr()
     code, out, _ = verify(capsys, "--run", str(tmp_path / "m"))
@@ -496,7 +497,7 @@ def test_a_model_episode_is_tied_to_its_transcript(home, tmp_path, capsys):
     conn.execute("UPDATE episodes SET seal = ? WHERE episode_id = ?", (store.seal(row), first["episode_id"]))
     assert store.load(first["episode_id"]).problems == ()
     code, out, _ = verify(capsys)
-    assert code == 1 and f"{first['episode_id']} {first['case_id']} careful: tool call" in out
+    assert code == 1 and f"{first['episode_id']} {first['case_id']} scripted: tool call" in out
     assert "gives another result than the one the transcript says the model was sent" in out
     # a line of the transcript file that is not the stored one, or a stored episode with no line
     path = tmp_path / "m" / "transcripts.jsonl"
@@ -505,9 +506,9 @@ def test_a_model_episode_is_tied_to_its_transcript(home, tmp_path, capsys):
     kept["ledger"] = kept["ledger"][:-1]
     path.write_text(json.dumps(kept) + "\n")
     code, out, _ = verify(capsys, "--run", str(tmp_path / "m"))
-    assert code == 1 and f"{second['episode_id']} {second['case_id']} careful: the transcript line's ledger is not " \
+    assert code == 1 and f"{second['episode_id']} {second['case_id']} scripted: the transcript line's ledger is not " \
                          f"the stored ledger" in out
-    assert f"{first['episode_id']} {first['case_id']} careful: the episode has no line in transcripts.jsonl" in out
+    assert f"{first['episode_id']} {first['case_id']} scripted: the episode has no line in transcripts.jsonl" in out
 
 
 def test_a_transcript_line_claims_only_what_the_store_holds(home, tmp_path, capsys):
@@ -517,7 +518,7 @@ def test_a_transcript_line_claims_only_what_the_store_holds(home, tmp_path, caps
     gives was printed as the problem, the forger's words in verify's mouth."""
     from scripted_server import ScriptedServer
     with ScriptedServer() as server:
-        assert main(["run", "--model", "careful", "--base-url", server.url, "-n", "3", "--run-id", "m",
+        assert main(["run", "--model", "scripted", "--base-url", server.url, "-n", "3", "--run-id", "m",
                      "--runs-dir", str(tmp_path), "--json"]) == 0
     capsys.readouterr()
     path = tmp_path / "m" / "transcripts.jsonl"
@@ -954,3 +955,52 @@ def test_a_column_edited_into_another_type_is_named_not_a_traceback(home, night,
     db(home).execute(edit, {"e": naive})
     code, out, err = verify(capsys)
     assert code == 1 and f"{naive} {BAD} naive: " in out and said in out and "Traceback" not in err, (out, err)
+
+
+def test_a_case_the_case_file_spells_otherwise_fails_whatever_the_manifest_says_of_the_file(home, night, capsys):
+    """With the key: BAD's stored case made to say its defective batch is clean (so naive, loading it, scored higher),
+    its hashes and seals redone, and the manifest's hash of the case file changed, which made the file's check a
+    note only ("changed since the run was sealed"). The file, outside GATE_HOME, still says otherwise."""
+    conn = db(home)
+    body = json.loads(conn.execute("SELECT body FROM manifests").fetchone()[0])
+    for eid, text in conn.execute("SELECT episode_id, case_json FROM episodes WHERE case_id = ?", (BAD,)).fetchall():
+        case = json.loads(text)
+        for batch in case["batches"]:
+            batch["truth"] = {"defective": False, "defects": []}
+        forged = json.dumps(case, sort_keys=True)
+        digest = hashlib.sha256(forged.encode()).hexdigest()
+        conn.execute("UPDATE episodes SET case_json = ?, case_sha256 = ? WHERE episode_id = ?", (forged, digest, eid))
+        body["case_sha256"][BAD] = digest
+    body["cases_file_sha256"] = "0" * 64
+    conn.execute("UPDATE manifests SET body = ?", (json.dumps(body, sort_keys=True),))
+    reseal_everything(home, home / "store.key")
+    code, out, _ = verify(capsys)
+    assert code == 1 and f"{BAD} naive: its case is not the one in the case file" in out, out
+    assert "changed since the run was sealed: its episodes' cases are checked against the cases it still holds" in out
+
+
+def test_a_model_named_after_an_agent_gate_plays_again_is_refused_and_never_passes_verify(home, night, capsys):
+    """With the key: naive's episode given careful's ledger and warehouse, its agent made the model agent with the
+    model 'naive' (so it is named 'naive' everywhere, and a model is never played again), manifest and all re-sealed:
+    verify tied it to its transcript and passed it. No agent may take another agent's name now, so such an episode
+    is one that gate could not have played, and verify says so."""
+    from gate_pipeline.kernel.errors import AgentOptionError
+    with pytest.raises(AgentOptionError, match="the name of another agent gate knows"):
+        resolve_agent("model", {"model": "naive", "base_url": "http://127.0.0.1:9/v1"})
+    assert main(["run", "--model", "careful", "--base-url", "http://127.0.0.1:9/v1"]) == 2
+    assert "the name of another agent gate knows" in capsys.readouterr().err
+    naive, careful = episode_of(home, "naive", BAD), episode_of(home, "careful", BAD)
+    conn = db(home)
+    copy_episode(conn, careful, naive)
+    options = {"model": "naive", "base_url": "http://127.0.0.1:9/v1"}
+    conn.execute("UPDATE episodes SET agent_name = 'model', agent_options = ? WHERE episode_id = ?",
+                 (json.dumps(options, sort_keys=True), naive))
+    body = json.loads(conn.execute("SELECT body FROM manifests").fetchone()[0])
+    body["agents"] = [{**a, "name": "model", "options": options, "deterministic": False} if a["identity"] == "naive"
+                      else a for a in body["agents"]]
+    conn.execute("UPDATE manifests SET body = ?", (json.dumps(body, sort_keys=True),))
+    reseal_everything(home, home / "store.key")
+    code, out, _ = verify(capsys)
+    line = next(line for line in out.splitlines() if line.startswith(f"{naive} {BAD} naive: "))
+    assert code == 1 and "its agent 'model' cannot be played again here" in line, out
+    assert line.endswith("but it plays as 'naive', an agent gate plays again"), line

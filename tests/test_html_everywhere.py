@@ -51,7 +51,7 @@ def test_gate_run_html_carries_pass_k(tmp_path, capsys):
     from scripted_server import ScriptedServer
     page = tmp_path / "run.html"
     with ScriptedServer() as server:
-        assert main(["run", "--model", "careful", "--base-url", server.url, "--runs-dir", str(tmp_path),
+        assert main(["run", "--model", "scripted", "--base-url", server.url, "--runs-dir", str(tmp_path),
                      "-n", "2", "-r", "2", "--run-id", "h", "--html", str(page)]) == 0
     _is_page(page, "gate run h", "pass^2")
 

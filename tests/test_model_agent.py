@@ -39,11 +39,11 @@ def _clean(server):
     server.faults.clear()
 
 
-def spec(server, model="careful", **kw):
+def spec(server, model="scripted", **kw):
     return resolve_agent("model", {"model": model, "base_url": server.url, **kw})
 
 
-def play_one(prepared, server, case_id=ANY, model="careful", **kw):
+def play_one(prepared, server, case_id=ANY, model="scripted", **kw):
     """(EpisodeResult, the model's conversation as logged) of one engine-played episode."""
     result = engine.play(prepared[case_id], spec(server, model, **kw))
     return result, result.agent_log
@@ -59,7 +59,7 @@ def test_schemas_cover_the_seven_tools_with_their_signatures():
 
 
 def test_careful_policy_scores_one_on_every_eval_case_through_the_http_loop(server, eval_cases, prepared):
-    before = server.requests["careful"]
+    before = server.requests["scripted"]
     rewards = []
     for case in eval_cases:
         result, convo = play_one(prepared, server, case.case_id)
@@ -67,9 +67,9 @@ def test_careful_policy_scores_one_on_every_eval_case_through_the_http_loop(serv
         rewards.append(g.reward)
         assert convo["end_reason"] == result.end_reason == "reported" and not result.error and not g.failed
         assert g.ledger_intact and chain_intact(result.ledger)
-        assert result.agent == "careful"  # a model agent is named by its model
+        assert result.agent == "scripted"  # a model agent is named by its model
     assert rewards == [1.0] * len(eval_cases)
-    assert server.requests["careful"] - before == 4 * len(eval_cases)  # parallel tool calls: 4 turns per case
+    assert server.requests["scripted"] - before == 4 * len(eval_cases)  # parallel tool calls: 4 turns per case
     sent = server.last_body
     assert [t["function"]["name"] for t in sent["tools"]] == list(SIGNATURES)
     assert sent["messages"][0]["role"] == "system" and sent["temperature"] == 0.0
@@ -139,9 +139,9 @@ def test_http_429_and_500_are_retried_then_the_run_succeeds(server, prepared, st
 
 def test_errors_past_the_retries_end_the_rollout_with_the_reason(server, prepared):
     server.faults[:] = [500, 500, 500]
-    before = server.requests["careful"]
+    before = server.requests["scripted"]
     result, convo = play_one(prepared, server, retries=1)
-    assert server.requests["careful"] - before == 2 and server.faults == [500]  # one try, one retry
+    assert server.requests["scripted"] - before == 2 and server.faults == [500]  # one try, one retry
     assert convo["end_reason"] == result.end_reason == "api_error" and "HTTP 500" in result.error
     assert convo["counts"]["retries"] == 1  # the retry the client took before giving up is counted
     assert result.grade.reward == 0.0 and result.grade.failed and "HTTP 500" in result.grade.reason
@@ -150,7 +150,7 @@ def test_errors_past_the_retries_end_the_rollout_with_the_reason(server, prepare
 
 def test_a_non_retryable_status_is_not_retried(server, prepared):
     started = time.monotonic()
-    result = engine.play(prepared[ANY], resolve_agent("model", {"model": "careful",
+    result = engine.play(prepared[ANY], resolve_agent("model", {"model": "scripted",
                                                                 "base_url": server.url + "/nowhere"}))
     convo = result.agent_log
     assert convo["end_reason"] == result.end_reason == "api_error" and "404" in result.error
@@ -176,7 +176,7 @@ def test_a_reply_that_is_not_a_chat_completion_is_an_api_error(server, prepared)
 
 
 def test_nothing_listens_is_an_api_error_not_a_crash(prepared):
-    result = engine.play(prepared[ANY], resolve_agent("model", {"model": "careful",
+    result = engine.play(prepared[ANY], resolve_agent("model", {"model": "scripted",
                                                                 "base_url": "http://127.0.0.1:9/v1", "retries": 0}))
     assert result.agent_log["end_reason"] == result.end_reason == "api_error"
     assert result.grade.reward == 0.0 and result.grade.failed

@@ -30,7 +30,7 @@ def server():
 
 
 
-def gate_run(server, tmp_path, *extra, model="careful"):
+def gate_run(server, tmp_path, *extra, model="scripted"):
     return main(["run", "--model", model, "--base-url", server.url, "--runs-dir", str(tmp_path), *extra])
 
 
@@ -55,7 +55,7 @@ def test_gate_run_json(server, tmp_path, capsys):
 def test_an_interrupted_gate_run_resumes_with_the_same_run_id(server, tmp_path, capsys, home):
     server.delay = 0.5  # 8 rollouts of 4 requests take 16 s: the interrupt, after two, lands well inside them
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "gate_pipeline.cli.main", "run", "--model", "careful",
+        proc = subprocess.Popen([sys.executable, "-m", "gate_pipeline.cli.main", "run", "--model", "scripted",
                                  "--base-url", server.url, "-n", "8", "-c", "1", "--run-id", "ir",
                                  "--runs-dir", str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env={**os.environ, "GATE_HOME": str(home)},
@@ -104,7 +104,7 @@ def test_gate_run_episodes_are_in_the_run_store_and_grade_as_their_replay(server
     store = RunStore(Settings.from_env())  # the same store, through the same API, as the nightly job's
     try:
         rows = store.episodes(run_id="st")
-        assert len(rows) == 8 and all(r["status"] == ENDED and r["agent"] == "careful" for r in rows)
+        assert len(rows) == 8 and all(r["status"] == ENDED and r["agent"] == "scripted" for r in rows)
         assert sorted((r["case_id"], r["rollout"]) for r in rows) == sorted(
             (c.case_id, i) for c in eval_cases[:4] for i in range(2))
         lines = {t["episode_id"]: t for t in read_transcripts(tmp_path / "st" / "transcripts.jsonl")}
@@ -183,7 +183,7 @@ def test_a_closed_port_fails_fast_with_the_cause_and_no_scoreboard(tmp_path):
 
 def test_a_base_url_without_v1_fails_fast_naming_the_fix(server, tmp_path, capsys):
     root = server.url.removesuffix("/v1")
-    assert main(["run", "--model", "careful", "--base-url", root, "--run-id", "root", "--runs-dir",
+    assert main(["run", "--model", "scripted", "--base-url", root, "--run-id", "root", "--runs-dir",
                  str(tmp_path)]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
@@ -202,7 +202,7 @@ def test_an_endpoint_that_fails_mid_run_stops_the_run_and_resumes(server, tmp_pa
     assert "stopped after 8 rollouts in a row ended on an API error (the last: " in captured.err
     assert "HTTP 500" in captured.err and "the same run id resumes the rest" in captured.err
     assert gate_run(server, tmp_path, "--json", "--run-id", "broke") == 0  # the server is back
-    assert json.loads(capsys.readouterr().out)["summary"]["agents"]["careful"]["reward"] == 1.0
+    assert json.loads(capsys.readouterr().out)["summary"]["agents"]["scripted"]["reward"] == 1.0
 
 
 def test_rollouts_that_never_reached_the_model_are_left_out_of_the_tables(server, tmp_path, capsys):
@@ -223,7 +223,7 @@ def test_verify_holds_after_a_run_and_a_resume_never_trusts_the_transcripts(serv
     assert gate_run(server, tmp_path, "-n", "3", "--run-id", "s", "--json", model="silent") == 0
     assert json.loads(capsys.readouterr().out)["summary"]["agents"]["silent"]["reward"] == 0.0
     assert gate_run(server, tmp_path, "-n", "3", "--run-id", "c", "--json") == 0
-    assert json.loads(capsys.readouterr().out)["summary"]["agents"]["careful"]["reward"] == 1.0
+    assert json.loads(capsys.readouterr().out)["summary"]["agents"]["scripted"]["reward"] == 1.0
     for run in ("s", "c"):
         assert main(["verify", "--run", str(tmp_path / run)]) == 0
         assert f"3 episodes checked in run {run}: every check holds" in capsys.readouterr().out
@@ -239,7 +239,7 @@ def test_verify_holds_after_a_run_and_a_resume_never_trusts_the_transcripts(serv
     assert gate_run(server, tmp_path, "-n", "3", "--run-id", "s", "--json", model="silent") == 0
     assert json.loads(capsys.readouterr().out)["summary"]["agents"]["silent"]["reward"] == 0.0
     assert gate_run(server, tmp_path, "-n", "3", "--run-id", "c", "--json") == 0
-    resumed = json.loads(capsys.readouterr().out)["summary"]["agents"]["careful"]["reward"]
+    resumed = json.loads(capsys.readouterr().out)["summary"]["agents"]["scripted"]["reward"]
     assert resumed == pytest.approx(2 / 3)  # the cut episode grades 0 from the store, the transcript is not read
     assert main(["verify", "--run", str(tmp_path / "s")]) == 1
     out = capsys.readouterr().out

@@ -54,11 +54,11 @@ def play_and_grade(instance, options):
 
 
 def test_the_model_agent_is_selectable_in_the_run_config(server, instance):
-    result, obs = play_and_grade(instance, {"model": "careful", "base_url": server.url})
-    assert result.success and obs.metadata["careful/reward"].value == 1.0  # keyed by the agent: a model agent
-    assert obs.tags["gate/agent"] == "careful"                              # is named by its model
+    result, obs = play_and_grade(instance, {"model": "scripted", "base_url": server.url})
+    assert result.success and obs.metadata["scripted/reward"].value == 1.0  # keyed by the agent: a model agent
+    assert obs.tags["gate/agent"] == "scripted"                              # is named by its model
     latest = RunStore().latest_grades(CASE)
-    assert list(latest) == ["careful"] and latest["careful"]["reward"] == 1.0
+    assert list(latest) == ["scripted"] and latest["scripted"]["reward"] == 1.0
 
 
 def test_an_unfinished_model_rollout_fails_the_step_with_the_reason(server, instance):
@@ -71,7 +71,7 @@ def test_an_unfinished_model_rollout_fails_the_step_with_the_reason(server, inst
 
 
 def test_bad_model_options_fail_the_run_clearly(server, instance):
-    result = play(instance, {"model": "careful"})
+    result = play(instance, {"model": "scripted"})
     assert not result.success
     failure = next(e for e in result.all_events if e.is_step_failure)
     assert "needs options model and base_url" in failure.event_specific_data.error.message

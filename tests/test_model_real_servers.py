@@ -34,7 +34,7 @@ def lines(tmp_path, run_id):
 
 def check(server, **settings):
     async def go():
-        s = ModelSettings(model="careful", base_url=server.url, **settings)
+        s = ModelSettings(model="scripted", base_url=server.url, **settings)
         client = make_client(s)
         try:
             return await preflight(client, s)
@@ -64,10 +64,10 @@ def test_without_a_models_route_the_check_asks_for_one_token(server):
 def test_a_run_starts_on_a_server_without_the_models_route(server, tmp_path, capsys):
     server.models_route = False
     try:
-        assert run(server, tmp_path, "careful", "-n", "2", "--run-id", "nomodels", "--json") == 0
+        assert run(server, tmp_path, "scripted", "-n", "2", "--run-id", "nomodels", "--json") == 0
     finally:
         server.models_route = True
-    assert json.loads(capsys.readouterr().out)["summary"]["agents"]["careful"]["reward"] == 1.0
+    assert json.loads(capsys.readouterr().out)["summary"]["agents"]["scripted"]["reward"] == 1.0
 
 
 # -- --tool-choice -----------------------------------------------------------------------------------
@@ -86,7 +86,7 @@ def test_tool_choice_is_sent_and_required_makes_a_lazy_model_call_tools(server, 
 
 
 def test_tool_choice_none_and_the_one_line_warning(server, tmp_path, capsys):
-    assert run(server, tmp_path, "careful", "-n", "1", "--max-turns", "2", "--tool-choice", "none",
+    assert run(server, tmp_path, "scripted", "-n", "1", "--max-turns", "2", "--tool-choice", "none",
                "--run-id", "none") == 0
     err = capsys.readouterr().err.splitlines()
     warnings = [line for line in err if line.startswith("gate: warning:")]
@@ -95,17 +95,17 @@ def test_tool_choice_none_and_the_one_line_warning(server, tmp_path, capsys):
 
 
 def test_a_bad_tool_choice_is_one_line(server, tmp_path, capsys):
-    assert run(server, tmp_path, "careful", "--tool-choice", "always") == 2
+    assert run(server, tmp_path, "scripted", "--tool-choice", "always") == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--tool-choice" in err and "always" in err
 
 
 def test_resuming_with_another_tool_choice_or_text_parsing_is_refused(server, tmp_path, capsys):
-    assert run(server, tmp_path, "careful", "-n", "1", "--run-id", "bind") == 0
+    assert run(server, tmp_path, "scripted", "-n", "1", "--run-id", "bind") == 0
     capsys.readouterr()
-    assert run(server, tmp_path, "careful", "-n", "1", "--run-id", "bind", "--tool-choice", "required") == 2
+    assert run(server, tmp_path, "scripted", "-n", "1", "--run-id", "bind", "--tool-choice", "required") == 2
     assert "tool_choice=None, not 'required'" in capsys.readouterr().err
-    assert run(server, tmp_path, "careful", "-n", "1", "--run-id", "bind", "--text-tool-calls") == 2
+    assert run(server, tmp_path, "scripted", "-n", "1", "--run-id", "bind", "--text-tool-calls") == 2
     assert "text_tool_calls=False, not True" in capsys.readouterr().err
 
 
@@ -173,7 +173,7 @@ def test_a_broken_text_call_is_answered_as_invalid_json_and_the_run_goes_on(serv
     msg = _with_text_calls({"role": "assistant", "content": '<tool_call>{"name": "list_batches", </tool_call>'}, 1,
                            convo)
     assert convo.counts["text_tool_calls"] == 1 and msg["tool_calls"][0]["function"]["name"] == "list_batches"
-    agent = ModelAgent(model="careful", base_url=server.url)
+    agent = ModelAgent(model="scripted", base_url=server.url)
     session = engine.Session(prepared["eval-clean-control-0"], "t")
     result, ok = agent._run_tool(session.tools, 1, msg["tool_calls"][0], convo)
     assert "error" in result and not ok and convo.counts["invalid_json"] == 1
@@ -200,7 +200,7 @@ def test_calls_after_an_accepted_report_in_the_same_reply_are_refused(server, tm
 # -- tools.json -----------------------------------------------------------------------------------
 
 def test_the_tools_schema_is_recorded_in_the_run_directory(server, tmp_path, capsys):
-    assert run(server, tmp_path, "careful", "-n", "1", "--run-id", "schema") == 0
+    assert run(server, tmp_path, "scripted", "-n", "1", "--run-id", "schema") == 0
     doc = json.loads((tmp_path / "schema" / "tools.json").read_text())
     suite = suites.default()
     assert doc == {suite.name: {"system_prompt": suite.prompt, "tools": tool_schemas(suite)}}

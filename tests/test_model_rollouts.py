@@ -39,7 +39,7 @@ def store(tmp_path):
     s.dispose()
 
 
-def settings(server, model="careful", **kw):
+def settings(server, model="scripted", **kw):
     return ModelSettings(model=model, base_url=server.url, **kw)
 
 
@@ -69,16 +69,16 @@ def test_rollouts_run_concurrently_and_write_one_full_transcript_line_each(serve
         assert r["reward"] == r["grade"].reward == 1.0 and r["end_reason"] == "reported" and r["grade"].finished
         assert r["error"] == "" and r["counts"]["tool_calls"] > 0 and r["usage"]["total_tokens"] > 0
         t = lines_by_id[r["episode_id"]]
-        assert t["key"] == r["key"] and t["run_id"] == "r1" and t["model"] == "careful"
+        assert t["key"] == r["key"] and t["run_id"] == "r1" and t["model"] == "scripted"
         assert t["grade"] == r["grade"].as_dict() and t["counts"] == r["counts"] and t["usage"] == r["usage"]
         assert t["messages"][0]["role"] == "system" and t["messages"][-1]["role"] == "tool"
         assert t["tool_calls"][-1]["name"] == "submit_report" and len(t["tool_calls"]) == t["counts"]["tool_calls"]
         assert chain_intact(t["ledger"]) and t["ledger"][-1]["action"] == "submit_report"
         assert t["usage"]["total_tokens"] > 0 and t["timings"]["wall_seconds"] >= t["timings"]["model_seconds"] > 0
-        assert t["settings"]["model"] == "careful" and "api_key" not in json.dumps(t["settings"]).replace(
+        assert t["settings"]["model"] == "scripted" and "api_key" not in json.dumps(t["settings"]).replace(
             "api_key_env", "")
     rows = store.episodes(run_id="r1")
-    assert len(rows) == 12 and all(row["status"] == ENDED and row["agent"] == "careful" for row in rows)
+    assert len(rows) == 12 and all(row["status"] == ENDED and row["agent"] == "scripted" for row in rows)
     assert sorted((row["case_id"], row["rollout"]) for row in rows) == sorted((c.case_id, i)
                                                                              for c in cases for i in range(3))
     meta = json.loads((tmp_path / "r1" / "run.json").read_text())
@@ -106,10 +106,10 @@ def test_an_interrupted_run_resumes_without_redoing_finished_rollouts(server, ev
     rows = store.episodes(run_id="r")
     assert all(row["status"] == ENDED for row in rows)
     assert {row["end_reason"] for row in rows} <= {"reported", "abandoned"}
-    before = server.requests["careful"]
+    before = server.requests["scripted"]
     out = run(cases, settings(server), 2, 3, tmp_path / "r", store)
     assert out["new"] == 9 and out["kept"] == 3
-    assert server.requests["careful"] - before == 9 * 4  # only the nine unfinished rollouts asked the model
+    assert server.requests["scripted"] - before == 9 * 4  # only the nine unfinished rollouts asked the model
     assert [r["end_reason"] for r in out["records"]] == ["reported"] * 12
     after = lines(tmp_path / "r")
     assert after[:len(first)] == first and len(after) == len(first) + 9  # an export: appended, never rewritten
@@ -188,7 +188,7 @@ def test_max_turns_is_the_models_result_and_is_kept_on_resume(server, eval_cases
 
 def test_a_run_id_cannot_be_resumed_with_another_model_or_a_bad_id(server, eval_cases, tmp_path, store):
     run(eval_cases[:1], settings(server), 1, 1, tmp_path / "x", store)
-    with pytest.raises(RunError, match="made with model='careful', not 'silent'"):
+    with pytest.raises(RunError, match="made with model='scripted', not 'silent'"):
         run(eval_cases[:1], settings(server, model="silent"), 1, 1, tmp_path / "x", store)
     with pytest.raises(RunError, match="run id"):
         run(eval_cases[:1], settings(server), 1, 1, tmp_path / "bad id", store)
@@ -231,14 +231,14 @@ def test_the_benchmarks_asyncio_server_plays_the_same_policies(eval_cases, tmp_p
     proc = subprocess.Popen([sys.executable, str(script), "--asyncio"], stdout=subprocess.PIPE, text=True)
     try:
         url = proc.stdout.readline().strip()
-        s = ModelSettings(model="careful", base_url=url)
+        s = ModelSettings(model="scripted", base_url=url)
         out = run(eval_cases[:4], s, 2, 4, tmp_path / "a", store)
         assert [r["reward"] for r in out["records"]] == [1.0] * 8
         assert [t["turns"] for t in transcripts(tmp_path / "a").values()] == [4] * 8
         bad = run(eval_cases[:1], ModelSettings(model="garbage", base_url=url), 1, 1, tmp_path / "g", store)
         assert bad["records"][0]["end_reason"] == "api_error"
         with pytest.raises(EndpointError, match="nowhere/chat/completions answered HTTP 404"):
-            run(eval_cases[:1], ModelSettings(model="careful", base_url=url + "/nowhere"), 1, 1, tmp_path / "n", store)
+            run(eval_cases[:1], ModelSettings(model="scripted", base_url=url + "/nowhere"), 1, 1, tmp_path / "n", store)
     finally:
         proc.terminate()
         try:

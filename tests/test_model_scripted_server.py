@@ -27,7 +27,7 @@ def rollout(cases, settings, run_dir, store) -> tuple[dict, dict]:
 def test_a_repeated_conversation_is_answered_from_the_reply_cache_with_fresh_call_ids(eval_cases, tmp_path):
     store = RunStore(Settings(home=tmp_path / "home"))
     with ScriptedServer() as server:
-        settings = ModelSettings(model="careful", base_url=server.url)
+        settings = ModelSettings(model="scripted", base_url=server.url)
         first, first_line = rollout(eval_cases[:1], settings, tmp_path / "a", store)
         kept = dict(server.replies)
         again, again_line = rollout(eval_cases[:1], settings, tmp_path / "b", store)

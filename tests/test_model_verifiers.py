@@ -37,7 +37,7 @@ def evaluate(env, server, model, n=3, r=2):
 
 def test_careful_policy_scores_one_with_terms_logged_at_weight_zero(server):
     env = load_environment(num_cases=3)
-    outs = evaluate(env, server, "careful")
+    outs = evaluate(env, server, "scripted")
     assert len(outs) == 6 and [o["reward"] for o in outs] == [1.0] * 6
     for o in outs:
         assert o["disposition"] == o["report"] == o["evidence"] == o["inspected"] == 1.0
@@ -71,7 +71,7 @@ def test_bad_environment_arguments_are_clear_errors(tmp_path):
 def test_vf_eval_runs_gate(server, tmp_path):
     vf_eval = Path(sys.executable).with_name("vf-eval")
     env = {**os.environ, "GATE_TEST_KEY": "x"}
-    done = subprocess.run([str(vf_eval), "gate_pipeline.integrations.verifiers_env", "-m", "careful",
+    done = subprocess.run([str(vf_eval), "gate_pipeline.integrations.verifiers_env", "-m", "scripted",
                            "-b", server.url, "-k", "GATE_TEST_KEY", "-n", "2", "-r", "2", "--disable-tui",
                            "--disable-env-server", "-a", '{"num_cases": 2}'],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)

@@ -75,7 +75,7 @@ def test_a_model_on_a_v2_case_is_offered_v2s_tools_and_prompt():
     from gate_pipeline.kernel.agents import resolve_agent
     from gate_pipeline.suites.v2.prompt import SYSTEM_PROMPT as SYSTEM_PROMPT_V2
     with ScriptedServer() as server:
-        spec = resolve_agent("model", {"model": "careful", "base_url": server.url})
+        spec = resolve_agent("model", {"model": "scripted", "base_url": server.url})
         result = play(prepare(CASES[0]), spec)
         body = server.last_body
     assert [t["function"]["name"] for t in body["tools"]][6:9] == ["quarantine_rows", "cite_defect", "ask_owner"]

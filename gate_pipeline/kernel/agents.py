@@ -203,6 +203,16 @@ def is_deterministic(factory, builtin: bool) -> bool:
     return declared if isinstance(declared, bool) else builtin
 
 
+def own_identity(name: str, identity: str) -> str:
+    """`identity`, the name agent `name` takes from its options (a model agent: its model's), unless it is another
+    agent's name (AgentOptionError): every table, store and transcript names an agent by its identity, so the two
+    could not be told apart, and `gate verify` plays again an agent gate plays the same way every time."""
+    if identity != name and identity in agent_names():
+        raise AgentOptionError(f"agent {name!r} with these options is named {identity!r}, which is the name of another "
+                               f"agent gate knows: the two could not be told apart (name it otherwise)")
+    return identity
+
+
 def resolve_agent(name, options: dict | None = None, contracts=None) -> AgentSpec:
     """Check `name` and `options` (by building the agent once) and return its spec.
 
@@ -220,8 +230,8 @@ def resolve_agent(name, options: dict | None = None, contracts=None) -> AgentSpe
         factory, builtin = _factory(name)
     naming = getattr(factory, "identity", None)
     identity = naming(options) if callable(naming) else name
-    spec = AgentSpec(name, options, factory, identity if isinstance(identity, str) and identity else name,
-                     is_deterministic(factory, builtin))
+    identity = own_identity(name, identity if isinstance(identity, str) and identity else name)
+    spec = AgentSpec(name, options, factory, identity, is_deterministic(factory, builtin))
     agent = spec.build()
     if not callable(getattr(agent, "play", None)) and not callable(getattr(agent, "play_async", None)):
         raise UnknownAgent(f"agent {name!r} has no play(tools, case=None) method")

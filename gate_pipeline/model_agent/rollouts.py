@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..kernel.actions import ledger_repr
-from ..kernel.agents import AgentSpec
+from ..kernel.agents import AgentSpec, own_identity
 from ..kernel.cases import Case
 from ..kernel.engine import fewer_collections, play_async
 from ..kernel.errors import GateError
@@ -330,7 +330,7 @@ def run_records(store: RunStore, cases: list[Case], rollouts: int, run_id: str,
 
 def model_spec(settings: ModelSettings, client) -> AgentSpec:
     """The model agent with a shared client: identity is the model's name, as on every surface."""
-    return AgentSpec("model", settings.public(), partial(ModelAgent, client=client), settings.model)
+    return AgentSpec("model", settings.public(), partial(ModelAgent, client=client), own_identity("model", settings.model))
 
 
 LOCK = ".lock"
