@@ -20,9 +20,10 @@ time before it starts (a duty cycle: the session rests, no thread does, so no ot
 
 *One long query at a time.* The queries of moved calls and of the slow lane take turns on one
 *baton* (`Baton`): the sandbox's progress handler (`kernel.sandbox.pace`) holds a query that does
-not have it, waiting without the GIL and without CPU, until its turn comes (its wait does not count
-against its time budget, up to `kernel.sandbox.MAX_WAIT_S` in all: a query waiting then is stopped
-by its budget as ever, `interrupted`); the holder passes it on after a turn of
+not have it, waiting without the GIL and without CPU, until its turn comes (a paced query's time is
+its thread's CPU time, so neither its wait nor what runs beside it counts against its budget, up to
+`kernel.sandbox.MAX_WAIT_S` of the clock beyond it: a query waiting then is stopped by its budget as
+ever, `interrupted`); the holder passes it on after a turn of
 `slice_s` seconds when others wait, to the client served longest ago (the oldest of that client's
 queries: one client's queries end one after another), the next turn starting after a turn's rest. So the long queries of all sessions
 together use at most one CPU, at the lowest priority. Why one at a time, when each runs in SQLite

@@ -30,11 +30,14 @@ gate's, never an `interrupted` answer to the agent, nor an agent's error, while 
 A server that runs many episodes' queries on its threads can give a thread a *pacer* (`pace`): at
 every progress check of agent SQL on that thread it may hold the query (a wait that lets go of the GIL
 and uses no CPU) for its turn; `gate serve` uses it to run one long query at a time
-(`integrations/openenv_lanes.py`). The time a query waits so does not count against its time budget:
-what a query answers does not depend on how many other sessions' queries it waited for (a query of
-0.45 s alone came back `interrupted` beside eight sessions running budget-long ones). It may wait
-MAX_WAIT_S in all; a query still waiting then is stopped by its budget as ever. In process no thread
-has one.
+(`integrations/openenv_lanes.py`). A query on such a thread is timed by the CPU time its thread uses,
+not by the clock: neither its waits for its turn nor what the machine runs meanwhile (other sessions'
+steps, at a higher priority than a long query's) count against its time budget, so what a query answers
+does not depend on how many other sessions' queries it waited for or ran beside (a query of 0.45 s alone
+came back `interrupted` beside eight sessions running budget-long ones; one of a second, among sixteen
+of one client's, while the machine was busy). It may take its budget and MAX_WAIT_S of the clock in all;
+a query still running or waiting then is stopped by its budget as ever. In process no thread has one,
+and a query's time is the clock's.
 
 A suite changes the sandbox through a subclass: its budgets (`step_budget`, `time_budget`), more
 functions it refuses (`denied`), and `after_read`, called after each successful read with its
@@ -83,7 +86,8 @@ CAUGHT = (sqlite3.Error, sqlite3.Warning, ValueError, OverflowError, MemoryError
 class Pacer(Protocol):
     def wait(self, deadline: float) -> float:
         """At a progress check of agent SQL on this thread: return when the query may go on (by `deadline`,
-        a time.monotonic() value, at the latest), with the seconds it waited (its budget is moved on by them)."""
+        a time.monotonic() value, at the latest), with the seconds it waited (a paced query's budget is its
+        thread's CPU time, which waiting does not use)."""
 
     def done(self) -> None:
         """The query has ended (its result read, or its error raised)."""
@@ -285,7 +289,8 @@ class Sandbox:
         self.tables_read: set[str] = set()
         self.steps = 0
         self.deadline = 0.0
-        self.wait_limit = 0.0  # how far waiting for its turn may move the deadline (`execute`)
+        self.wait_limit = 0.0  # a paced query's wall-clock limit (`execute`)
+        self.cpu_deadline = 0.0  # and the thread CPU time at which its budget is spent
         self.call_wait_limit: float | None = None  # the same, for every run of the tool call under way (`run`)
         self.compile_over = False
         self.refused = False  # whether the authorizer refused something in the last execution
@@ -332,12 +337,13 @@ class Sandbox:
             if not self.guard:
                 return 0
             pacer = getattr(_PACING, "pacer", None)
-            if pacer is not None:
-                waited = pacer.wait(self.wait_limit)
-                if waited > 0:  # its turn's wait is not the query's time
-                    self.deadline = min(self.deadline + waited, self.wait_limit)
+            if pacer is not None:  # its time is the CPU time its thread used (waiting for its turn uses none), up to
+                pacer.wait(self.wait_limit)  # its wall-clock limit, whatever else the machine ran meanwhile
+                late = time.thread_time() > self.cpu_deadline or time.monotonic() > self.wait_limit
+            else:
+                late = time.monotonic() > self.deadline
             self.steps += self.interval
-            if self.steps > self.step_budget or time.monotonic() > self.deadline:
+            if self.steps > self.step_budget or late:
                 self.budget_over = True
                 return 1
             return 0
@@ -352,6 +358,7 @@ class Sandbox:
         self.deadline = time.monotonic() + self.time_budget
         # waiting for its turn (a pacer's) moves the deadline on, to this at most: a tool call's runs share it
         self.wait_limit = self.deadline + MAX_WAIT_S if self.call_wait_limit is None else self.call_wait_limit
+        self.cpu_deadline = time.thread_time() + self.time_budget  # (a paced query's budget: see _progress)
         self.compile_over = self.refused = self.budget_over = False
         self.query_error: sqlite3.Error | None = None  # what the query itself raised (not a statement of gate's)
         raise_swallowed()  # what came during gate's own statements before this one
