@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import http.client
 import json
 import os
@@ -338,37 +339,39 @@ def test_a_request_that_never_ends_or_never_finishes_arriving_holds_nothing():
         stopped_cleanly(proc, err)
 
 
+@contextlib.contextmanager
+def _holding(url: str, count: int, source: str | None = None):
+    """`count` connections to the server at `url` from `source` (default 127.0.0.1), open for the block, then closed;
+    after the block's first 0.3 s those over a cap are closed by the server."""
+    import socket
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    held = [socket.create_connection((host, int(port)), source_address=(source, 0) if source else None)
+            for _ in range(count)]
+    try:
+        time.sleep(0.3)
+        yield held
+    finally:
+        for sock in held:
+            sock.close()
+
+
 def test_one_client_cannot_take_every_descriptor_and_the_server_keeps_its_own():
     """At an open-files limit of 1,024 (soft and hard, a common default), one client's 1,024 connections took every
     descriptor, and a client on another address had its connections reset. A client now holds at most half of
     what the limit leaves after the server's own files, all clients together no more than that, and sessions that
     could not all be held are refused at start, in one line; and at a limit of 512, a client's share is at most
     half as well, where its sessions and 64 more made it every connection."""
-    import socket
     # 1,000 files, less 128 and 4 for each of 64 sessions: 616 connections, 308 a client
     proc, url, err = start_server("--cases", str(EVAL), open_files=1000)
-    host, port = url.removeprefix("http://").rsplit(":", 1)
     try:
-        held = [socket.create_connection((host, int(port))) for _ in range(400)]
-        try:
-            time.sleep(0.3)
-            closed = _closed_already(held)
-            assert len(closed) == 400 - 308, len(closed)
+        with _holding(url, 400) as held:
+            assert len(_closed_already(held)) == 400 - 308
             assert request(url, "GET", "/health", source="127.0.0.2")[0] == 200  # another client is served
-            more = [socket.create_connection((host, int(port)), source_address=("127.0.0.2", 0)) for _ in range(307)]
-            try:
-                time.sleep(0.3)
+            with _holding(url, 307, "127.0.0.2"):
                 assert request(url, "GET", "/health", source="127.0.0.3")[0] == 200  # 308 + 307 held: one place left
-                more.append(socket.create_connection((host, int(port)), source_address=("127.0.0.4", 0)))
-                time.sleep(0.3)
-                with pytest.raises((ConnectionError, http.client.HTTPException, OSError)):
-                    request(url, "GET", "/health", source="127.0.0.3")  # all 616 held: closed as it opens
-            finally:
-                for sock in more:
-                    sock.close()
-        finally:
-            for sock in held:
-                sock.close()
+                with _holding(url, 1, "127.0.0.4"):
+                    with pytest.raises((ConnectionError, http.client.HTTPException, OSError)):
+                        request(url, "GET", "/health", source="127.0.0.3")  # all 616 held: closed as it opens
         time.sleep(0.3)
         assert request(url, "GET", "/health")[0] == 200
     finally:
@@ -376,16 +379,10 @@ def test_one_client_cannot_take_every_descriptor_and_the_server_keeps_its_own():
     # 512 files, less 128 and 4 for each of 64 sessions: 128 connections, 64 a client (its sessions' worth), where
     # a client's share was its sessions and 64 more, 128: every connection, and other clients were reset
     proc, url, err = start_server("--cases", str(EVAL), open_files=512)
-    host, port = url.removeprefix("http://").rsplit(":", 1)
     try:
-        held = [socket.create_connection((host, int(port))) for _ in range(128)]
-        try:
-            time.sleep(0.3)
+        with _holding(url, 128) as held:
             assert len(_closed_already(held)) == 128 - 64
             assert request(url, "GET", "/health", source="127.0.0.2")[0] == 200
-        finally:
-            for sock in held:
-                sock.close()
     finally:
         stopped_cleanly(proc, err)
     p = subprocess.run([sys.executable, "-c", "import resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, "
