@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import logging
 from typing import Any, Callable, ClassVar
 
 import h11
@@ -54,6 +55,13 @@ RESERVED_DESCRIPTORS = 128  # the server's own: its listening socket, logs, impo
 SESSION_DESCRIPTORS = 4  # and a session's: a compile check's two pipes, a spilled database's file, a spare
 LINGER_SECONDS = 2.0
 LINGER_MAX = 64
+
+
+# what uvicorn's HTTP protocol logs of a connection: its warnings are each a client's bad request (a head that
+# does not parse, an upgrade it cannot make), as many as a client cares to send, so only errors are kept (they go
+# where uvicorn's go: this logger is a child of its, its level set as each connection opens, since configuring
+# uvicorn's logging resets its children's)
+CLIENTS_LOG = logging.getLogger("uvicorn.error.gate_clients")
 
 
 def client_key(host: str) -> str:
@@ -129,6 +137,8 @@ def protocol_class(request_seconds: float = REQUEST_SECONDS, per_client: int = C
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.conn = HeadBoundConnection(h11.SERVER, MAX_HEAD_BYTES)
+            self.logger = CLIENTS_LOG
+            CLIENTS_LOG.setLevel(logging.ERROR)
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
