@@ -979,7 +979,8 @@ def test_a_case_the_case_file_spells_otherwise_fails_whatever_the_manifest_says_
     assert "changed since the run was sealed: its episodes' cases are checked against the cases it still holds" in out
 
 
-def test_a_model_named_after_an_agent_gate_plays_again_is_refused_and_never_passes_verify(home, night, capsys):
+def test_a_model_named_after_an_agent_gate_plays_again_is_refused_and_never_passes_verify(home, night, capsys,
+                                                                                          tmp_path):
     """With the key: naive's episode given careful's ledger and warehouse, its agent made the model agent with the
     model 'naive' (so it is named 'naive' everywhere, and a model is never played again), manifest and all re-sealed:
     verify tied it to its transcript and passed it. No agent may take another agent's name now, so such an episode
@@ -987,8 +988,10 @@ def test_a_model_named_after_an_agent_gate_plays_again_is_refused_and_never_pass
     from gate_pipeline.kernel.errors import AgentOptionError
     with pytest.raises(AgentOptionError, match="the name of another agent gate knows"):
         resolve_agent("model", {"model": "naive", "base_url": "http://127.0.0.1:9/v1"})
-    assert main(["run", "--model", "careful", "--base-url", "http://127.0.0.1:9/v1"]) == 2
+    assert main(["run", "--model", "careful", "--base-url", "http://127.0.0.1:9/v1", "--runs-dir",
+                 str(tmp_path / "runs")]) == 2
     assert "the name of another agent gate knows" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()  # refused before its run's directory was made
     naive, careful = episode_of(home, "naive", BAD), episode_of(home, "careful", BAD)
     conn = db(home)
     copy_episode(conn, careful, naive)

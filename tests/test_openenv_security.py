@@ -341,9 +341,14 @@ def test_a_request_that_never_ends_or_never_finishes_arriving_holds_nothing():
                 bad.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n")
                 bad.settimeout(5)
                 assert bad.recv(64).startswith(b"HTTP/1.1 400 ")
+        for _ in range(3):  # a HEAD request's 400 has no body: sending one raised, and asyncio logged a traceback
+            with socket.create_connection((host, int(port))) as bad:
+                bad.sendall(b"HEAD /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 60_000 + b"\r\n\r\n")
+                bad.settimeout(5)
+                assert bad.recv(64).startswith(b"HTTP/1.1 400 ")
     finally:
         log = stopped_cleanly(proc, err)
-    assert "Invalid HTTP request" not in log, log[-2000:]
+    assert "Invalid HTTP request" not in log and "Traceback" not in log and "Fatal error" not in log, log[-2000:]
 
 
 @contextlib.contextmanager
@@ -397,6 +402,11 @@ def test_one_client_cannot_take_every_descriptor_and_the_server_keeps_its_own():
                         "--port", "0", "--cases", str(EVAL), "--max-sessions", "500"],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "raise `ulimit -n` or lower --max-sessions" in p.stderr, p
+    p = subprocess.run([sys.executable, "-c", "import resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, "
+                        "(1024, 1024)); from gate_pipeline.cli.main import main; sys.exit(main(sys.argv[1:]))",
+                        "serve", "--port", "0", "--cases", str(EVAL), "--max-sessions", "150"],
+                       capture_output=True, text=True, timeout=60)  # 296 connections: 150 a client is over half
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "lower --max-per-client to 148 or less" in p.stderr, p
 
 
 def _too_big_on_a_raw_websocket(host: str, port: int, send_big: bool = True, receive_buffer: int = 0):

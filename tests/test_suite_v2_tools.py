@@ -463,3 +463,25 @@ def test_a_no_room_error_of_gates_own_statement_around_a_read_is_the_machines_an
         sandbox._machines(exc, "/* stg */ PRAGMA hard_heap_limit = 2000000")
     assert conn.execute("PRAGMA hard_heap_limit").fetchone()[0] == before
     s.finish()
+
+
+def test_a_read_held_for_its_turn_looked_at_its_batch_as_it_does_alone():
+    """On a thread with a pacer (gate serve's), a read is timed by its thread's CPU time, but the look check still
+    measured what was left of its budget by the clock: a read held 2.3 s for its turn answered, and then had no
+    budget left to decide whether it looked, so its `looked_at` was empty where alone it names the batch."""
+    from test_sandbox import HoldingPacer
+
+    from gate_pipeline.kernel import sandbox
+    orders = batch_of("v2-eval-partial-defect-0", "orders")
+    for hold in (None, 2.3):  # alone; held past its 2 s of the clock at its first progress check
+        s = session("v2-eval-partial-defect-0")  # (a batch is looked at once: a session each)
+        table = s.prepared.staging[orders["batch_id"]]
+        pacer = HoldingPacer(hold) if hold else None
+        sandbox.pace(pacer)
+        try:
+            result = s.call("run_sql", {"query": f"SELECT COUNT(*) FROM {table} WHERE amount = 'no such amount'"})
+        finally:
+            sandbox.pace(None)
+        assert result["rows"] == [[0]] and last(s)["args"]["looked_at"] == [table], (hold, result, last(s))
+        assert pacer is None or pacer.deadlines, "the read was never held: it proves nothing"
+        s.finish()

@@ -138,7 +138,8 @@ def protocol_class(request_seconds: float = REQUEST_SECONDS, per_client: int = C
             super().__init__(*args, **kwargs)
             self.conn = HeadBoundConnection(h11.SERVER, MAX_HEAD_BYTES)
             self.logger = CLIENTS_LOG
-            CLIENTS_LOG.setLevel(logging.ERROR)
+            if CLIENTS_LOG.level != logging.ERROR:  # (setting it clears every logger's cache)
+                CLIENTS_LOG.setLevel(logging.ERROR)
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
@@ -150,6 +151,15 @@ def protocol_class(request_seconds: float = REQUEST_SECONDS, per_client: int = C
             open_by_client[key] = open_by_client.get(key, 0) + 1
             open_all[0] += 1
             self._arm()
+
+        def send_400_response(self, msg: str) -> None:
+            """uvicorn's 400, which sends a body: to a HEAD request (a head over the limit is refused once h11 has
+            read its method) h11 refuses one, and the error escaped into asyncio's log. The head goes, then the
+            connection."""
+            try:
+                super().send_400_response(msg)
+            except h11.LocalProtocolError:
+                self.transport.close()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._release()

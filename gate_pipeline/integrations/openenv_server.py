@@ -971,11 +971,15 @@ def serve(pool: CasePool, host: str = "127.0.0.1", port: int = 8000, config: Ser
     config = config or ServeConfig()
     check_exposure(host, port, config)
     total = connection_budget(raise_open_files_limit(), config.max_sessions)
-    if max(config.per_client, 1) > total // 2 or config.max_sessions > total:  # a client holds at most half
-        own = RESERVED_DESCRIPTORS + SESSION_DESCRIPTORS * config.max_sessions
-        raise ServeError(f"{config.max_sessions:,} sessions ({config.per_client:,} per client) need more open files "
-                         f"than this process may have ({total + own:,}, of which {own:,} are the server's own for "
-                         f"its sessions): raise `ulimit -n` or lower --max-sessions")
+    own = RESERVED_DESCRIPTORS + SESSION_DESCRIPTORS * config.max_sessions
+    if config.max_sessions > total:
+        raise ServeError(f"{config.max_sessions:,} sessions need more open files than this process may have "
+                         f"({total + own:,}, of which {own:,} are the server's own for its sessions): raise "
+                         f"`ulimit -n` or lower --max-sessions")
+    if max(config.per_client, 1) > total // 2:  # a client holds at most half of the connections
+        raise ServeError(f"{config.per_client:,} sessions per client are more than half of the {total:,} connections "
+                         f"this process's open files leave ({total + own:,}, of which {own:,} are the server's own "
+                         f"for its sessions): lower --max-per-client to {total // 2:,} or less, or raise `ulimit -n`")
     # a client's connections: its sessions (each WebSocket is one) and 64 more, or the usual cap where the limit
     # leaves room; never more than half of what the limit leaves, whatever its sessions
     per_client = min(max(config.per_client + 64, min(CONNECTIONS_PER_CLIENT, total // 2)), total // 2)

@@ -50,6 +50,7 @@ import sqlite3
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Protocol
 
 from .compile_check import catalogue, give, may_grow, take
@@ -81,6 +82,22 @@ _KEEPS_SCHEMA = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.S
                            sqlite3.SQLITE_INSERT, sqlite3.SQLITE_UPDATE, sqlite3.SQLITE_DELETE,
                            sqlite3.SQLITE_TRANSACTION, sqlite3.SQLITE_SAVEPOINT})
 CAUGHT = (sqlite3.Error, sqlite3.Warning, ValueError, OverflowError, MemoryError)
+
+
+@dataclass(frozen=True)
+class BudgetEnd:
+    """Where an execution's time budget ends (`Sandbox.budget_end`): for a paced one, at a thread CPU time (`cpu`)
+    within a wall-clock limit (`cap`); for any other, at a time of the clock (`clock`)."""
+    paced: bool
+    clock: float
+    cpu: float
+    cap: float
+
+    def left(self) -> float:
+        """Seconds of the budget left now, by the execution's own clock (on the thread that ran it)."""
+        if self.paced:
+            return min(self.cpu - time.thread_time(), self.cap - time.monotonic())
+        return self.clock - time.monotonic()
 
 
 class Pacer(Protocol):
@@ -291,6 +308,7 @@ class Sandbox:
         self.deadline = 0.0
         self.wait_limit = 0.0  # a paced query's wall-clock limit (`execute`)
         self.cpu_deadline = 0.0  # and the thread CPU time at which its budget is spent
+        self.paced = False  # whether the execution under way has a pacer (`_late`)
         self.call_wait_limit: float | None = None  # the same, for every run of the tool call under way (`run`)
         self.compile_over = False
         self.refused = False  # whether the authorizer refused something in the last execution
@@ -313,7 +331,7 @@ class Sandbox:
                 if action not in _KEEPS_SCHEMA:
                     self._catalogue = None
                 return _OK
-            if _monotonic() > self.deadline:  # still compiling when the budget ran out
+            if self._late():  # still compiling when the budget ran out
                 self.compile_over = True
                 return _DENY
             if action == _READ:  # the most frequent: one per column read
@@ -337,19 +355,28 @@ class Sandbox:
             if not self.guard:
                 return 0
             pacer = getattr(_PACING, "pacer", None)
-            if pacer is not None:  # its time is the CPU time its thread used (waiting for its turn uses none), up to
-                pacer.wait(self.wait_limit)  # its wall-clock limit, whatever else the machine ran meanwhile
-                late = time.thread_time() > self.cpu_deadline or time.monotonic() > self.wait_limit
-            else:
-                late = time.monotonic() > self.deadline
+            if pacer is not None:
+                pacer.wait(self.wait_limit)
             self.steps += self.interval
-            if self.steps > self.step_budget or late:
+            if self.steps > self.step_budget or self._late():
                 self.budget_over = True
                 return 1
             return 0
         except BaseException as exc:  # as in _authorize
             _keep(exc)
             return 1 if self.guard else 0
+
+    def budget_end(self) -> BudgetEnd:
+        """Where the time budget of the execution under way (or the last) ends, by its own clock."""
+        return BudgetEnd(self.paced, self.deadline, self.cpu_deadline, self.wait_limit)
+
+    def _late(self) -> bool:
+        """Whether the execution under way has used its time budget: a paced query's time is the CPU time its
+        thread used (waiting for its turn uses none), up to its wall-clock limit, whatever else the machine ran
+        meanwhile; any other's, the clock's."""
+        if self.paced:
+            return time.thread_time() > self.cpu_deadline or _monotonic() > self.wait_limit
+        return _monotonic() > self.deadline
 
     def execute(self, query: str, interval: int = INTERVAL) -> tuple[list[tuple], list[str], int]:
         """(up to MAX_ROWS + 1 rows, column names, steps) of one guarded execution; raises CAUGHT."""
@@ -358,7 +385,8 @@ class Sandbox:
         self.deadline = time.monotonic() + self.time_budget
         # waiting for its turn (a pacer's) moves the deadline on, to this at most: a tool call's runs share it
         self.wait_limit = self.deadline + MAX_WAIT_S if self.call_wait_limit is None else self.call_wait_limit
-        self.cpu_deadline = time.thread_time() + self.time_budget  # (a paced query's budget: see _progress)
+        self.cpu_deadline = time.thread_time() + self.time_budget  # (a paced query's budget: see _late)
+        self.paced = getattr(_PACING, "pacer", None) is not None
         self.compile_over = self.refused = self.budget_over = False
         self.query_error: sqlite3.Error | None = None  # what the query itself raised (not a statement of gate's)
         raise_swallowed()  # what came during gate's own statements before this one

@@ -329,8 +329,9 @@ def run_records(store: RunStore, cases: list[Case], rollouts: int, run_id: str,
 
 
 def model_spec(settings: ModelSettings, client) -> AgentSpec:
-    """The model agent with a shared client: identity is the model's name, as on every surface."""
-    return AgentSpec("model", settings.public(), partial(ModelAgent, client=client), own_identity("model", settings.model))
+    """The model agent with a shared client: identity is the model's name, as on every surface (one that is
+    another agent's name is refused first: `own_identity`)."""
+    return AgentSpec("model", settings.public(), partial(ModelAgent, client=client), settings.model)
 
 
 LOCK = ".lock"
@@ -366,6 +367,7 @@ async def run_rollouts(cases: list[Case], settings: ModelSettings, rollouts: int
                        on_done: Callable[[EpisodeResult], None] | None = None, cases_file: str | Path | None = None) -> dict:
     """Run (or resume) a run; returns {"records": run_records(...), "new": n, "kept": n}."""
     check_run_id(run_dir.name)
+    own_identity("model", settings.model)  # a model named as another agent is refused before anything is made
     with run_lock(run_dir):
         return await _run(cases, settings, rollouts, concurrency, run_dir, store, on_done, cases_file)
 

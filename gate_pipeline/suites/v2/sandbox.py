@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import re
 import sqlite3
-import time
 
 from ...kernel.sandbox import (
     CAUGHT,
@@ -41,6 +40,7 @@ from ...kernel.sandbox import (
     INTERVAL,
     STEP_BUDGET,
     TIME_BUDGET_S,
+    BudgetEnd,
     Sandbox,
     gates_own,
     own_statement,
@@ -121,21 +121,21 @@ class SandboxV2(Sandbox):
             own_statement(self.conn, SCHEMA_NOW)
         return super().execute(query, self.fine if interval is None else interval)
 
-    def _rerun_empty(self, query: str, table: str, steps_left: int, deadline: float) -> tuple[list[tuple], int] | None:
+    def _rerun_empty(self, query: str, table: str, steps_left: int, end: BudgetEnd) -> tuple[list[tuple], int] | None:
         """(rows, steps) of `query` with `table` emptied, within what is left of the budget; None when the
         query fails without the rows; raises _OverBudget."""
         saved = self.step_budget, self.time_budget, self.tables_read
         self._own("SAVEPOINT gate_looked_at")
         try:
             self._own(f'DELETE FROM main."{table}"')
-            self.step_budget, self.time_budget = steps_left, deadline - time.monotonic()
+            self.step_budget, self.time_budget = steps_left, end.left()
             if self.time_budget <= 1.5 * self.compile_seconds or steps_left <= 0:  # compiling it again alone
                 raise _OverBudget  # would take what is left (SQLite cannot stop a compilation)
             try:
                 rows, _, steps = self.execute(query, self.fine)
             except CAUGHT as exc:  # the agent's query's own failure (with the table emptied it may sort more, say)
                 self._machines(exc, query)
-                if self.steps > self.step_budget or time.monotonic() > self.deadline or self.compile_over:
+                if self.budget_over or self.compile_over:  # (its budget's stop, by its own clock)
                     raise _OverBudget from None
                 return None
             return rows, steps
@@ -192,18 +192,18 @@ class SandboxV2(Sandbox):
             return {"looked_at": looked}
         if not self.counted:  # never so (`may_look`); were it so, the read is run again within what is left of
             saved = self.step_budget, self.time_budget  # its budget, its steps counted finely, to decide
-            self.step_budget, self.time_budget = self.step_budget - self.steps, self.deadline - time.monotonic()
+            self.step_budget, self.time_budget = self.step_budget - self.steps, self.budget_end().left()
             try:
                 fetched = self.execute(query, self.fine)[0]
             except CAUGHT:
                 return {"looked_at": looked}
             finally:
                 self.step_budget, self.time_budget = saved
-        steps, deadline = self.steps, self.deadline  # the agent's run: its steps, the end of its budget
+        steps, end = self.steps, self.budget_end()  # the agent's run: its steps, the end of its budget
         spent = steps
         for table in candidates:
             try:
-                again = self._rerun_empty(query, table, self.step_budget - spent, deadline)
+                again = self._rerun_empty(query, table, self.step_budget - spent, end)
             except _OverBudget:
                 break  # what is left of the budget cannot decide: no look, and nothing more is tried
             if again is None or again[0] != fetched or abs(again[1] - steps) >= self.work(table):
