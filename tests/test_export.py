@@ -64,12 +64,12 @@ def test_hf_export_of_one_suite_and_bad_input(tmp_path, capsys):
 
 def test_jsonl_chat_export_takes_the_stores_grades_not_the_transcripts(tmp_path, capsys, home):
     with ScriptedServer() as server:
-        for model in ("coin", "careful"):
+        for model in ("coin", "scripted"):
             assert main(["run", "--model", model, "--base-url", server.url, "-n", "4", "-r", "2", "--run-id", model,
                          "--runs-dir", str(tmp_path), "--json"]) == 0
     capsys.readouterr()
     out = tmp_path / "sft.jsonl"
-    runs = ["--run", str(tmp_path / "coin"), "--run", str(tmp_path / "careful")]
+    runs = ["--run", str(tmp_path / "coin"), "--run", str(tmp_path / "scripted")]
     assert main(["cases", "export", "--format", "jsonl-chat", str(out), *runs]) == 0
     assert capsys.readouterr().out.strip() == f"{out}: 16 conversations"
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -89,10 +89,10 @@ def test_jsonl_chat_export_takes_the_stores_grades_not_the_transcripts(tmp_path,
     printed = capsys.readouterr().out
     assert f"{out}: {passes} conversations ({16 - passes} below --min-reward left out)" in printed
     # a stored episode cut short does not check, and is left out
-    victim = json.loads((tmp_path / "careful" / "transcripts.jsonl").read_text().splitlines()[0])["episode_id"]
+    victim = json.loads((tmp_path / "scripted" / "transcripts.jsonl").read_text().splitlines()[0])["episode_id"]
     sqlite3.connect(home / "runs.db", isolation_level=None).execute(
         "DELETE FROM ledger_entries WHERE episode_id = ? AND seq > 3", (victim,))
-    assert main(["cases", "export", "--format", "jsonl-chat", str(out), "--run", str(tmp_path / "careful")]) == 0
+    assert main(["cases", "export", "--format", "jsonl-chat", str(out), "--run", str(tmp_path / "scripted")]) == 0
     assert "7 conversations (1 does not check left out)" in capsys.readouterr().out
 
 
