@@ -370,27 +370,27 @@ def _slot(row: dict) -> tuple[str, str, int]:
     return row["case_id"], row["agent"], row["rollout"]
 
 
-def _file_cases(path: str | None, want_sha: str | None) -> tuple[dict[str, str] | None, str | None, bool]:
+def _file_cases(path: str | None, want_sha: str | None) -> tuple[dict[str, str] | None, str | None]:
     """({case id: SHA-256 of the case as stored} from the run's case file, or None; a note saying why the file is
-    not checked, or how; whether the file is the one the run was sealed with). A file changed since still says
+    not checked, or how, None when it is the file the run was sealed with). A file changed since still says
     what each case it holds is: a case of the run's in it that it spells otherwise is a problem, whatever the
     manifest says the file's hash was (whoever holds the key could have written that)."""
     if not path:
-        return None, "its case file is not checked (the manifest names none: its cases were handed to gate in memory)", False
+        return None, "its case file is not checked (the manifest names none: its cases were handed to gate in memory)"
     if not want_sha:
-        return None, f"its case file {path} is not checked (it could not be read when the run was sealed)", False
+        return None, f"its case file {path} is not checked (it could not be read when the run was sealed)"
     try:
         data = read_bytes(path, "case file", MAX_CASE_FILE_BYTES, StoreError)
     except StoreError as exc:
-        return None, f"its case file is not checked ({exc})", False
+        return None, f"its case file is not checked ({exc})"
     same = sha256(data) == want_sha
     try:
         cases: list[Case] = parse_cases(data.decode("utf-8"), path)
     except (CaseError, UnicodeDecodeError) as exc:
-        return None, f"its case file is not checked ({exc})", False
+        return None, f"its case file is not checked ({exc})"
     note = None if same else (f"its case file {path} changed since the run was sealed: its episodes' cases are checked "
                               f"against the cases it still holds")
-    return {c.case_id: sha256(json.dumps(c.data, sort_keys=True)) for c in cases}, note, same
+    return {c.case_id: sha256(json.dumps(c.data, sort_keys=True)) for c in cases}, note
 
 
 def _superseded(out: Verification, row: dict, how: str) -> None:
@@ -426,7 +426,7 @@ def check_run(manifest: dict, family: list[dict], out: Verification) -> None:
     slots = [(c, a, r) for r in range(rollouts) for c in body["cases"] for a in agents]
     wanted = set(slots)
     shas = body["case_sha256"]
-    on_file, why, whole_file = _file_cases(body.get("cases_file"), body.get("cases_file_sha256"))
+    on_file, why = _file_cases(body.get("cases_file"), body.get("cases_file_sha256"))
     if why:
         out.notes.append(run_problem(run_id, why))
     if body.get("gate_version") != __version__:
@@ -442,7 +442,7 @@ def check_run(manifest: dict, family: list[dict], out: Verification) -> None:
         if shas.get(row["case_id"]) != row["case_sha256"]:
             out.problems.append(Problem(row["episode_id"], row["case_id"], row["agent"],
                                         f"its case is not the case run {run_id} was sealed with"))
-        elif on_file is not None and on_file.get(row["case_id"], None if whole_file else row["case_sha256"]) != \
+        elif on_file is not None and on_file.get(row["case_id"], None if why is None else row["case_sha256"]) != \
                 row["case_sha256"]:  # (a case a changed file no longer holds: the file says nothing of it)
             out.problems.append(Problem(row["episode_id"], row["case_id"], row["agent"],
                                         f"its case is not the one in the case file {body.get('cases_file')}"))
