@@ -76,6 +76,7 @@ LEDGER_QUERY_CHARS = 1_000  # what the ledger keeps of a query refused for its l
 _AGENT_LIMITS = tuple(LIMITS.values())  # (limit id, value) pairs, as the compile check takes them
 _OK, _DENY, _READ, _FUNCTION = sqlite3.SQLITE_OK, sqlite3.SQLITE_DENY, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION
 _monotonic = time.monotonic
+_thread_time = time.thread_time
 # what gate's own statements do that leaves the schema as it was (anything else may change it: CREATE, DROP,
 # ALTER, PRAGMA, ATTACH...)
 _KEEPS_SCHEMA = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE,
@@ -86,18 +87,24 @@ CAUGHT = (sqlite3.Error, sqlite3.Warning, ValueError, OverflowError, MemoryError
 
 @dataclass(frozen=True)
 class BudgetEnd:
-    """Where an execution's time budget ends (`Sandbox.budget_end`): for a paced one, at a thread CPU time (`cpu`)
-    within a wall-clock limit (`cap`); for any other, at a time of the clock (`clock`)."""
+    """Where an execution's time budget ends (`Sandbox.end`, set by `execute`): a paced query's time is the CPU
+    time its thread used (waiting for its turn uses none), up to a wall-clock limit (`cap`), whatever else the
+    machine ran meanwhile: its budget ends at a thread CPU time (`cpu`) or at `cap`, whichever comes first. Any
+    other's time is the clock's: its budget ends at `clock`."""
     paced: bool
     clock: float
     cpu: float
     cap: float
 
     def left(self) -> float:
-        """Seconds of the budget left now, by the execution's own clock (on the thread that ran it)."""
+        """Seconds of the budget left now, by the execution's own clock (on the thread that ran it); below 0
+        once it is spent. Asked at every authorizer call of agent SQL: kept to a branch and one or two clocks."""
         if self.paced:
-            return min(self.cpu - time.thread_time(), self.cap - time.monotonic())
-        return self.clock - time.monotonic()
+            return min(self.cpu - _thread_time(), self.cap - _monotonic())
+        return self.clock - _monotonic()
+
+
+_UNSET = BudgetEnd(False, 0.0, 0.0, 0.0)  # before the first execution: spent
 
 
 class Pacer(Protocol):
@@ -305,10 +312,7 @@ class Sandbox:
         self.guard = False
         self.tables_read: set[str] = set()
         self.steps = 0
-        self.deadline = 0.0
-        self.wait_limit = 0.0  # a paced query's wall-clock limit (`execute`)
-        self.cpu_deadline = 0.0  # and the thread CPU time at which its budget is spent
-        self.paced = False  # whether the execution under way has a pacer (`_late`)
+        self.end = _UNSET  # where the time budget of the execution under way (or the last) ends (`execute`)
         self.call_wait_limit: float | None = None  # the same, for every run of the tool call under way (`run`)
         self.compile_over = False
         self.refused = False  # whether the authorizer refused something in the last execution
@@ -331,7 +335,7 @@ class Sandbox:
                 if action not in _KEEPS_SCHEMA:
                     self._catalogue = None
                 return _OK
-            if self._late():  # still compiling when the budget ran out
+            if self.end.left() < 0:  # still compiling when the budget ran out
                 self.compile_over = True
                 return _DENY
             if action == _READ:  # the most frequent: one per column read
@@ -356,9 +360,9 @@ class Sandbox:
                 return 0
             pacer = getattr(_PACING, "pacer", None)
             if pacer is not None:
-                pacer.wait(self.wait_limit)
+                pacer.wait(self.end.cap)
             self.steps += self.interval
-            if self.steps > self.step_budget or self._late():
+            if self.steps > self.step_budget or self.end.left() < 0:
                 self.budget_over = True
                 return 1
             return 0
@@ -366,27 +370,15 @@ class Sandbox:
             _keep(exc)
             return 1 if self.guard else 0
 
-    def budget_end(self) -> BudgetEnd:
-        """Where the time budget of the execution under way (or the last) ends, by its own clock."""
-        return BudgetEnd(self.paced, self.deadline, self.cpu_deadline, self.wait_limit)
-
-    def _late(self) -> bool:
-        """Whether the execution under way has used its time budget: a paced query's time is the CPU time its
-        thread used (waiting for its turn uses none), up to its wall-clock limit, whatever else the machine ran
-        meanwhile; any other's, the clock's."""
-        if self.paced:
-            return time.thread_time() > self.cpu_deadline or _monotonic() > self.wait_limit
-        return _monotonic() > self.deadline
-
     def execute(self, query: str, interval: int = INTERVAL) -> tuple[list[tuple], list[str], int]:
         """(up to MAX_ROWS + 1 rows, column names, steps) of one guarded execution; raises CAUGHT."""
         conn = self.conn
         self.steps = 0
-        self.deadline = time.monotonic() + self.time_budget
-        # waiting for its turn (a pacer's) moves the deadline on, to this at most: a tool call's runs share it
-        self.wait_limit = self.deadline + MAX_WAIT_S if self.call_wait_limit is None else self.call_wait_limit
-        self.cpu_deadline = time.thread_time() + self.time_budget  # (a paced query's budget: see _late)
-        self.paced = getattr(_PACING, "pacer", None) is not None
+        clock = time.monotonic() + self.time_budget
+        # a paced query waits for its turn up to `cap` of the clock at most: a tool call's runs share it
+        cap = clock + MAX_WAIT_S if self.call_wait_limit is None else self.call_wait_limit
+        self.end = BudgetEnd(getattr(_PACING, "pacer", None) is not None, clock, time.thread_time() + self.time_budget,
+                             cap)
         self.compile_over = self.refused = self.budget_over = False
         self.query_error: sqlite3.Error | None = None  # what the query itself raised (not a statement of gate's)
         raise_swallowed()  # what came during gate's own statements before this one

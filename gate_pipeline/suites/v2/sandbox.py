@@ -192,14 +192,14 @@ class SandboxV2(Sandbox):
             return {"looked_at": looked}
         if not self.counted:  # never so (`may_look`); were it so, the read is run again within what is left of
             saved = self.step_budget, self.time_budget  # its budget, its steps counted finely, to decide
-            self.step_budget, self.time_budget = self.step_budget - self.steps, self.budget_end().left()
+            self.step_budget, self.time_budget = self.step_budget - self.steps, self.end.left()
             try:
                 fetched = self.execute(query, self.fine)[0]
             except CAUGHT:
                 return {"looked_at": looked}
             finally:
                 self.step_budget, self.time_budget = saved
-        steps, end = self.steps, self.budget_end()  # the agent's run: its steps, the end of its budget
+        steps, end = self.steps, self.end  # the agent's run: its steps, the end of its budget
         spent = steps
         for table in candidates:
             try:
