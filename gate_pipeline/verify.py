@@ -103,8 +103,10 @@ class Verification:
         ("replayed", "tied", "rebuilt", "runs", "nights", "grades"), 0))
 
 
-def differs(kept: dict, fresh: Grade) -> str | None:
-    """What a kept grade (a JSON dict) has that a fresh grade has not, or None."""
+def differs(kept: dict, fresh: Grade, whole: bool = False) -> str | None:
+    """What a kept grade (a JSON dict) has that a fresh grade has not, or None. `whole`: the kept grade is a
+    whole grade as gate writes it (a transcript line's), so every key it has and a grade has is compared, and
+    a key a grade has not is a difference; otherwise (a store's row, a sensor's) the rubric's keys."""
     now = fresh.as_dict()
     if "unreadable" in kept:  # the store's word for a row it cannot read; no grade gate makes has the key
         # said in verify's words: a reason in the row (or a transcript line) could be anyone's
@@ -113,7 +115,20 @@ def differs(kept: dict, fresh: Grade) -> str | None:
     if changed:
         return (f"the kept grade differs from a fresh grade in {', '.join(changed)} "
                 f"(reward {kept.get('reward')!r} kept, {now['reward']!r} fresh)")
+    if whole:  # the rest of it: the figures a grade shows beside its reward, a suite's metrics, as JSON writes
+        # them (a value is compared by its JSON text, so a NaN a grade holds equals the NaN written for it)
+        changed = sorted(k for k, v in now.items() if _json_text(kept.get(k)) != _json_text(v))
+        changed += ["keys a grade has not"] if kept.keys() - now.keys() else []
+        if changed:
+            return f"the kept grade differs from a fresh grade in {', '.join(changed)}"
     return None
+
+
+def _json_text(value: object) -> str:
+    try:
+        return json.dumps(value, sort_keys=True)
+    except (TypeError, ValueError):  # not JSON's (a kept grade's is): it equals nothing a grade holds
+        return f"not JSON: {type(value).__name__}"
 
 
 class _Warehouse(Sink):

@@ -563,6 +563,26 @@ def test_a_transcript_line_claims_only_what_the_store_holds(home, tmp_path, caps
         assert code == 1 and "its 'episode_id' is not text" in out, (eid, out)
 
 
+def test_a_whole_grade_is_compared_by_its_json_even_where_a_value_equals_nothing():
+    """A grade's value that is not equal to itself (a NaN: an authored case's infinite revenue) is the same
+    value in the transcript line gate wrote for it; any other change of the line's grade is still named."""
+    from gate_pipeline.kernel.records import Grade
+    from gate_pipeline.verify import differs
+
+    fresh = Grade(case_id="c", family="f", disposition=1.0, report=1.0, evidence=1.0, inspected=1.0, reward=1.0,
+                  bad_batches_loaded=0, clean_batches_refused=0, revenue_error_usd=0.0, ledger_intact=True,
+                  finished=True, revenue=float("nan"), correct_revenue=float("inf"), metrics={"m": float("nan")})
+    written = json.loads(json.dumps(fresh.as_dict()))
+    assert differs(written, fresh, whole=True) is None
+    assert differs(written, fresh) is None
+    for key, value in (("revenue", 1.0), ("correct_revenue", 1e308), ("m", 0), ("suite", "v2")):
+        assert differs({**written, key: value}, fresh, whole=True) == \
+            f"the kept grade differs from a fresh grade in {key}", key
+        assert differs({**written, key: value}, fresh) is None, key  # not a rubric key: a store row's is not read
+    assert differs({**written, "extra": 1}, fresh, whole=True) == \
+        "the kept grade differs from a fresh grade in keys a grade has not"
+
+
 @pytest.mark.parametrize("reason", ["", None, 5, "a row forged to read well"])
 def test_a_kept_grade_saying_it_is_unreadable_is_a_problem_whatever_its_reason(home, night, capsys, reason):
     """Without the key: a kept grade row `{"unreadable": true, "reason": ""}` read as no difference at all, and a

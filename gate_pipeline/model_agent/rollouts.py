@@ -481,13 +481,7 @@ def verify_transcripts(path: Path, store: RunStore, run_id: str, fresh: dict[str
             continue
         seen.add(eid)
         claimed = line.get("grade") if isinstance(line.get("grade"), dict) else {}
-        why = differs(claimed, fresh[eid])
-        if why is None:  # and the rest of it (the figures a grade shows beside its reward, a suite's metrics)
-            whole = json.loads(json.dumps(fresh[eid].as_dict()))
-            changed = sorted(k for k in whole if claimed.get(k) != whole[k])  # named by gate's keys, not the line's
-            changed += ["keys a grade has not"] if claimed.keys() - whole.keys() else []
-            if changed:
-                why = f"the kept grade differs from a fresh grade in {', '.join(changed)}"
+        why = differs(claimed, fresh[eid], whole=True)
         if why:
             problems.append(Problem(eid, case_id, agent, "the transcript line " + why.removeprefix("the kept grade ")))
         wrong = _claims_beside_the_grade(line, rows[eid], fresh[eid], run_id)
