@@ -168,6 +168,31 @@ def test_calls_after_an_accepted_report_in_the_same_reply_are_refused_by_the_too
     assert trace.metrics["bad_batches_loaded"] == 0.0
 
 
+def test_a_call_with_an_argument_its_tool_does_not_take_is_graded_as_it_ran():
+    """The MCP server hands a tool only the arguments it declares, so a load sent with another one loads; the
+    graded replay plays the same call, not one the engine refuses (it loaded live and was graded unloaded)."""
+    task = _tasks()[1]  # a clean control: loading every batch is right
+    state: dict = {}
+
+    def load_with_extras(chat):
+        results = {m["tool_call_id"]: m["content"] for m in chat if m["role"] == "tool"}
+        if "c0" not in results:
+            return [{"id": "c0", "type": "function", "function": {"name": "list_batches", "arguments": "{}"}}]
+        if "ids" not in state:
+            state["ids"] = [b["batch_id"] for b in json.loads(results["c0"])]
+            return [{"id": f"l{n}", "type": "function", "function": {"name": "load_batch", "arguments": json.dumps(
+                {"batch_id": b, "why": "it looked fine", "force": True})}} for n, b in enumerate(state["ids"])]
+        return [{"id": "r", "type": "function", "function": {"name": "submit_report", "arguments": json.dumps(
+            {"loaded": state["ids"], "quarantined": [], "note": "x"})}}]
+    trace, chat = asyncio.run(play(task, load_with_extras))
+    loads = [json.loads(m["content"]) for m in chat if m["role"] == "tool" and m["tool_call_id"].startswith("l")]
+    assert len(loads) >= 2 and all(r.get("status") == "loaded" for r in loads), loads  # live: every load ran
+    asyncio.run(task.score(trace))
+    grade = trace.info["gate_grade"]
+    assert grade["disposition"] == 1.0 and grade["revenue_error_usd"] == 0.0 and grade["finished"], grade
+    assert grade["calls"] == len(loads) + 2
+
+
 def test_a_v2_case_file_needs_the_v2_suites_tools():
     with pytest.raises(ValueError, match="set task.suite"):
         list(GateTaskset(GateTasksetConfig(cases_path=str(V2))))

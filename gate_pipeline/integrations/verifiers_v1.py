@@ -25,6 +25,7 @@ from typing import Any
 import verifiers.v1 as vf
 from verifiers.v1.mcp import Toolset, ToolsetConfig
 
+from ..kernel.actions import tool_call_action
 from ..kernel.engine import Session
 from ..kernel.pool import CasePool, default_cases_file
 from ..kernel.records import TERMS
@@ -87,11 +88,18 @@ class GateToolset(Toolset):
         return json.dumps(self.session.step({"tool": tool, "args": args}).result, default=str)
 
 
+def declared(names, args: dict) -> dict:
+    """The arguments of a call that its tool declares (`names`): what the tool server's tools are handed (the
+    MCP server drops any other before it calls one), and so what the trace's replay plays, or a load sent with
+    an argument the tool does not take would load live and be refused in the graded replay."""
+    return {k: v for k, v in args.items() if k in names}
+
+
 def _tool_method(tool: Tool, suite) -> Any:
     names = tool.arg_names
 
     async def call(self, **kwargs) -> str:
-        return self._step(tool.name, {k: v for k, v in kwargs.items() if k in names})
+        return self._step(tool.name, declared(names, kwargs))
 
     return vf.tool(as_method(tool, suite, call, inspect.Parameter.KEYWORD_ONLY))
 
@@ -105,18 +113,26 @@ def toolset_class(suite_name: str) -> type:
     return type(f"Gate{suite.name.title().replace('-', '').replace('_', '')}Toolset", (GateToolset,), namespace)
 
 
-def _calls(trace) -> list[dict]:
-    """The trace's tool calls, in order, as engine actions (arguments as the model wrote them)."""
-    return [{"tool": call.name, "args": call.arguments}
-            for message in trace.assistant_messages for call in (message.tool_calls or [])]
+def _calls(trace, suite) -> list[dict]:
+    """The trace's tool calls, in order, as engine actions: arguments as the model wrote them, less those its
+    tool does not declare (`declared`, as the tool server's tools are handed them)."""
+    names = {tool.name: tool.arg_names for tool in suite.tools}
+    actions = []
+    for message in trace.assistant_messages:
+        for call in message.tool_calls or []:
+            action = tool_call_action(call.name, call.arguments)
+            if isinstance(action["args"], dict) and call.name in names:
+                action["args"] = declared(names[call.name], action["args"])
+            actions.append(action)
+    return actions
 
 
 def grade_trace(data: GateData, trace) -> dict:
     """The engine's grade of the trace's calls on a fresh episode of the case (stopping at the first
     accepted report, as the tool server does)."""
-    session = Session(case_pool(data.cases_path).prepared(data.case_id), "verifiers", stop_at_report=True,
-                      max_steps=data.max_steps)
-    for action in _calls(trace):
+    prepared = case_pool(data.cases_path).prepared(data.case_id)
+    session = Session(prepared, "verifiers", stop_at_report=True, max_steps=data.max_steps)
+    for action in _calls(trace, prepared.suite):
         if session.done:
             break
         session.step(action)
