@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 
 from . import __version__
 from .kernel.actions import tool_call_action
-from .kernel.agents import AgentOptionError, UnknownAgent, resolve_agent
+from .kernel.agents import AgentOptionError, UnknownAgent, gates_own_agent_names, resolve_agent
 from .kernel.cases import MAX_CASE_FILE_BYTES, Case, CaseError, parse_cases, printable
 from .kernel.engine import Session, Sink, play, prepare
 from .kernel.errors import GateError, NoRoom
@@ -340,9 +340,13 @@ def check_episode(store: RunStore, row: dict, settings: Settings, out: Verificat
     if spec is None and ":" not in agent:  # its identity may name an agent gate plays again, whatever the name says
         same, _ = _agent_problem(agent, {}, settings)
         if same is not None and same.deterministic and same.identity == agent:
-            problem(f"its agent {name!r} cannot be played again here ({note}), but it plays as {agent!r}, an agent "
-                    f"gate plays again")
-            return
+            if agent in gates_own_agent_names():  # the same wherever this gate runs: no run of it was named so
+                problem(f"its agent {name!r} cannot be played again here ({note}), but it plays as {agent!r}, an "
+                        f"agent gate plays again")
+                return
+            out.notes.append(Problem(eid, case_id, agent, f"its agent {name!r} is named like {agent!r}, a plugin "
+                                                          f"agent installed here that gate plays again: checked as "
+                                                          f"its agent's episodes are, not played as the plugin"))
     if sealed is not None and sealed[1]["deterministic"] and (spec is None or not spec.deterministic):
         problem(f"run {sealed[0]} was sealed with {name!r} as a deterministic agent, but it cannot be played "
                 f"again here ({note or f'{name} does not say it is deterministic here'})")

@@ -1027,3 +1027,55 @@ def test_a_model_named_after_an_agent_gate_plays_again_is_refused_and_never_pass
     line = next(line for line in out.splitlines() if line.startswith(f"{naive} {BAD} naive: "))
     assert code == 1 and "its agent 'model' cannot be played again here" in line, out
     assert line.endswith("but it plays as 'naive', an agent gate plays again"), line
+
+
+@pytest.mark.parametrize("model", ["Naive", "CAREFUL", "naive ", " naive", "naive\u200b", "\uff4e\uff41\uff49\uff56\uff45",
+                                   "careful@full", "careful@anything", "gate_pipeline.agents.baselines:Naive", "os:system"])
+def test_a_model_whose_name_reads_as_another_agents_is_refused(model):
+    """Not only the very name: its case, spaces, an invisible or full-width character, a variant of the agent, or a
+    class gate would import by that name, each read as another agent's in a table, and `careful@full` is one gate
+    plays again."""
+    from gate_pipeline.kernel.errors import AgentOptionError
+    with pytest.raises(AgentOptionError, match="the name of another agent gate knows"):
+        resolve_agent("model", {"model": model, "base_url": "http://127.0.0.1:9/v1"})
+
+
+@pytest.mark.parametrize("model", ["gpt-4o", "llama3:8b", "mistral:latest", "qwen2.5:7b", "Qwen/Qwen2.5-7B-Instruct",
+                                   "scripted", "naive-finetune"])
+def test_a_model_name_that_reads_as_no_agent_is_its_own(model):
+    spec = resolve_agent("model", {"model": model, "base_url": "http://127.0.0.1:9/v1"})
+    assert spec.identity == model
+
+
+def test_a_plugin_installed_after_a_model_run_named_like_it_leaves_the_run_verified(tmp_path, capsys, monkeypatch):
+    """A model's name is checked against the agents installed when it runs; a plugin installed later under the same
+    name (deterministic, so gate would play it again) does not make the honest run fail: a note says so. A model
+    named as one of gate's own agents stays a failure
+    (test_a_model_named_after_an_agent_gate_plays_again_is_refused_and_never_passes_verify)."""
+    from scripted_server import ScriptedServer
+
+    from gate_pipeline.kernel import agents
+    with ScriptedServer() as server:
+        assert main(["run", "--model", "plugx", "--base-url", server.url, "-n", "2", "--run-id", "m",
+                     "--runs-dir", str(tmp_path), "--json"]) == 0
+    capsys.readouterr()
+    site = tmp_path / "site"
+    (site / "plugx_mod").mkdir(parents=True)
+    (site / "plugx_mod" / "__init__.py").write_text(
+        "class Plug:\n    deterministic = True\n\n    def play(self, tools, case=None):\n"
+        "        tools('submit_report', loaded=[], quarantined=[])\n")
+    info = site / "plugx-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: plugx\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[gate.agents]\nplugx = plugx_mod:Plug\n")
+    monkeypatch.syspath_prepend(str(site))
+    agents._entry_points.cache_clear()
+    try:
+        assert "plugx" in agents.agent_names()
+        code, out, _ = verify(capsys, "--run", str(tmp_path / "m"))
+    finally:
+        monkeypatch.undo()
+        agents._entry_points.cache_clear()
+    assert code == 0, out
+    assert "is named like 'plugx', a plugin agent installed here that gate plays again" in out, out
+

@@ -32,8 +32,10 @@ agent (an entry point of another package, or `module:Class`) only when its class
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import reprlib
+import unicodedata
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib.metadata import entry_points
@@ -203,13 +205,51 @@ def is_deterministic(factory, builtin: bool) -> bool:
     return declared if isinstance(declared, bool) else builtin
 
 
+def gates_own_agent_names() -> list[str]:
+    """The agents gate and its suites provide (the same wherever this version of gate runs; plugins are not)."""
+    own = [n for n, ep in _entry_points().items() if ep.value.startswith("gate_pipeline.")]
+    return list(dict.fromkeys([*own, *_suite_agents()]))
+
+
+def folded(name: str) -> str:
+    """A name as a reader tells names apart: its NFKC form, case-folded, without spaces and without the
+    characters that show nothing (format and control characters: a zero-width space)."""
+    return "".join(c for c in unicodedata.normalize("NFKC", name).casefold()
+                   if not c.isspace() and unicodedata.category(c) not in ("Cf", "Cc", "Zs", "Zl", "Zp"))
+
+
+def _names_an_agent(identity: str) -> str | None:
+    """The agent gate knows that `identity` reads as (the agent itself, one of its variants, or a class it could
+    import), or None."""
+    known = {folded(n): n for n in agent_names()}
+    text = folded(identity)
+    if text in known:
+        return known[text]
+    base, at, _ = text.partition("@")
+    if at and base in known:  # <agent>@<variant>
+        return f"{known[base]}@..."
+    module, colon, attr = identity.partition(":")
+    if colon and all(part.isidentifier() for part in (*module.split("."), *attr.split("."))):
+        try:  # module:Class, where the module's package is installed (found, not imported)
+            if importlib.util.find_spec(module.split(".")[0]) is not None:
+                return identity
+        except (ImportError, ValueError):
+            return None
+    return None
+
+
 def own_identity(name: str, identity: str) -> str:
-    """`identity`, the name agent `name` takes from its options (a model agent: its model's), unless it is another
-    agent's name (AgentOptionError): every table, store and transcript names an agent by its identity, so the two
-    could not be told apart, and `gate verify` plays again an agent gate plays the same way every time."""
-    if identity != name and identity in agent_names():
-        raise AgentOptionError(f"agent {name!r} with these options is named {identity!r}, which is the name of another "
-                               f"agent gate knows: the two could not be told apart (name it otherwise)")
+    """`identity`, the name agent `name` takes from its options (a model agent: its model's), unless it reads as
+    another agent's name (AgentOptionError): its case or spaces changed, an invisible character added, a variant
+    of it (`<agent>@<variant>`) or a class gate could import (`module:Class`). Every table, store and transcript
+    names an agent by its identity, so the two could not be told apart, and `gate verify` plays again an agent
+    gate plays the same way every time."""
+    other = _names_an_agent(identity) if identity != name else None
+    if other is not None:
+        shown = "" if other == identity else f" (read as {other!r})"
+        raise AgentOptionError(f"agent {name!r} with these options is named {identity!r}{shown}, which is, or reads as, "
+                               f"the name of another agent gate knows: the two could not be told apart (name it "
+                               f"otherwise)")
     return identity
 
 
