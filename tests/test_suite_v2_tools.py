@@ -3,6 +3,7 @@ read 'looked at', the scaled sandbox, and a classic episode that still offers ex
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -485,3 +486,45 @@ def test_a_read_held_for_its_turn_looked_at_its_batch_as_it_does_alone():
         assert result["rows"] == [[0]] and last(s)["args"]["looked_at"] == [table], (hold, result, last(s))
         assert pacer is None or pacer.deadlines, "the read was never held: it proves nothing"
         s.finish()
+
+
+class _EveryRunHeld:
+    """A pacer holding every run at its first progress check for `hold` seconds (or to the deadline it is told), as
+    `gate serve`'s baton holds each run behind other clients' long queries."""
+
+    def __init__(self, hold: float):
+        self.hold, self.held = hold, 0
+        self._waiting = True
+
+    def wait(self, deadline):
+        if not self._waiting:
+            return 0.0
+        self._waiting, start = False, time.monotonic()
+        time.sleep(max(0.0, min(deadline, start + self.hold) - start))
+        self.held += 1
+        return time.monotonic() - start
+
+    def done(self):
+        self._waiting = True
+
+
+def test_the_look_checks_runs_wait_for_their_turns_apart_from_the_reads(monkeypatch):
+    """Each run of the look check waits for its turn again, behind other clients' queries. It shared the read's cap
+    on waiting, so on a loaded server the read's own waits used it up, the check's run was stopped at it, and the
+    read had looked at nothing (12 clients' long queries: `inspected` 0.5 where alone it is 1.0). The check now
+    takes what is left of the read's budget (its CPU time) and a wait of its own."""
+    from gate_pipeline.kernel import sandbox
+    monkeypatch.setattr(sandbox, "MAX_WAIT_S", 1.0)  # a wait of at most the budget and 1 s, each run held 1.6 s
+    orders = batch_of("v2-eval-partial-defect-0", "orders")
+    s = session("v2-eval-partial-defect-0")
+    table = s.prepared.staging[orders["batch_id"]]
+    assert s.episode.world.sandbox.time_budget < 2.5  # the read's run, held 1.6 s, leaves under 1 s of its cap
+    pacer = _EveryRunHeld(1.6)
+    sandbox.pace(pacer)
+    try:
+        result = s.call("run_sql", {"query": f"SELECT COUNT(*) FROM {table} WHERE amount = 'no such amount'"})
+    finally:
+        sandbox.pace(None)
+    assert result["rows"] == [[0]] and pacer.held >= 2, (result, pacer.held)  # the read and the check's run held
+    assert last(s)["args"]["looked_at"] == [table], last(s)
+    s.finish()

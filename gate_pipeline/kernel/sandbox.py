@@ -36,8 +36,10 @@ steps, at a higher priority than a long query's) count against its time budget, 
 does not depend on how many other sessions' queries it waited for or ran beside (a query of 0.45 s alone
 came back `interrupted` beside eight sessions running budget-long ones; one of a second, among sixteen
 of one client's, while the machine was busy). It may take its budget and MAX_WAIT_S of the clock in all;
-a query still running or waiting then is stopped by its budget as ever. In process no thread has one,
-and a query's time is the clock's.
+a query still running or waiting then is stopped by its budget as ever. A run of gate's own after it (suite
+v2's look check runs the read again) takes what is left of its budget, and a wait of MAX_WAIT_S of its
+own: it waits for its turn again, and on a loaded server the read's waits had used up the one they shared.
+In process no thread has one, and a query's time is the clock's.
 
 A suite changes the sandbox through a subclass: its budgets (`step_budget`, `time_budget`), more
 functions it refuses (`denied`), and `after_read`, called after each successful read with its
@@ -102,6 +104,12 @@ class BudgetEnd:        # changed once made), which is the cheapest of the two t
         if self.paced:
             return min(self.cpu - _thread_time(), self.cap - _monotonic())
         return self.clock - _monotonic()
+
+    def budget_left(self) -> float:
+        """Seconds left of the budget itself: a paced query's CPU time, its wall-clock cap aside (what it waited
+        for its turn is no part of it); any other's clock. What a run of gate's own after it may take (v2's
+        look check), with a wait of its own for its turn."""
+        return self.cpu - _thread_time() if self.paced else self.clock - _monotonic()
 
 
 _UNSET = BudgetEnd(False, 0.0, 0.0, 0.0)  # before the first execution: spent

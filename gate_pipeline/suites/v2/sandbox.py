@@ -124,11 +124,13 @@ class SandboxV2(Sandbox):
     def _rerun_empty(self, query: str, table: str, steps_left: int, end: BudgetEnd) -> tuple[list[tuple], int] | None:
         """(rows, steps) of `query` with `table` emptied, within what is left of the budget; None when the
         query fails without the rows; raises _OverBudget."""
-        saved = self.step_budget, self.time_budget, self.tables_read
+        saved = self.step_budget, self.time_budget, self.tables_read, self.call_wait_limit
         self._own("SAVEPOINT gate_looked_at")
         try:
             self._own(f'DELETE FROM main."{table}"')
-            self.step_budget, self.time_budget = steps_left, end.left()
+            # what is left of the agent's budget, and (paced) a wait for its turn of its own: the agent's run waited
+            # for its turns within its cap, and each run of the check waits again, behind other clients' queries
+            self.step_budget, self.time_budget, self.call_wait_limit = steps_left, end.budget_left(), None
             if self.time_budget <= 1.5 * self.compile_seconds or steps_left <= 0:  # compiling it again alone
                 raise _OverBudget  # would take what is left (SQLite cannot stop a compilation)
             try:
@@ -140,7 +142,7 @@ class SandboxV2(Sandbox):
                 return None
             return rows, steps
         finally:
-            self.step_budget, self.time_budget, self.tables_read = saved
+            self.step_budget, self.time_budget, self.tables_read, self.call_wait_limit = saved
             # where SQLite rolled it all back itself (a statement found no room), the emptied table went back with
             # it, and so did the episode's loads, which the world puts back (`World.restore`)
             if self.conn.in_transaction:
@@ -191,14 +193,15 @@ class SandboxV2(Sandbox):
         if not candidates:
             return {"looked_at": looked}
         if not self.counted:  # never so (`may_look`); were it so, the read is run again within what is left of
-            saved = self.step_budget, self.time_budget  # its budget, its steps counted finely, to decide
-            self.step_budget, self.time_budget = self.step_budget - self.steps, self.end.left()
+            saved = self.step_budget, self.time_budget, self.call_wait_limit  # its budget, its steps counted
+            self.step_budget, self.time_budget, self.call_wait_limit = (  # finely, to decide (as `_rerun_empty`)
+                self.step_budget - self.steps, self.end.budget_left(), None)
             try:
                 fetched = self.execute(query, self.fine)[0]
             except CAUGHT:
                 return {"looked_at": looked}
             finally:
-                self.step_budget, self.time_budget = saved
+                self.step_budget, self.time_budget, self.call_wait_limit = saved
         steps, end = self.steps, self.end  # the agent's run: its steps, the end of its budget
         spent = steps
         for table in candidates:
