@@ -565,6 +565,71 @@ def test_a_paced_query_answers_beside_busy_neighbours_as_it_does_alone(tmp_path)
     assert float(wall) > 2.0 and float(cpu) < 2.0, p.stdout  # the clock passed the budget, its CPU did not
 
 
+COMPILED_BESIDE_BUSY_NEIGHBOURS = """
+import os, subprocess, sys, time
+from gate_pipeline.kernel import sandbox
+from gate_pipeline.kernel.cases import read_cases
+from gate_pipeline.kernel.engine import Session, prepare
+os.sched_setaffinity(0, {{min(os.sched_getaffinity(0))}})  # one CPU, shared with the check's child and the neighbours
+session = Session(prepare(read_cases({path!r})[0]), "probe")
+box = session.episode.world.sandbox
+
+class Free:  # a pacer that never holds a query: only that the thread has one changes, as in gate serve
+    def wait(self, deadline):
+        return 0.0
+    def done(self):
+        pass
+
+def doubled(levels, salt):  # CTEs each the one before twice over: SQLite expands 2 ** levels copies as it compiles
+    parts = [f"a0(x) AS (SELECT {{salt}})"] + [f"a{{i}}(x) AS (SELECT x FROM a{{i - 1}} UNION ALL SELECT x FROM "
+                                              f"a{{i - 1}})" for i in range(1, levels + 1)]
+    return "WITH " + ", ".join(parts) + f" SELECT count(*) FROM a{{levels}} WHERE 0"
+
+sandbox.pace(Free())
+share = box.time_budget * sandbox.COMPILE_SHARE
+calls = iter(range(10 ** 6))
+def check(levels):  # a statement the check has not seen (its cache is by text): compiled in its child
+    answer = session.tools("run_sql", query=doubled(levels, next(calls)))
+    return answer, box.compile_seconds
+levels, took = 8, 0.0
+while levels < 20:  # a statement whose check takes about a third of its share of the budget alone, or more
+    answer, took = check(levels)
+    if "rows" not in answer or took > share / 3:
+        break
+    levels += 1
+if "rows" not in answer:
+    levels -= 1
+alone, took = check(levels)
+busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
+try:
+    time.sleep(0.2)
+    wall = time.monotonic()
+    answer, cpu = check(levels)
+    wall = time.monotonic() - wall
+finally:
+    for p in busy:
+        p.kill()
+print(answer == alone and "rows" in answer, round(took, 2), round(wall, 2), round(cpu, 2), round(share, 2))
+"""
+
+
+def test_a_paced_querys_compile_check_answers_beside_busy_neighbours_as_it_does_alone(tmp_path):
+    """A paced query's compile check waited for its child by the clock: sixteen clients' statements that each took
+    a third of a second to compile, checked in children of their own at once, made another client's statement
+    of 45 ms come back `interrupted` nine times in ten. The check of a paced query is timed by the child's CPU
+    time now: beside three busy processes on its one CPU it takes more of the clock than its share of the budget
+    and answers what it answers alone."""
+    import subprocess
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "cases" / "classic" / "eval_curated.jsonl"
+    script = tmp_path / "busy_compile.py"
+    script.write_text(COMPILED_BESIDE_BUSY_NEIGHBOURS.format(path=str(path)))
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180)
+    same, alone, wall, cpu, share = p.stdout.split()
+    assert same == "True", (p.stdout, p.stderr[-2000:])
+    assert float(wall) > float(share) > float(cpu), p.stdout  # the clock passed its share, the child's CPU did not
+
+
 def self_joined_ctes(depth: int, tail: str = "") -> str:
     """CTEs that each refer to the one before twice: SQLite expands them while it compiles the statement,
     2 ** depth copies, before one virtual-machine step runs (an outside reviewer's query: 6-7 s at 14)."""

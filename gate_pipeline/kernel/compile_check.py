@@ -9,7 +9,9 @@ whose columns are repeated inside each other (`SELECT a+a+a+a AS a FROM (SELECT 
 So a statement that holds a subquery (its text names SELECT or VALUES more than once) or is longer
 than a short query is compiled first in a child process, on an empty copy of the database's schema
 under the same limits, and stopped at its first step (so nothing runs). If it has not compiled
-within its share of the query's budget, the child is killed (and started again for the next
+within its share of the query's budget (for a paced query, `gate serve`'s, by the CPU time the child
+used, up to the same wait of the clock beyond it as the query's: what else the machine runs, other
+clients' checks among it, does not count), the child is killed (and started again for the next
 statement) and the query is refused as `interrupted`, as any query stopped at its budget is. A
 child that cannot start (the machine out of processes, memory or descriptors) is the machine's
 failure (`NoRoom`), never a statement let through unchecked. The child
@@ -92,6 +94,18 @@ for line in sys.stdin:
 
 
 SHORT = 300  # characters: a statement this short with one SELECT compiles in well under a millisecond
+CPU_POLL_S = 0.02  # how often a check timed by the child's CPU time reads it while it waits
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """The CPU time process `pid` has used (user and system), or None where it cannot be read (no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()  # after the name, which may hold spaces and ')'
+        return (int(fields[11]) + int(fields[12])) / _TICKS  # utime and stime, fields 14 and 15
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def may_grow(query: str) -> bool:
@@ -148,6 +162,7 @@ class CompileCheck:
         self._schema: list[str] | None = None
         self._renaming: tuple[list[tuple[str, str]], _Renaming] | None = None
         self._passed: dict[tuple, float] = {}  # renamed statement, schema, limits -> its check's seconds
+        self._cpu_used: float | None = None  # the CPU time the child took to answer the last check, when timed so
 
     def _start(self) -> subprocess.Popen:
         self._child = subprocess.Popen([sys.executable, "-I", "-S", "-c", CHILD, str(os.getpid())], stdin=subprocess.PIPE,
@@ -168,12 +183,17 @@ class CompileCheck:
             return False
 
     def compiles_within(self, conn, query: str, seconds: float, limits=(),
-                        entries: list[tuple[str, str]] | None = None, cached: bool = True) -> bool:
+                        entries: list[tuple[str, str]] | None = None, cached: bool = True,
+                        wait_s: float | None = None) -> bool:
         """`limits`: (SQLite limit id, value) pairs the database compiles the statement under; `entries`, the
         connection's `catalogue` when the caller knows it as it stands. A statement that compiled in time once
         is not sent again for a database of the same schema but for its names (the next episode's): what it is
         renamed to (`_Renaming`) is the cache's key. `cached=False`: neither looked up nor kept (a schema gate did
-        not build, whose renaming takes time that grows with the square of its names, outside any budget)."""
+        not build, whose renaming takes time that grows with the square of its names, outside any budget).
+        `wait_s`: the check is timed by the CPU time the child uses (a paced query's, in `gate serve`: what
+        else the machine runs does not count), and waits `seconds` and `wait_s` of the clock at most; None: by
+        the clock (and so where the child's CPU time cannot be read). `seconds` is then what it took by that
+        measure."""
         start = time.monotonic()
         if entries is None:
             entries = catalogue(conn)
@@ -181,10 +201,11 @@ class CompileCheck:
         if key is not None and key in self._passed:
             self.seconds = self._passed[key]
             return True
+        self._cpu_used = None
         try:
-            passed = self._compiles_within([sql for _, sql in entries], query, seconds, limits)
+            passed = self._compiles_within([sql for _, sql in entries], query, seconds, limits, wait_s)
         finally:
-            self.seconds = time.monotonic() - start
+            self.seconds = time.monotonic() - start if self._cpu_used is None else self._cpu_used
         if passed and key is not None:
             if len(self._passed) >= self.CACHE:
                 self._passed.clear()
@@ -199,7 +220,26 @@ class CompileCheck:
             return None
         return renaming.rename(query), renaming.schema, tuple(map(tuple, limits))
 
-    def _compiles_within(self, schema: list[str], query: str, seconds: float, limits) -> bool:
+    def _answered_within(self, child: subprocess.Popen, seconds: float, wait_s: float | None,
+                         cpu0: float | None) -> bool:
+        """Whether the child answered within `seconds` (see `compiles_within`'s `wait_s`; `cpu0`: the CPU time
+        it had used before it was sent the statement)."""
+        assert child.stdout is not None
+        fd = child.stdout.fileno()
+        if wait_s is None or cpu0 is None:
+            return readable_within(fd, seconds)
+        cap = time.monotonic() + seconds + wait_s
+        while True:
+            if readable_within(fd, min(CPU_POLL_S, max(0.0, cap - time.monotonic()))):
+                used = _cpu_seconds(child.pid)
+                self._cpu_used = None if used is None else used - cpu0
+                return True
+            used = _cpu_seconds(child.pid)
+            if used is None or used - cpu0 > seconds or time.monotonic() >= cap:
+                return False
+
+    def _compiles_within(self, schema: list[str], query: str, seconds: float, limits,
+                         wait_s: float | None = None) -> bool:
         try:
             child = self._child if self._child is not None and self._child.poll() is None else self._start()
         except OSError as exc:  # unchecked, the statement could compile for minutes: the machine fails the episode
@@ -210,8 +250,9 @@ class CompileCheck:
         self._schema = schema
         assert child.stdin is not None and child.stdout is not None
         try:
+            cpu0 = None if wait_s is None else _cpu_seconds(child.pid)
             child.stdin.write((json.dumps(msg) + "\n").encode())
-            ready = readable_within(child.stdout.fileno(), seconds)
+            ready = self._answered_within(child, seconds, wait_s, cpu0)
             answer = os.read(child.stdout.fileno(), 2) if ready else b""
             if answer == b"1\n":
                 return True

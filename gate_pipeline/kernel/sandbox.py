@@ -36,9 +36,10 @@ steps, at a higher priority than a long query's) count against its time budget, 
 does not depend on how many other sessions' queries it waited for or ran beside (a query of 0.45 s alone
 came back `interrupted` beside eight sessions running budget-long ones; one of a second, among sixteen
 of one client's, while the machine was busy). It may take its budget and MAX_WAIT_S of the clock in all;
-a query still running or waiting then is stopped by its budget as ever. A run of gate's own after it (suite
-v2's look check runs the read again) takes what is left of its budget, and a wait of MAX_WAIT_S of its
-own: it waits for its turn again, and on a loaded server the read's waits had used up the one they shared.
+a query still running or waiting then is stopped by its budget as ever. Gate's own runs after it (suite v2's
+look check runs the read again) go on in the turn it ended in, waiting for none (`one_turn`), within
+what is left of its budget: each waited for a turn of its own before, and on a loaded server the read's
+waits had used up the wait they shared, so the check could not decide.
 In process no thread has one, and a query's time is the clock's.
 
 A suite changes the sandbox through a subclass: its budgets (`step_budget`, `time_budget`), more
@@ -53,7 +54,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Iterator, Protocol
 
 from .compile_check import catalogue, give, may_grow, take
 
@@ -322,6 +323,8 @@ class Sandbox:
         self.steps = 0
         self.end = _UNSET  # where the time budget of the execution under way (or the last) ends (`execute`)
         self.call_wait_limit: float | None = None  # the same, for every run of the tool call under way (`run`)
+        # under a pacer: executions that keep the turn they end in, and runs of gate's own in it (`one_turn`)
+        self.keep_turn = self.in_turn = False
         self.compile_over = False
         self.refused = False  # whether the authorizer refused something in the last execution
         self.budget_over = False  # whether the progress handler stopped it for its budget
@@ -367,7 +370,7 @@ class Sandbox:
             if not self.guard:
                 return 0
             pacer = getattr(_PACING, "pacer", None)
-            if pacer is not None:
+            if pacer is not None and not self.in_turn:
                 pacer.wait(self.end.cap)
             self.steps += self.interval
             if self.steps > self.step_budget or self.end.left() < 0:
@@ -397,7 +400,8 @@ class Sandbox:
                     with gates_own():
                         self._catalogue = catalogue(conn)
                 passed = check.compiles_within(conn, query, self.time_budget * COMPILE_SHARE, self.limits,
-                                               self._catalogue, cached=self.schema_trusted)
+                                               self._catalogue, cached=self.schema_trusted,
+                                               wait_s=MAX_WAIT_S if self.end.paced else None)
                 self.compile_seconds = check.seconds
                 self.compile_refused = not passed and check.refused
             finally:
@@ -431,7 +435,7 @@ class Sandbox:
         finally:
             self.guard = False
             pacer = getattr(_PACING, "pacer", None)
-            if pacer is not None:
+            if pacer is not None and not self.keep_turn:
                 pacer.done()
             for lid, value in self._defaults:
                 conn.setlimit(lid, value)
@@ -439,6 +443,22 @@ class Sandbox:
                 conn.set_progress_handler(self._progress, INTERVAL)
                 self.interval = INTERVAL
         return fetched, columns, self.steps
+
+    @contextmanager
+    def one_turn(self) -> Iterator[None]:
+        """Under a pacer, the block's executions share one turn: the first waits for its turns as any does, and
+        keeps the one it ends in; gate's own runs after it (suite v2's look check) set `in_turn` and wait for
+        none; the block gives it up as it ends. (Each of the look check's runs waited for a turn of its own,
+        behind other clients' queries, and on a loaded server the read's waits had used the wait it may take:
+        the check had no time left to decide, and the read looked at nothing.)"""
+        self.keep_turn = True
+        try:
+            yield
+        finally:
+            self.keep_turn = self.in_turn = False
+            pacer = getattr(_PACING, "pacer", None)
+            if pacer is not None:
+                pacer.done()
 
     def stopped_itself(self) -> bool:
         """Whether the last execution's error is the sandbox's own doing: a callback of its found a budget run out

@@ -162,6 +162,9 @@ class SandboxV2(Sandbox):
 
     def run(self, query: str) -> tuple[dict, list[str], dict]:
         try:
+            if self.may_look(query):  # the look check's runs follow it, in its turn (`one_turn`)
+                with self.one_turn():
+                    return super().run(query)
             return super().run(query)
         except CAUGHT as exc:
             self._machines(exc, query)
@@ -192,6 +195,7 @@ class SandboxV2(Sandbox):
         looked: list[str] = []
         if not candidates:
             return {"looked_at": looked}
+        self.in_turn = True  # the runs below are gate's own, in the read's turn (`run`)
         if not self.counted:  # never so (`may_look`); were it so, the read is run again within what is left of
             saved = self.step_budget, self.time_budget, self.call_wait_limit  # its budget, its steps counted
             self.step_budget, self.time_budget, self.call_wait_limit = (  # finely, to decide (as `_rerun_empty`)
