@@ -32,6 +32,7 @@ import json
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from . import __version__
 from .kernel.actions import tool_call_action
@@ -412,6 +413,14 @@ def _file_cases(path: str | None, want_sha: str | None) -> tuple[dict[str, str] 
     return {c.case_id: sha256(json.dumps(c.data, sort_keys=True)) for c in cases}, note
 
 
+def _inside(path: str, folder: Path) -> bool:
+    """Whether `path` (links followed) is in `folder` or below it."""
+    try:
+        return Path(path).resolve().is_relative_to(folder.resolve())
+    except (OSError, RuntimeError, ValueError):
+        return False
+
+
 def _superseded(out: Verification, row: dict, how: str) -> None:
     """Note an attempt another episode replaced (added to its note when it was abandoned)."""
     for i, note in enumerate(out.notes):
@@ -421,8 +430,9 @@ def _superseded(out: Verification, row: dict, how: str) -> None:
     out.notes.append(Problem(row["episode_id"], row["case_id"], row["agent"], f"superseded: {how}"))
 
 
-def check_run(manifest: dict, family: list[dict], out: Verification) -> None:
-    """A sealed run's episodes (its own and its continuations') against its manifest."""
+def check_run(manifest: dict, family: list[dict], out: Verification, home: Path | None = None) -> None:
+    """A sealed run's episodes (its own and its continuations') against its manifest (`home`: the store's
+    folder, where a case file is no check on the store's rows)."""
     run_id, body, status = manifest["run_id"], manifest["body"], manifest["status"]
     out.counts["runs"] += 1
 
@@ -448,6 +458,10 @@ def check_run(manifest: dict, family: list[dict], out: Verification) -> None:
     on_file, why = _file_cases(body.get("cases_file"), body.get("cases_file_sha256"))
     if why:
         out.notes.append(run_problem(run_id, why))
+    if on_file is not None and home is not None and _inside(str(body.get("cases_file")), home):
+        out.notes.append(run_problem(run_id, f"its case file {body.get('cases_file')} is in the store's folder "
+                                             f"{home}: whoever can write the store can write it too, so it checks "
+                                             f"nothing a case file kept elsewhere would"))
     if body.get("gate_version") != __version__:
         out.notes.append(run_problem(run_id, f"sealed by gate {body.get('gate_version')}, checked by gate {__version__}"))
     by_slot: dict[tuple, list[dict]] = defaultdict(list)
@@ -461,10 +475,10 @@ def check_run(manifest: dict, family: list[dict], out: Verification) -> None:
         if shas.get(row["case_id"]) != row["case_sha256"]:
             out.problems.append(Problem(row["episode_id"], row["case_id"], row["agent"],
                                         f"its case is not the case run {run_id} was sealed with"))
-        elif on_file is not None and on_file.get(row["case_id"], None if why is None else row["case_sha256"]) != \
-                row["case_sha256"]:  # (a case a changed file no longer holds: the file says nothing of it)
-            out.problems.append(Problem(row["episode_id"], row["case_id"], row["agent"],
-                                        f"its case is not the one in the case file {body.get('cases_file')}"))
+        elif on_file is not None and on_file.get(row["case_id"]) != row["case_sha256"]:
+            out.problems.append(Problem(row["episode_id"], row["case_id"], row["agent"], (
+                f"its case is not the one in the case file {body.get('cases_file')}" if row["case_id"] in on_file
+                else f"its case is not in the case file {body.get('cases_file')}")))  # (a changed file: renamed?)
     if status == COMPLETE:
         named = {(item[0], item[1], item[2]): item[3] for item in manifest["episodes"] or []}
         for slot in slots:
@@ -642,7 +656,7 @@ def verify_store(store: RunStore, run_id: str | None = None, settings: Settings 
                                                 if m["problem"] is None else
                                                 f"its manifest is not readable ({m['problem']})"))
             continue
-        check_run(m, families.get(rid, []), out)
+        check_run(m, families.get(rid, []), out, store.home)
     api = [rid for rid in families if manifests[rid]["kind"] == API and manifests[rid]["status"] != COMPLETE]
     if api:
         out.notes.append(Problem("store", "", "", f"{sum(len(families[r]) for r in api)} episodes of {len(api)} run(s) "

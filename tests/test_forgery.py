@@ -1079,3 +1079,31 @@ def test_a_plugin_installed_after_a_model_run_named_like_it_leaves_the_run_verif
     assert code == 0, out
     assert "is named like 'plugx', a plugin agent installed here that gate plays again" in out, out
 
+
+def test_a_case_the_changed_case_file_no_longer_holds_is_a_failure(home, night, capsys):
+    """A case file changed since its run said nothing of a case it no longer held, so with the key a stored case
+    renamed (a look-alike id, the manifest's hash of the file made up) passed with a note. A run's case the file
+    does not hold is a failure now: keep case files as they were played."""
+    kept = [c for c in read_cases(night) if c.case_id != BAD]
+    write_cases(night, kept)
+    code, out, _ = verify(capsys)
+    assert code == 1 and f"{BAD} naive: its case is not in the case file {night}" in out, out
+    assert "changed since the run was sealed" in out
+    assert not any(f"{c.case_id} naive: its case is not" in out for c in kept), out
+
+
+def test_a_case_file_in_the_stores_folder_is_named_as_no_check(tmp_path, monkeypatch, capsys):
+    """Whoever can write GATE_HOME can write a case file kept there, and point a run's manifest at it with the key:
+    verify passed such a run with no word of where its cases were checked. It says so now."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("GATE_HOME", str(home))
+    monkeypatch.delenv("GATE_STORE_KEY", raising=False)
+    monkeypatch.delenv("GATE_STORE_KEY_FILE", raising=False)
+    home.mkdir()
+    cases = home / "two.jsonl"
+    write_cases(cases, read_cases(EVAL)[:2])
+    assert main(["nightly", "--cases", str(cases), "--agents", "naive"]) == 0
+    capsys.readouterr()
+    code, out, _ = verify(capsys)
+    assert code == 0 and f"its case file {cases} is in the store's folder {home}" in out, out
+
