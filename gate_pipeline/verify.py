@@ -36,7 +36,7 @@ from pathlib import Path
 
 from . import __version__
 from .kernel.actions import tool_call_action
-from .kernel.agents import AgentOptionError, UnknownAgent, gates_own_agent_names, resolve_agent
+from .kernel.agents import AgentOptionError, UnknownAgent, is_gates_own, resolve_agent
 from .kernel.cases import MAX_CASE_FILE_BYTES, Case, CaseError, parse_cases, printable
 from .kernel.engine import Session, Sink, play, prepare
 from .kernel.errors import GateError, NoRoom
@@ -341,7 +341,7 @@ def check_episode(store: RunStore, row: dict, settings: Settings, out: Verificat
     if spec is None and ":" not in agent:  # its identity may name an agent gate plays again, whatever the name says
         same, _ = _agent_problem(agent, {}, settings)
         if same is not None and same.deterministic and same.identity == agent:
-            if agent in gates_own_agent_names():  # the same wherever this gate runs: no run of it was named so
+            if is_gates_own(agent):  # the same wherever this gate runs: no run of it was named so
                 problem(f"its agent {name!r} cannot be played again here ({note}), but it plays as {agent!r}, an "
                         f"agent gate plays again")
                 return
@@ -431,8 +431,8 @@ def _superseded(out: Verification, row: dict, how: str) -> None:
 
 
 def check_run(manifest: dict, family: list[dict], out: Verification, home: Path | None = None) -> None:
-    """A sealed run's episodes (its own and its continuations') against its manifest (`home`: the store's
-    folder, where a case file is no check on the store's rows)."""
+    """A sealed run's episodes (its own and its continuations') against its manifest (`home`: the folder of the
+    store's database file, where a case file is no check on the store's rows)."""
     run_id, body, status = manifest["run_id"], manifest["body"], manifest["status"]
     out.counts["runs"] += 1
 
@@ -647,6 +647,8 @@ def verify_store(store: RunStore, run_id: str | None = None, settings: Settings 
         body = manifest["body"] if manifest["problem"] is None and manifest["kind"] != API else None
         declared = next((a for a in body["agents"] if a["identity"] == row["agent"]), None) if body else None
         check_episode(store, row, settings, out, (root, declared) if declared is not None else None)  # type: ignore[arg-type]
+    database = store.engine.url.database if store.engine.dialect.name == "sqlite" else None
+    folder = Path(database).parent if database and database != ":memory:" else None  # (a server's: none)
     for rid, m in manifests.items():
         if run_id is not None and rid != run_id and roots.get(run_id) != rid:
             continue
@@ -656,7 +658,7 @@ def verify_store(store: RunStore, run_id: str | None = None, settings: Settings 
                                                 if m["problem"] is None else
                                                 f"its manifest is not readable ({m['problem']})"))
             continue
-        check_run(m, families.get(rid, []), out, store.home)
+        check_run(m, families.get(rid, []), out, folder)
     api = [rid for rid in families if manifests[rid]["kind"] == API and manifests[rid]["status"] != COMPLETE]
     if api:
         out.notes.append(Problem("store", "", "", f"{sum(len(families[r]) for r in api)} episodes of {len(api)} run(s) "

@@ -1030,7 +1030,7 @@ def test_a_model_named_after_an_agent_gate_plays_again_is_refused_and_never_pass
 
 
 @pytest.mark.parametrize("model", ["Naive", "CAREFUL", "naive ", " naive", "naive\u200b", "\uff4e\uff41\uff49\uff56\uff45",
-                                   "careful@full", "careful@anything", "gate_pipeline.agents.baselines:Naive", "os:system"])
+                                   "careful@full", "careful@anything", "gate_pipeline.agents.baselines:Naive"])
 def test_a_model_whose_name_reads_as_another_agents_is_refused(model):
     """Not only the very name: its case, spaces, an invisible or full-width character, a variant of the agent, or a
     class gate would import by that name, each read as another agent's in a table, and `careful@full` is one gate
@@ -1041,7 +1041,7 @@ def test_a_model_whose_name_reads_as_another_agents_is_refused(model):
 
 
 @pytest.mark.parametrize("model", ["gpt-4o", "llama3:8b", "mistral:latest", "qwen2.5:7b", "Qwen/Qwen2.5-7B-Instruct",
-                                   "scripted", "naive-finetune"])
+                                   "scripted", "naive-finetune", "openai:o3", "test:latest", "os:system"])
 def test_a_model_name_that_reads_as_no_agent_is_its_own(model):
     spec = resolve_agent("model", {"model": model, "base_url": "http://127.0.0.1:9/v1"})
     assert spec.identity == model
@@ -1078,6 +1078,14 @@ def test_a_plugin_installed_after_a_model_run_named_like_it_leaves_the_run_verif
         agents._entry_points.cache_clear()
     assert code == 0, out
     assert "is named like 'plugx', a plugin agent installed here that gate plays again" in out, out
+
+
+def test_a_variant_of_gates_own_agent_is_gates_own_whatever_is_installed():
+    """Verify fails a model episode named as one of gate's own agents, notes one named as a plugin: a variant of
+    gate's careful (`careful@full`) is gate's own, and was taken for a plugin."""
+    from gate_pipeline.kernel.agents import is_gates_own
+    assert is_gates_own("careful@full") and is_gates_own("naive") and is_gates_own("careful-sql")
+    assert not is_gates_own("plugx") and not is_gates_own("gpt-4o@2024")
 
 
 def test_a_case_the_changed_case_file_no_longer_holds_is_a_failure(home, night, capsys):

@@ -488,46 +488,99 @@ def test_a_read_held_for_its_turn_looked_at_its_batch_as_it_does_alone():
         s.finish()
 
 
-class _EveryRunHeld:
-    """A pacer holding every run at its first progress check for `hold` seconds (or to the deadline it is told), as
-    `gate serve`'s baton holds each run behind other clients' long queries."""
+class _HeldOncePerRun:
+    """A pacer holding each run (`fresh`: set as it starts) at its first progress check for `hold` seconds, or to the
+    deadline it is told, as `gate serve`'s baton holds each run behind other clients' long queries."""
 
     def __init__(self, hold: float):
-        self.hold, self.held, self.released = hold, 0, 0
-        self._waiting = True
+        self.hold, self.held, self.released, self.fresh = hold, 0, 0, False
 
     def wait(self, deadline):
-        if not self._waiting:
+        if not self.fresh:
             return 0.0
-        self._waiting, start = False, time.monotonic()
+        self.fresh, start = False, time.monotonic()
         time.sleep(max(0.0, min(deadline, start + self.hold) - start))
         self.held += 1
         return time.monotonic() - start
 
     def done(self):
-        self._waiting = True
         self.released += 1
 
 
-def test_the_look_checks_runs_go_on_in_the_reads_turn(monkeypatch):
-    """Each run of the look check waited for a turn of its own, behind other clients' queries, within the read's cap
+def test_the_look_checks_runs_wait_for_their_turns_apart_from_the_reads(monkeypatch):
+    """Each run of the look check waits for its turn again, behind other clients' queries. It shared the read's cap
     on waiting, so on a loaded server the read's own waits used it up, the check's run was stopped at it, and the
-    read had looked at nothing (12 clients' long queries: `inspected` 0.5 where alone it is 1.0). The check's runs
-    now go on in the turn the read ended in, waiting for none, with what is left of the read's budget (its CPU
-    time), and give the turn up after."""
+    read had looked at nothing (12 clients' long queries: `inspected` 0.5 where alone it is 1.0). The check now
+    takes what is left of the read's budget (its CPU time) and a wait of its own, and gives the turn up after."""
     from gate_pipeline.kernel import sandbox
     monkeypatch.setattr(sandbox, "MAX_WAIT_S", 1.0)  # a wait of at most the budget and 1 s, each run held 1.6 s
     orders = batch_of("v2-eval-partial-defect-0", "orders")
     s = session("v2-eval-partial-defect-0")
     table = s.prepared.staging[orders["batch_id"]]
     assert s.episode.world.sandbox.time_budget < 2.5  # the read's run, held 1.6 s, leaves under 1 s of its cap
-    pacer = _EveryRunHeld(1.6)
+    pacer = _HeldOncePerRun(1.6)
+    box = s.episode.world.sandbox
+    run = box.execute
+
+    def each_run_waits(*args, **kwargs):
+        pacer.fresh = True
+        return run(*args, **kwargs)
+    monkeypatch.setattr(box, "execute", each_run_waits)
     sandbox.pace(pacer)
     try:
         result = s.call("run_sql", {"query": f"SELECT COUNT(*) FROM {table} WHERE amount = 'no such amount'"})
     finally:
         sandbox.pace(None)
-    assert result["rows"] == [[0]] and pacer.held == 1, (result, pacer.held)  # the read held; the check's run not
+    assert result["rows"] == [[0]] and pacer.held >= 2, (result, pacer.held)  # the read and the check's run held
     assert last(s)["args"]["looked_at"] == [table], last(s)
-    assert pacer.released >= 1 and pacer._waiting  # the turn given up at the end
+    assert pacer.released == 1  # the turn kept from the read to the check's runs, and given up at the end
     s.finish()
+
+
+def test_the_look_checks_runs_hand_the_baton_on_as_any_query_does():
+    """A read that names a batch and does nothing, whose run with the batch emptied computes to the end of its
+    budget: the look check's runs kept the read's turn without waiting (2 s), and another client's 10 ms query
+    waited 1.3 s for it. They wait for their turns as any query does: the other client's is served in a turn."""
+    import threading
+
+    from gate_pipeline.integrations.openenv_lanes import Baton, _Pacer
+    from gate_pipeline.kernel import sandbox
+    baton = Baton(0.02)
+    heavy = "(WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c)"
+    seconds: dict[str, float] = {}
+    started = threading.Event()
+
+    def client(name, query_of, case_id):
+        pacer = _Pacer(baton, None)
+        pacer.turn.owner = name
+        sandbox.pace(pacer)
+        try:
+            s = session(case_id)
+            query = query_of(s)
+            if name == "other":
+                started.wait(30)
+                time.sleep(0.3)  # while the look check's run computes
+            else:
+                started.set()
+            start = time.monotonic()
+            answer = s.call("run_sql", {"query": query})
+            seconds[name] = time.monotonic() - start
+            assert "rows" in answer, answer
+            s.finish()
+        finally:
+            sandbox.pace(None)
+
+    def reader(s):
+        table = s.prepared.staging[batch_of("v2-eval-partial-defect-0", "orders")["batch_id"]]
+        return f"SELECT (SELECT count(*) FROM {table}), CASE WHEN NOT EXISTS (SELECT 1 FROM {table}) THEN {heavy} END"
+
+    threads = [threading.Thread(target=client, args=("reader", reader, "v2-eval-partial-defect-0")),
+               threading.Thread(target=client, args=("other", lambda s: "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL "
+                                                     "SELECT x + 1 FROM c LIMIT 20000) SELECT count(*) FROM c",
+                                                     "v2-eval-partial-defect-0"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert seconds["reader"] > 1.0, seconds  # its check's run computed to the end of its budget
+    assert seconds["other"] < 0.6, seconds  # served in a turn or a few, not after the check's run

@@ -169,8 +169,9 @@ def test_calls_after_an_accepted_report_in_the_same_reply_are_refused_by_the_too
 
 
 def test_a_call_with_an_argument_its_tool_does_not_take_is_graded_as_it_ran():
-    """The MCP server hands a tool only the arguments it declares, so a load sent with another one loads; the
-    graded replay plays the same call, not one the engine refuses (it loaded live and was graded unloaded)."""
+    """The MCP server hands a tool only the arguments it declares, so a load sent with another one loads, and it
+    reads a list sent as JSON text, so such a report is received; the graded replay plays the same calls, not
+    ones the engine refuses (they ran live, and the episode was graded unloaded and unreported)."""
     task = _tasks()[1]  # a clean control: loading every batch is right
     state: dict = {}
 
@@ -183,8 +184,9 @@ def test_a_call_with_an_argument_its_tool_does_not_take_is_graded_as_it_ran():
             return [{"id": f"l{n}", "type": "function", "function": {"name": "load_batch", "arguments": json.dumps(
                 {"batch_id": b, "why": "it looked fine", "force": True})}} for n, b in enumerate(state["ids"])]
         return [{"id": "r", "type": "function", "function": {"name": "submit_report", "arguments": json.dumps(
-            {"loaded": state["ids"], "quarantined": [], "note": "x"})}}]
+            {"loaded": json.dumps(state["ids"]), "quarantined": "[]", "note": "x"})}}]  # lists as JSON text
     trace, chat = asyncio.run(play(task, load_with_extras))
+    assert json.loads(next(m["content"] for m in chat if m.get("tool_call_id") == "r"))["status"] == "received"
     loads = [json.loads(m["content"]) for m in chat if m["role"] == "tool" and m["tool_call_id"].startswith("l")]
     assert len(loads) >= 2 and all(r.get("status") == "loaded" for r in loads), loads  # live: every load ran
     asyncio.run(task.score(trace))

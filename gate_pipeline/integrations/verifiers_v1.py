@@ -88,18 +88,31 @@ class GateToolset(Toolset):
         return json.dumps(self.session.step({"tool": tool, "args": args}).result, default=str)
 
 
-def declared(names, args: dict) -> dict:
-    """The arguments of a call that its tool declares (`names`): what the tool server's tools are handed (the
-    MCP server drops any other before it calls one), and so what the trace's replay plays, or a load sent with
-    an argument the tool does not take would load live and be refused in the graded replay."""
-    return {k: v for k, v in args.items() if k in names}
+def declared(tool: Tool, args: dict) -> dict:
+    """A call's arguments as the tool server's tool is handed them, and so as the trace's replay plays them:
+    the MCP server drops those the tool does not declare, and reads a list argument sent as JSON text (as
+    FastMCP's `pre_parse_json` does: text that is JSON of anything but a string or a number). Otherwise a load
+    sent with an argument the tool does not take, or a report listing its batches as JSON text, ran live and
+    was refused in the graded replay."""
+    kinds = {arg.name: arg.kind for arg in tool.args}
+    out = {}
+    for name, value in args.items():
+        if name not in kinds:
+            continue
+        if kinds[name] == "strlist" and isinstance(value, str):
+            try:
+                parsed = json.loads(value)
+            except ValueError:
+                parsed = value
+            if not isinstance(parsed, (str, int, float)):
+                value = parsed
+        out[name] = value
+    return out
 
 
 def _tool_method(tool: Tool, suite) -> Any:
-    names = tool.arg_names
-
     async def call(self, **kwargs) -> str:
-        return self._step(tool.name, declared(names, kwargs))
+        return self._step(tool.name, declared(tool, kwargs))
 
     return vf.tool(as_method(tool, suite, call, inspect.Parameter.KEYWORD_ONLY))
 
@@ -116,13 +129,13 @@ def toolset_class(suite_name: str) -> type:
 def _calls(trace, suite) -> list[dict]:
     """The trace's tool calls, in order, as engine actions: arguments as the model wrote them, less those its
     tool does not declare (`declared`, as the tool server's tools are handed them)."""
-    names = {tool.name: tool.arg_names for tool in suite.tools}
+    tools = {tool.name: tool for tool in suite.tools}
     actions = []
     for message in trace.assistant_messages:
         for call in message.tool_calls or []:
             action = tool_call_action(call.name, call.arguments)
-            if isinstance(action["args"], dict) and call.name in names:
-                action["args"] = declared(names[call.name], action["args"])
+            if isinstance(action["args"], dict) and call.name in tools:
+                action["args"] = declared(tools[call.name], action["args"])
             actions.append(action)
     return actions
 

@@ -32,9 +32,9 @@ agent (an entry point of another package, or `module:Class`) only when its class
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import inspect
 import reprlib
+import sys
 import unicodedata
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -211,6 +211,11 @@ def gates_own_agent_names() -> list[str]:
     return list(dict.fromkeys([*own, *_suite_agents()]))
 
 
+def is_gates_own(name: str) -> bool:
+    """Whether `name` is one of gate's own agents, or one of them under a variant (`careful@full`)."""
+    return name.partition("@")[0] in gates_own_agent_names()
+
+
 def folded(name: str) -> str:
     """A name as a reader tells names apart: its NFKC form, case-folded, without spaces and without the
     characters that show nothing (format and control characters: a zero-width space)."""
@@ -219,8 +224,8 @@ def folded(name: str) -> str:
 
 
 def _names_an_agent(identity: str) -> str | None:
-    """The agent gate knows that `identity` reads as (the agent itself, one of its variants, or a class it could
-    import), or None."""
+    """The agent gate knows that `identity` reads as (the agent itself, one of its variants, or an agent class
+    `module:Class` names, of a module already loaded or of gate's own), or None."""
     known = {folded(n): n for n in agent_names()}
     text = folded(identity)
     if text in known:
@@ -230,11 +235,16 @@ def _names_an_agent(identity: str) -> str | None:
         return f"{known[base]}@..."
     module, colon, attr = identity.partition(":")
     if colon and all(part.isidentifier() for part in (*module.split("."), *attr.split("."))):
-        try:  # module:Class, where the module's package is installed (found, not imported)
-            if importlib.util.find_spec(module.split(".")[0]) is not None:
-                return identity
-        except (ImportError, ValueError):
-            return None
+        obj = sys.modules.get(module)  # module:Class, an agent class of a module loaded (or of gate's, loaded now)
+        if obj is None and module.split(".")[0] == "gate_pipeline":
+            try:
+                obj = importlib.import_module(module)
+            except Exception:  # noqa: BLE001 - no module of gate's by that name: no agent
+                return None
+        for part in attr.split("."):
+            obj = getattr(obj, part, None) if obj is not None else None
+        if _is_agent_class(obj):
+            return identity
     return None
 
 

@@ -233,7 +233,7 @@ class CompileCheck:
             if readable_within(fd, min(CPU_POLL_S, max(0.0, cap - time.monotonic()))):
                 used = _cpu_seconds(child.pid)
                 self._cpu_used = None if used is None else used - cpu0
-                return True
+                return self._cpu_used is None or self._cpu_used <= seconds  # (answered, but past its share)
             used = _cpu_seconds(child.pid)
             if used is None or used - cpu0 > seconds or time.monotonic() >= cap:
                 return False

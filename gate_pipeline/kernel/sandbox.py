@@ -37,9 +37,10 @@ does not depend on how many other sessions' queries it waited for or ran beside 
 came back `interrupted` beside eight sessions running budget-long ones; one of a second, among sixteen
 of one client's, while the machine was busy). It may take its budget and MAX_WAIT_S of the clock in all;
 a query still running or waiting then is stopped by its budget as ever. Gate's own runs after it (suite v2's
-look check runs the read again) go on in the turn it ended in, waiting for none (`one_turn`), within
-what is left of its budget: each waited for a turn of its own before, and on a loaded server the read's
-waits had used up the wait they shared, so the check could not decide.
+look check runs the read again) start in the turn it ended in (`one_turn`), with what is left of its
+budget and a wait of MAX_WAIT_S of their own: they shared the read's before, and on a loaded server the
+read's waits had used it up, so the check could not decide. A read that may look at a batch can so take
+its budget and MAX_WAIT_S of the clock twice over.
 In process no thread has one, and a query's time is the clock's.
 
 A suite changes the sandbox through a subclass: its budgets (`step_budget`, `time_budget`), more
@@ -323,8 +324,7 @@ class Sandbox:
         self.steps = 0
         self.end = _UNSET  # where the time budget of the execution under way (or the last) ends (`execute`)
         self.call_wait_limit: float | None = None  # the same, for every run of the tool call under way (`run`)
-        # under a pacer: executions that keep the turn they end in, and runs of gate's own in it (`one_turn`)
-        self.keep_turn = self.in_turn = False
+        self.keep_turn = False  # under a pacer: executions keep the turn they end in (`one_turn`)
         self.compile_over = False
         self.refused = False  # whether the authorizer refused something in the last execution
         self.budget_over = False  # whether the progress handler stopped it for its budget
@@ -370,7 +370,7 @@ class Sandbox:
             if not self.guard:
                 return 0
             pacer = getattr(_PACING, "pacer", None)
-            if pacer is not None and not self.in_turn:
+            if pacer is not None:
                 pacer.wait(self.end.cap)
             self.steps += self.interval
             if self.steps > self.step_budget or self.end.left() < 0:
@@ -446,16 +446,15 @@ class Sandbox:
 
     @contextmanager
     def one_turn(self) -> Iterator[None]:
-        """Under a pacer, the block's executions share one turn: the first waits for its turns as any does, and
-        keeps the one it ends in; gate's own runs after it (suite v2's look check) set `in_turn` and wait for
-        none; the block gives it up as it ends. (Each of the look check's runs waited for a turn of its own,
-        behind other clients' queries, and on a loaded server the read's waits had used the wait it may take:
-        the check had no time left to decide, and the read looked at nothing.)"""
+        """Under a pacer, the block's executions keep the turn each ends in rather than give it up, so the next
+        goes on in it (until its turn is over and another query waits, as any); the block gives it up as it
+        ends. Suite v2's look check runs a read again with a batch emptied: it starts where the read stopped,
+        not at the back of the queue."""
         self.keep_turn = True
         try:
             yield
         finally:
-            self.keep_turn = self.in_turn = False
+            self.keep_turn = False
             pacer = getattr(_PACING, "pacer", None)
             if pacer is not None:
                 pacer.done()

@@ -26,14 +26,17 @@ quarter of the smallest batch's rows, at most 1,000), on the agent's run and on 
 
 The re-run costs at most what is left of the query's own budget (a re-run that would exceed it
 decides nothing: the batch is not looked at by that read), so `run_sql` returns within its budget
-whatever the query names. Only staging tables the query read (the authorizer says which) and that
+whatever the query names (under `gate serve`'s pacer, its CPU budget: the re-runs wait for their turns
+apart from the read, MAX_WAIT_S of the clock at most). Only staging tables the query read (the authorizer says which) and that
 no earlier read looked at are tested, and a batch once looked at is never tested again.
 """
 from __future__ import annotations
 
 import re
 import sqlite3
+import time
 
+from ...kernel import sandbox as kernel_sandbox
 from ...kernel.sandbox import (
     CAUGHT,
     DENIED_FUNCTIONS,
@@ -121,16 +124,16 @@ class SandboxV2(Sandbox):
             own_statement(self.conn, SCHEMA_NOW)
         return super().execute(query, self.fine if interval is None else interval)
 
-    def _rerun_empty(self, query: str, table: str, steps_left: int, end: BudgetEnd) -> tuple[list[tuple], int] | None:
-        """(rows, steps) of `query` with `table` emptied, within what is left of the budget; None when the
-        query fails without the rows; raises _OverBudget."""
+    def _rerun_empty(self, query: str, table: str, steps_left: int, end: BudgetEnd,
+                     cap: float) -> tuple[list[tuple], int] | None:
+        """(rows, steps) of `query` with `table` emptied, within what is left of the budget (`end`: the agent's
+        run's; paced, waiting for its turns until `cap` at most); None when the query fails without the rows;
+        raises _OverBudget."""
         saved = self.step_budget, self.time_budget, self.tables_read, self.call_wait_limit
         self._own("SAVEPOINT gate_looked_at")
         try:
             self._own(f'DELETE FROM main."{table}"')
-            # what is left of the agent's budget, and (paced) a wait for its turn of its own: the agent's run waited
-            # for its turns within its cap, and each run of the check waits again, behind other clients' queries
-            self.step_budget, self.time_budget, self.call_wait_limit = steps_left, end.budget_left(), None
+            self.step_budget, self.time_budget, self.call_wait_limit = steps_left, end.budget_left(), cap
             if self.time_budget <= 1.5 * self.compile_seconds or steps_left <= 0:  # compiling it again alone
                 raise _OverBudget  # would take what is left (SQLite cannot stop a compilation)
             try:
@@ -195,11 +198,13 @@ class SandboxV2(Sandbox):
         looked: list[str] = []
         if not candidates:
             return {"looked_at": looked}
-        self.in_turn = True  # the runs below are gate's own, in the read's turn (`run`)
+        # the runs below are gate's own, after the read, in its turn (`run`): with what is left of its budget, and
+        # (paced) one wait for turns of their own, `cap`: the read's waits may have used up the one it had
+        cap = time.monotonic() + self.end.budget_left() + kernel_sandbox.MAX_WAIT_S
         if not self.counted:  # never so (`may_look`); were it so, the read is run again within what is left of
             saved = self.step_budget, self.time_budget, self.call_wait_limit  # its budget, its steps counted
             self.step_budget, self.time_budget, self.call_wait_limit = (  # finely, to decide (as `_rerun_empty`)
-                self.step_budget - self.steps, self.end.budget_left(), None)
+                self.step_budget - self.steps, self.end.budget_left(), cap)
             try:
                 fetched = self.execute(query, self.fine)[0]
             except CAUGHT:
@@ -210,7 +215,7 @@ class SandboxV2(Sandbox):
         spent = steps
         for table in candidates:
             try:
-                again = self._rerun_empty(query, table, self.step_budget - spent, end)
+                again = self._rerun_empty(query, table, self.step_budget - spent, end, cap)
             except _OverBudget:
                 break  # what is left of the budget cannot decide: no look, and nothing more is tried
             if again is None or again[0] != fetched or abs(again[1] - steps) >= self.work(table):
