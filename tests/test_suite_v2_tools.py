@@ -546,7 +546,8 @@ def test_the_look_checks_runs_hand_the_baton_on_as_any_query_does():
     from gate_pipeline.integrations.openenv_lanes import Baton, _Pacer
     from gate_pipeline.kernel import sandbox
     baton = Baton(0.02)
-    heavy = "(WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c)"
+    heavy = ("(WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c WHERE "
+             f"instr(upper(lower(upper(substr('{'ab' * 4000}', x % 3)))), 'zz') > x)")  # string work: much CPU a step
     seconds: dict[str, float] = {}
     started = threading.Event()
 
@@ -584,3 +585,36 @@ def test_the_look_checks_runs_hand_the_baton_on_as_any_query_does():
         t.join(60)
     assert seconds["reader"] > 1.0, seconds  # its check's run computed to the end of its budget
     assert seconds["other"] < 0.6, seconds  # served in a turn or a few, not after the check's run
+
+
+def test_a_read_counted_finely_asks_its_pacer_every_interval_not_every_count():
+    """A read that may look at a batch counts its steps every few steps (the look check compares them), and asked
+    its pacer and the thread's CPU clock at each count: on `gate serve`'s threads the same read took twice the
+    CPU it takes in process (1.2 s against 0.6 s), and near its budget its look check decided otherwise. The
+    pacer and the clock are asked every INTERVAL steps, as for any read."""
+    from gate_pipeline.kernel import sandbox
+
+    class Counting:
+        waits = 0
+
+        def wait(self, deadline):
+            Counting.waits += 1
+            return 0.0
+
+        def done(self):
+            pass
+
+    s = session("v2-eval-partial-defect-0")
+    table = s.prepared.staging[batch_of("v2-eval-partial-defect-0", "orders")["batch_id"]]
+    box = s.episode.world.sandbox
+    assert box.fine < sandbox.INTERVAL // 10  # counted finely
+    sandbox.pace(Counting())
+    try:
+        result = s.call("run_sql", {"query": "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE "
+                                              f"x < 20000) SELECT count(*), (SELECT count(*) FROM {table}) FROM c"})
+    finally:
+        sandbox.pace(None)
+    assert "rows" in result and last(s)["args"]["looked_at"] == [table], (result, last(s))
+    counts = box.steps // box.fine  # the last run's progress checks (the look check's run with the batch emptied)
+    assert counts > 1000 and Counting.waits < 3 * box.steps // sandbox.INTERVAL + 6, (counts, Counting.waits)
+    s.finish()

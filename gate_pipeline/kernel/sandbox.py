@@ -325,6 +325,7 @@ class Sandbox:
         self.end = _UNSET  # where the time budget of the execution under way (or the last) ends (`execute`)
         self.call_wait_limit: float | None = None  # the same, for every run of the tool call under way (`run`)
         self.keep_turn = False  # under a pacer: executions keep the turn they end in (`one_turn`)
+        self.next_check = 0  # the step count at which the progress handler next asks the pacer and the clock
         self.compile_over = False
         self.refused = False  # whether the authorizer refused something in the last execution
         self.budget_over = False  # whether the progress handler stopped it for its budget
@@ -369,11 +370,17 @@ class Sandbox:
         try:
             if not self.guard:
                 return 0
+            steps = self.steps = self.steps + self.interval
+            if steps < self.next_check:  # a run counted finely (v2's look check) is called every few steps: its
+                if steps > self.step_budget:  # pacer and clock are asked every INTERVAL steps, as any run's are
+                    self.budget_over = True
+                    return 1
+                return 0
+            self.next_check = steps + INTERVAL
             pacer = getattr(_PACING, "pacer", None)
             if pacer is not None:
                 pacer.wait(self.end.cap)
-            self.steps += self.interval
-            if self.steps > self.step_budget or self.end.left() < 0:
+            if steps > self.step_budget or self.end.left() < 0:
                 self.budget_over = True
                 return 1
             return 0
@@ -384,7 +391,7 @@ class Sandbox:
     def execute(self, query: str, interval: int = INTERVAL) -> tuple[list[tuple], list[str], int]:
         """(up to MAX_ROWS + 1 rows, column names, steps) of one guarded execution; raises CAUGHT."""
         conn = self.conn
-        self.steps = 0
+        self.steps = self.next_check = 0
         clock = time.monotonic() + self.time_budget
         # a paced query waits for its turn up to `cap` of the clock at most: a tool call's runs share it
         cap = clock + MAX_WAIT_S if self.call_wait_limit is None else self.call_wait_limit
