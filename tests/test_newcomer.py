@@ -187,7 +187,10 @@ def test_ctrl_c_in_nightly_is_interrupted_and_130(tmp_path):
     from gate_pipeline.kernel.settings import Settings
     from gate_pipeline.store import RunStore
     home = tmp_path / "gate"
-    proc = subprocess.Popen([GATE, "nightly", "--cases", str(ROOT / "cases" / "classic" / "train_procedural.jsonl")],
+    # small chunks store episodes early, and eight agents make the night long enough for the signal to land in it
+    agents = "naive,careful,refuse-all,careful-sql,random,profile-only,report-liar,double-load"
+    proc = subprocess.Popen([GATE, "nightly", "--cases", str(ROOT / "cases" / "classic" / "train_procedural.jsonl"),
+                             "--agents", agents, "--chunk-size", "8"],
                             cwd=tmp_path, env=env_with(GATE_HOME=str(home)), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120

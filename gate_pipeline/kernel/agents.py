@@ -161,10 +161,8 @@ def _suite_agents() -> dict[str, str]:
 
 def agent_names() -> list[str]:
     """Every agent name gate knows: gate's own and installed plugins (entry points), then the suites'."""
-    plugins = _entry_points()
-    own = [n for n, ep in plugins.items() if ep.value.startswith("gate_pipeline.")]
-    others = sorted(n for n, ep in plugins.items() if not ep.value.startswith("gate_pipeline."))
-    return list(dict.fromkeys([*own, *_suite_agents(), *others]))
+    others = sorted(n for n, ep in _entry_points().items() if not ep.value.startswith("gate_pipeline."))
+    return list(dict.fromkeys([*gates_own_agent_names(), *others]))
 
 
 def _is_agent_class(obj) -> bool:

@@ -371,16 +371,14 @@ class Sandbox:
             if not self.guard:
                 return 0
             steps = self.steps = self.steps + self.interval
-            if steps < self.next_check:  # a run counted finely (v2's look check) is called every few steps: its
-                if steps > self.step_budget:  # pacer and clock are asked every INTERVAL steps, as any run's are
-                    self.budget_over = True
-                    return 1
-                return 0
-            self.next_check = steps + INTERVAL
-            pacer = getattr(_PACING, "pacer", None)
-            if pacer is not None:
-                pacer.wait(self.end.cap)
-            if steps > self.step_budget or self.end.left() < 0:
+            late = False
+            if steps >= self.next_check:  # a run counted finely (v2's look check) is called every few steps: its
+                self.next_check = steps + INTERVAL  # pacer and clock are asked every INTERVAL steps, as any run's
+                pacer = getattr(_PACING, "pacer", None)
+                if pacer is not None:
+                    pacer.wait(self.end.cap)
+                late = self.end.left() < 0
+            if late or steps > self.step_budget:
                 self.budget_over = True
                 return 1
             return 0
