@@ -430,9 +430,9 @@ def _superseded(out: Verification, row: dict, how: str) -> None:
     out.notes.append(Problem(row["episode_id"], row["case_id"], row["agent"], f"superseded: {how}"))
 
 
-def check_run(manifest: dict, family: list[dict], out: Verification, home: Path | None = None) -> None:
-    """A sealed run's episodes (its own and its continuations') against its manifest (`home`: the folder of the
-    store's database file, where a case file is no check on the store's rows)."""
+def check_run(manifest: dict, family: list[dict], out: Verification, store_folder: Path | None = None) -> None:
+    """A sealed run's episodes (its own and its continuations') against its manifest (`store_folder`: the folder of
+    the store's SQLite database file, where a case file is no check on the store's rows; None for a server's)."""
     run_id, body, status = manifest["run_id"], manifest["body"], manifest["status"]
     out.counts["runs"] += 1
 
@@ -458,9 +458,9 @@ def check_run(manifest: dict, family: list[dict], out: Verification, home: Path 
     on_file, why = _file_cases(body.get("cases_file"), body.get("cases_file_sha256"))
     if why:
         out.notes.append(run_problem(run_id, why))
-    if on_file is not None and home is not None and _inside(str(body.get("cases_file")), home):
+    if on_file is not None and store_folder is not None and _inside(str(body.get("cases_file")), store_folder):
         out.notes.append(run_problem(run_id, f"its case file {body.get('cases_file')} is in the store's folder "
-                                             f"{home}: whoever can write the store can write it too, so it checks "
+                                             f"{store_folder}: whoever can write the store can write it too, so it checks "
                                              f"nothing a case file kept elsewhere would"))
     if body.get("gate_version") != __version__:
         out.notes.append(run_problem(run_id, f"sealed by gate {body.get('gate_version')}, checked by gate {__version__}"))

@@ -35,6 +35,8 @@ from __future__ import annotations
 import re
 import sqlite3
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 from ...kernel import sandbox as kernel_sandbox
 from ...kernel.sandbox import (
@@ -129,23 +131,21 @@ class SandboxV2(Sandbox):
         """(rows, steps) of `query` with `table` emptied, within what is left of the budget (`end`: the agent's
         run's; paced, waiting for its turns until `cap` at most); None when the query fails without the rows;
         raises _OverBudget."""
-        saved = self.step_budget, self.time_budget, self.tables_read, self.call_wait_limit
         self._own("SAVEPOINT gate_looked_at")
         try:
             self._own(f'DELETE FROM main."{table}"')
-            self.step_budget, self.time_budget, self.call_wait_limit = steps_left, end.budget_left(), cap
-            if self.time_budget <= 1.5 * self.compile_seconds or steps_left <= 0:  # compiling it again alone
-                raise _OverBudget  # would take what is left (SQLite cannot stop a compilation)
-            try:
-                rows, _, steps = self.execute(query, self.fine)
-            except CAUGHT as exc:  # the agent's query's own failure (with the table emptied it may sort more, say)
-                self._machines(exc, query)
-                if self.budget_over or self.compile_over:  # (its budget's stop, by its own clock)
-                    raise _OverBudget from None
-                return None
-            return rows, steps
+            with self._within(steps_left, end.budget_left(), cap):
+                if self.time_budget <= 1.5 * self.compile_seconds or steps_left <= 0:  # compiling it again alone
+                    raise _OverBudget  # would take what is left (SQLite cannot stop a compilation)
+                try:
+                    rows, _, steps = self.execute(query, self.fine)
+                except CAUGHT as exc:  # the agent's query's own failure (with the table emptied it may sort more)
+                    self._machines(exc, query)
+                    if self.budget_over or self.compile_over:  # (its budget's stop, by its own clock)
+                        raise _OverBudget from None
+                    return None
+                return rows, steps
         finally:
-            self.step_budget, self.time_budget, self.tables_read, self.call_wait_limit = saved
             # where SQLite rolled it all back itself (a statement found no room), the emptied table went back with
             # it, and so did the episode's loads, which the world puts back (`World.restore`)
             if self.conn.in_transaction:
@@ -153,6 +153,17 @@ class SandboxV2(Sandbox):
                     self._own("ROLLBACK TO gate_looked_at", must=True)
                 finally:  # released whatever came
                     self._own("RELEASE gate_looked_at", must=True)
+
+    @contextmanager
+    def _within(self, steps: int, seconds: float, cap: float) -> Iterator[None]:
+        """The block's executions (the look check's, after a read) take `steps`, `seconds` and, paced, waits
+        for turns until `cap`: what is left of the read's budget. The read's own budget is back as it ends."""
+        saved = self.step_budget, self.time_budget, self.tables_read, self.call_wait_limit
+        self.step_budget, self.time_budget, self.call_wait_limit = steps, seconds, cap
+        try:
+            yield
+        finally:
+            self.step_budget, self.time_budget, self.tables_read, self.call_wait_limit = saved
 
     def _own(self, sql: str, must: bool = False) -> None:
         """One of the look check's own statements; one that finds no room for the database's pages is the machine's
@@ -202,15 +213,11 @@ class SandboxV2(Sandbox):
         # (paced) one wait for turns of their own, `cap`: the read's waits may have used up the one it had
         cap = time.monotonic() + self.end.budget_left() + kernel_sandbox.MAX_WAIT_S
         if not self.counted:  # never so (`may_look`); were it so, the read is run again within what is left of
-            saved = self.step_budget, self.time_budget, self.call_wait_limit  # its budget, its steps counted
-            self.step_budget, self.time_budget, self.call_wait_limit = (  # finely, to decide (as `_rerun_empty`)
-                self.step_budget - self.steps, self.end.budget_left(), cap)
-            try:
-                fetched = self.execute(query, self.fine)[0]
+            try:  # its budget, its steps counted finely, to decide (as `_rerun_empty`)
+                with self._within(self.step_budget - self.steps, self.end.budget_left(), cap):
+                    fetched = self.execute(query, self.fine)[0]
             except CAUGHT:
                 return {"looked_at": looked}
-            finally:
-                self.step_budget, self.time_budget, self.call_wait_limit = saved
         steps, end = self.steps, self.end  # the agent's run: its steps, the end of its budget
         spent = steps
         for table in candidates:
