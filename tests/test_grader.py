@@ -249,3 +249,20 @@ def test_grade_record_is_the_grade_of_the_ledger_and_the_mart(resent):
     failed = RUBRIC.grade(resent.case, entries, mart, resent.correct_mart, failure="lost")
     assert failed.as_dict() == {**live.as_dict(), **{t: 0.0 for t in WEIGHTS}, "reward": 0.0,
                                 "failed": True, "reason": "lost"}
+
+
+def test_exact_mean_is_the_mean_of_each_values_nine_decimal_form():
+    """`exact_mean` sums whole billionths rather than a Fraction per value: the same Fraction as the mean of
+    each value's %.9f text read as a Fraction, for negative, tiny, large and rounding values alike."""
+    import random
+    from fractions import Fraction
+
+    from gate_pipeline.kernel.grading import exact_mean
+    rng = random.Random(7)
+    samples = [[0.2375], [-0.5, 0.25], [1e-10, -1e-10, 5e-10], [123456789.123456789, -0.0], [0.1] * 7,
+               [rng.uniform(-2, 2) for _ in range(500)], [rng.random() * 10 ** rng.randint(-12, 12) for _ in range(200)]]
+    for values in samples:
+        assert exact_mean(values) == sum((Fraction("%.9f" % v) for v in values), Fraction(0)) / len(values)
+    assert exact_mean([]) == 0 and exact_mean(iter([1.0, 0.0])) == Fraction(1, 2)
+    with pytest.raises(ValueError):
+        exact_mean([float("nan")])

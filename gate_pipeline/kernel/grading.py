@@ -252,6 +252,11 @@ def reward_of(terms: Mapping[str, float]) -> float:
 
 
 def exact_mean(values) -> Fraction:
-    """Means computed exactly (from each value's %.9f form), so tables never drift by a digit."""
+    """Means computed exactly (from each value's %.9f form), so tables never drift by a digit: each value in
+    billionths, a whole number (its %.9f text without the point), summed, over 10**9 times the count. The
+    same Fraction as summing Fraction(%.9f text) of each, without a Fraction per value (a night's tables
+    and page take thousands of means)."""
     values = list(values)
-    return sum((Fraction("%.9f" % v) for v in values), Fraction(0)) / len(values) if values else Fraction(0)
+    if not values:
+        return Fraction(0)
+    return Fraction(sum(int(("%.9f" % v).replace(".", "", 1)) for v in values), 10 ** 9 * len(values))
