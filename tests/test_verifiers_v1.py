@@ -222,3 +222,33 @@ def test_calls_in_prompt_supplied_assistant_messages_are_not_the_models():
     asyncio.run(task.score(trace))
     assert trace.rewards["gate_reward"].value == 1.0 and trace.info["gate_grade"]["calls"] == len(
         [c for m in trace.assistant_messages for c in m.tool_calls or []])
+
+
+def test_a_call_the_tool_server_refuses_is_not_in_the_graded_replay():
+    """A load whose batch id is a number, a report whose list is no list, or a tool the suite has not, is refused by
+    the MCP server before any tool runs (the model gets the error, the episode sees nothing); the graded replay
+    leaves such calls out rather than play them to the engine, which would keep each in the ledger as refused."""
+    task = _tasks()[1]  # a clean control: loading every batch is right
+    state: dict = {}
+
+    def refused_then_right(chat):
+        results = {m["tool_call_id"]: m["content"] for m in chat if m["role"] == "tool"}
+        if "c0" not in results:
+            return [{"id": "c0", "type": "function", "function": {"name": "list_batches", "arguments": "{}"}}]
+        if "ids" not in state:
+            state["ids"] = [b["batch_id"] for b in json.loads(results["c0"])]
+            return [{"id": "x0", "type": "function", "function": {"name": "load_batch", "arguments": '{"batch_id": 7}'}},
+                    {"id": "x2", "type": "function", "function": {"name": "drop_table", "arguments": '{"name": "x"}'}},
+                    *({"id": f"l{n}", "type": "function", "function": {"name": "load_batch", "arguments": json.dumps(
+                        {"batch_id": b})}} for n, b in enumerate(state["ids"]))]
+        return [{"id": "x1", "type": "function", "function": {"name": "submit_report", "arguments": json.dumps(
+                    {"loaded": "not a list", "quarantined": [], "note": "x"})}},
+                {"id": "r", "type": "function", "function": {"name": "submit_report", "arguments": json.dumps(
+                    {"loaded": state["ids"], "quarantined": [], "note": "x"})}}]
+    trace, chat = asyncio.run(play(task, refused_then_right))
+    refused = [m["content"] for m in chat if m.get("tool_call_id") in ("x0", "x1", "x2")]
+    assert len(refused) == 3 and all("status" not in text for text in refused), refused  # neither ran live
+    asyncio.run(task.score(trace))
+    grade = trace.info["gate_grade"]
+    assert grade["disposition"] == 1.0 and grade["finished"], grade
+    assert grade["calls"] == len(state["ids"]) + 2  # list_batches, the loads, the report: not the three refused

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import inspect
 import json
+import types
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import pydantic
 import verifiers.v1 as vf
 from verifiers.v1.mcp import Toolset, ToolsetConfig
 
@@ -88,31 +90,41 @@ class GateToolset(Toolset):
         return json.dumps(self.session.step({"tool": tool, "args": args}).result, default=str)
 
 
-def declared(tool: Tool, args: dict) -> dict:
-    """A call's arguments as the tool server's tool is handed them, and so as the trace's replay plays them:
-    the MCP server drops those the tool does not declare, and reads a list argument sent as JSON text (as
-    FastMCP's `pre_parse_json` does: text that is JSON of anything but a string or a number). Otherwise a load
-    sent with an argument the tool does not take, or a report listing its batches as JSON text, ran live and
-    was refused in the graded replay."""
-    kinds = {arg.name: arg.kind for arg in tool.args}
-    out = {}
-    for name, value in args.items():
-        if name not in kinds:
-            continue
-        if kinds[name] == "strlist" and isinstance(value, str):
-            try:
-                parsed = json.loads(value)
-            except ValueError:
-                parsed = value
-            if not isinstance(parsed, (str, int, float)):
-                value = parsed
-        out[name] = value
-    return out
+def _func_metadata(fn) -> Any:
+    """The MCP library's view of a tool function's arguments, as the tool server builds it (`func_metadata`: mcp 2
+    under `mcp.server.mcpserver`, verifiers 0.4's; mcp 1 under `mcp.server.fastmcp`, verifiers 0.3.1's)."""
+    try:
+        from mcp.server.mcpserver.utilities.func_metadata import func_metadata
+    except ImportError:
+        from mcp.server.fastmcp.utilities.func_metadata import func_metadata
+    return func_metadata(fn)
+
+
+@lru_cache(maxsize=None)
+def _arguments_of(suite_name: str, tool_name: str) -> Any:
+    """The tool server's argument metadata of one tool of the suite's toolset: the method it registers, bound (the
+    server registers the toolset's bound methods, so `self` is no argument)."""
+    method = getattr(toolset_class(suite_name), tool_name)
+    return _func_metadata(types.MethodType(method, object()))
+
+
+def handed(suite_name: str, tool_name: str, args: dict) -> dict | None:
+    """What the tool server hands the tool for the arguments a model sent, by the MCP library's own rules
+    (`pre_parse_json`: text that is JSON of a list or an object is read as JSON; then the tool's argument model:
+    arguments it does not declare dropped, the rest validated), so the graded replay plays the calls that ran
+    live; None when the server refuses them (a batch id that is a number, a list that is no list), and the
+    tool is never called. A load sent with an argument the tool does not take loaded live, and a report listing
+    its batches as JSON text was received; a replay of the model's own arguments refused both."""
+    metadata = _arguments_of(suite_name, tool_name)
+    try:
+        return metadata.arg_model.model_validate(metadata.pre_parse_json(args)).model_dump_one_level()
+    except pydantic.ValidationError:
+        return None
 
 
 def _tool_method(tool: Tool, suite) -> Any:
-    async def call(self, **kwargs) -> str:
-        return self._step(tool.name, declared(tool, kwargs))
+    async def call(self, **kwargs) -> str:  # the arguments the server validated (`handed`)
+        return self._step(tool.name, kwargs)
 
     return vf.tool(as_method(tool, suite, call, inspect.Parameter.KEYWORD_ONLY))
 
@@ -127,15 +139,21 @@ def toolset_class(suite_name: str) -> type:
 
 
 def _calls(trace, suite) -> list[dict]:
-    """The trace's tool calls, in order, as engine actions: arguments as the model wrote them, less those its
-    tool does not declare (`declared`, as the tool server's tools are handed them)."""
-    tools = {tool.name: tool for tool in suite.tools}
+    """The trace's tool calls, in order, as engine actions, each with the arguments the tool server handed its tool
+    (`handed`); a call the server refused (a tool the suite has not, arguments its tool does not accept) never
+    reached the episode, and is left out."""
+    tools = set(suite.tool_names)
     actions = []
     for message in trace.assistant_messages:
         for call in message.tool_calls or []:
+            if call.name not in tools:
+                continue
             action = tool_call_action(call.name, call.arguments)
-            if isinstance(action["args"], dict) and call.name in tools:
-                action["args"] = declared(tools[call.name], action["args"])
+            if isinstance(action["args"], dict):
+                args = handed(suite.name, call.name, action["args"])
+                if args is None:
+                    continue
+                action["args"] = args
             actions.append(action)
     return actions
 
