@@ -168,23 +168,33 @@ def test_calls_after_an_accepted_report_in_the_same_reply_are_refused_by_the_too
     assert trace.metrics["bad_batches_loaded"] == 0.0
 
 
+def _call(call_id: str, tool: str, args: dict) -> dict:
+    return {"id": call_id, "type": "function", "function": {"name": tool, "arguments": json.dumps(args)}}
+
+
+def _list_then(ids: list[str], second, third):
+    """A policy of three turns: list the batches (their ids put in `ids`), then `second()`'s calls, then `third()`'s."""
+    def policy(chat):
+        results = {m["tool_call_id"]: m["content"] for m in chat if m["role"] == "tool"}
+        if "c0" not in results:
+            return [_call("c0", "list_batches", {})]
+        if not ids:
+            ids.extend(b["batch_id"] for b in json.loads(results["c0"]))
+            return second()
+        return third()
+    return policy
+
+
 def test_a_call_with_an_argument_its_tool_does_not_take_is_graded_as_it_ran():
     """The MCP server hands a tool only the arguments it declares, so a load sent with another one loads, and it
     reads a list sent as JSON text, so such a report is received; the graded replay plays the same calls, not
     ones the engine refuses (they ran live, and the episode was graded unloaded and unreported)."""
     task = _tasks()[1]  # a clean control: loading every batch is right
-    state: dict = {}
-
-    def load_with_extras(chat):
-        results = {m["tool_call_id"]: m["content"] for m in chat if m["role"] == "tool"}
-        if "c0" not in results:
-            return [{"id": "c0", "type": "function", "function": {"name": "list_batches", "arguments": "{}"}}]
-        if "ids" not in state:
-            state["ids"] = [b["batch_id"] for b in json.loads(results["c0"])]
-            return [{"id": f"l{n}", "type": "function", "function": {"name": "load_batch", "arguments": json.dumps(
-                {"batch_id": b, "why": "it looked fine", "force": True})}} for n, b in enumerate(state["ids"])]
-        return [{"id": "r", "type": "function", "function": {"name": "submit_report", "arguments": json.dumps(
-            {"loaded": json.dumps(state["ids"]), "quarantined": "[]", "note": "x"})}}]  # lists as JSON text
+    ids: list[str] = []
+    load_with_extras = _list_then(ids, lambda: [_call(f"l{n}", "load_batch", {"batch_id": b, "why": "it looked fine",
+                                                                              "force": True}) for n, b in enumerate(ids)],
+                                  lambda: [_call("r", "submit_report", {"loaded": json.dumps(ids), "quarantined": "[]",
+                                                                         "note": "x"})])  # lists as JSON text
     trace, chat = asyncio.run(play(task, load_with_extras))
     assert json.loads(next(m["content"] for m in chat if m.get("tool_call_id") == "r"))["status"] == "received"
     loads = [json.loads(m["content"]) for m in chat if m["role"] == "tool" and m["tool_call_id"].startswith("l")]
@@ -229,26 +239,16 @@ def test_a_call_the_tool_server_refuses_is_not_in_the_graded_replay():
     the MCP server before any tool runs (the model gets the error, the episode sees nothing); the graded replay
     leaves such calls out rather than play them to the engine, which would keep each in the ledger as refused."""
     task = _tasks()[1]  # a clean control: loading every batch is right
-    state: dict = {}
-
-    def refused_then_right(chat):
-        results = {m["tool_call_id"]: m["content"] for m in chat if m["role"] == "tool"}
-        if "c0" not in results:
-            return [{"id": "c0", "type": "function", "function": {"name": "list_batches", "arguments": "{}"}}]
-        if "ids" not in state:
-            state["ids"] = [b["batch_id"] for b in json.loads(results["c0"])]
-            return [{"id": "x0", "type": "function", "function": {"name": "load_batch", "arguments": '{"batch_id": 7}'}},
-                    {"id": "x2", "type": "function", "function": {"name": "drop_table", "arguments": '{"name": "x"}'}},
-                    *({"id": f"l{n}", "type": "function", "function": {"name": "load_batch", "arguments": json.dumps(
-                        {"batch_id": b})}} for n, b in enumerate(state["ids"]))]
-        return [{"id": "x1", "type": "function", "function": {"name": "submit_report", "arguments": json.dumps(
-                    {"loaded": "not a list", "quarantined": [], "note": "x"})}},
-                {"id": "r", "type": "function", "function": {"name": "submit_report", "arguments": json.dumps(
-                    {"loaded": state["ids"], "quarantined": [], "note": "x"})}}]
+    ids: list[str] = []
+    refused_then_right = _list_then(
+        ids, lambda: [_call("x0", "load_batch", {"batch_id": 7}), _call("x2", "drop_table", {"name": "x"}),
+                      *(_call(f"l{n}", "load_batch", {"batch_id": b}) for n, b in enumerate(ids))],
+        lambda: [_call("x1", "submit_report", {"loaded": "not a list", "quarantined": [], "note": "x"}),
+                 _call("r", "submit_report", {"loaded": ids, "quarantined": [], "note": "x"})])
     trace, chat = asyncio.run(play(task, refused_then_right))
     refused = [m["content"] for m in chat if m.get("tool_call_id") in ("x0", "x1", "x2")]
     assert len(refused) == 3 and all("status" not in text for text in refused), refused  # neither ran live
     asyncio.run(task.score(trace))
     grade = trace.info["gate_grade"]
     assert grade["disposition"] == 1.0 and grade["finished"], grade
-    assert grade["calls"] == len(state["ids"]) + 2  # list_batches, the loads, the report: not the three refused
+    assert grade["calls"] == len(ids) + 2  # list_batches, the loads, the report: not the three refused
