@@ -252,3 +252,13 @@ def test_a_call_the_tool_server_refuses_is_not_in_the_graded_replay():
     grade = trace.info["gate_grade"]
     assert grade["disposition"] == 1.0 and grade["finished"], grade
     assert grade["calls"] == len(ids) + 2  # list_batches, the loads, the report: not the three refused
+
+
+def test_arguments_the_library_cannot_read_are_a_refused_call_not_a_crash():
+    """JSON text nested past the decoder's depth makes the MCP library raise a RecursionError, which the server
+    answers as the tool's error: the replay leaves the call out (`handed` gives None) rather than fail the score."""
+    from gate_pipeline.integrations.verifiers_v1 import handed
+    for text in ("[" * 100_000 + "]" * 100_000, '{"a": ' * 5_000 + "1" + "}" * 5_000, "not JSON", '["a", 1]'):
+        assert handed("classic", "submit_report", {"loaded": text, "quarantined": []}) is None
+    assert handed("classic", "submit_report", {"loaded": '["a"]', "quarantined": [], "why": "x"}) == {
+        "loaded": ["a"], "quarantined": []}
