@@ -57,7 +57,15 @@ class McpTools:
         return {t.name: t for t in (await self.client.list_tools()).tools}
 
     async def call(self, name: str, arguments: str) -> str:
-        result = await self.client.call_tool(name, json.loads(arguments or "{}"))
+        """As verifiers' chat loop calls a tool: arguments that are not JSON, or not a JSON object, are answered
+        with an error there and never sent."""
+        try:
+            args = json.loads(arguments or "{}")
+        except json.JSONDecodeError as exc:
+            return f"error: invalid JSON in tool arguments ({exc}); resend the call with valid JSON"
+        if not isinstance(args, dict):
+            return f"error: tool arguments must be a JSON object, got {type(args).__name__}; resend as an object"
+        result = await self.client.call_tool(name, args)
         return result.content[0].text
 
 
@@ -236,22 +244,25 @@ def test_calls_in_prompt_supplied_assistant_messages_are_not_the_models():
 
 def test_a_call_the_tool_server_refuses_is_not_in_the_graded_replay():
     """A load whose batch id is a number, a report whose list is no list, or a tool the suite has not, is refused by
-    the MCP server before any tool runs (the model gets the error, the episode sees nothing); the graded replay
-    leaves such calls out rather than play them to the engine, which would keep each in the ledger as refused."""
+    the MCP server before any tool runs, and arguments that are not a JSON object never leave verifiers' chat loop
+    (the model gets the error, the episode sees nothing); the graded replay leaves such calls out rather than play
+    them to the engine, which would keep each in the ledger as refused (and count it towards `max_steps`)."""
     task = _tasks()[1]  # a clean control: loading every batch is right
     ids: list[str] = []
     refused_then_right = _list_then(
         ids, lambda: [_call("x0", "load_batch", {"batch_id": 7}), _call("x2", "drop_table", {"name": "x"}),
+                      *({"id": f"x{3 + k}", "type": "function", "function": {"name": "list_batches", "arguments": text}}
+                        for k, text in enumerate(["not json", "null", "[]", "   "])),
                       *(_call(f"l{n}", "load_batch", {"batch_id": b}) for n, b in enumerate(ids))],
         lambda: [_call("x1", "submit_report", {"loaded": "not a list", "quarantined": [], "note": "x"}),
                  _call("r", "submit_report", {"loaded": ids, "quarantined": [], "note": "x"})])
     trace, chat = asyncio.run(play(task, refused_then_right))
-    refused = [m["content"] for m in chat if m.get("tool_call_id") in ("x0", "x1", "x2")]
-    assert len(refused) == 3 and all("status" not in text for text in refused), refused  # neither ran live
+    refused = [m["content"] for m in chat if m["role"] == "tool" and m["tool_call_id"].startswith("x")]
+    assert len(refused) == 7 and all("status" not in text for text in refused), refused  # neither ran live
     asyncio.run(task.score(trace))
     grade = trace.info["gate_grade"]
     assert grade["disposition"] == 1.0 and grade["finished"], grade
-    assert grade["calls"] == len(ids) + 2  # list_batches, the loads, the report: not the three refused
+    assert grade["calls"] == len(ids) + 2  # list_batches, the loads, the report: not the seven refused
 
 
 def test_arguments_the_library_cannot_read_are_a_refused_call_not_a_crash():

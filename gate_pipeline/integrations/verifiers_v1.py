@@ -138,22 +138,23 @@ def toolset_class(suite_name: str) -> type:
 
 
 def _calls(trace, suite) -> list[dict]:
-    """The trace's tool calls, in order, as engine actions, each with the arguments the tool server handed its tool
-    (`handed`); a call the server refused (a tool the suite has not, arguments its tool does not accept) never
-    reached the episode, and is left out."""
+    """The trace's tool calls, in order, as engine actions, each with the arguments the tool server handed its tool.
+    A call that never reached the episode live is left out: arguments verifiers' chat loop does not send (text that
+    is not JSON, JSON that is not an object: it answers the model itself), a tool the suite has not, and arguments
+    the server refuses (`handed`)."""
     tools = set(suite.tool_names)
     actions = []
     for message in trace.assistant_messages:
         for call in message.tool_calls or []:
             if call.name not in tools:
                 continue
-            action = tool_call_action(call.name, call.arguments)
-            if isinstance(action["args"], dict):
-                args = handed(suite.name, call.name, action["args"])
-                if args is None:
-                    continue
-                action["args"] = args
-            actions.append(action)
+            try:  # as the chat loop reads them before it calls the tool server
+                sent = json.loads(call.arguments or "{}")
+            except (ValueError, RecursionError):
+                continue
+            args = handed(suite.name, call.name, sent) if isinstance(sent, dict) else None
+            if args is not None:
+                actions.append(tool_call_action(call.name, args))
     return actions
 
 
