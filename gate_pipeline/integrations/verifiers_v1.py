@@ -11,7 +11,9 @@ same opening as `gate run`.
 
 The reward is the engine's: `GateTask.gate_reward` plays the trace's tool calls, in order, on a fresh
 episode of the case (as `gate replay` does) and grades it in the one grader, so the score depends on
-what the model called and on nothing the tool server or the model says about it. The rubric's four
+what the model called and on nothing the tool server or the model says about it. Each call is played with
+the arguments the MCP server handed its tool, as the MCP library makes them (`handed`); a call that never
+reached the tools live (refused by verifiers' chat loop or by the server) is left out. The rubric's four
 terms, `bad_batches_loaded`, `revenue_error_usd` and `finished` are recorded as metrics.
 """
 from __future__ import annotations
