@@ -394,27 +394,12 @@ class PageProcess:
                 proc.stdout.close()
 
 
-def _warm_up() -> None:
-    """Draw a small chart and throw it away: the fonts, their glyphs and the SVG writer are loaded while the
-    process waits for its first page (a night's plays meanwhile), so that page, which the night waits for once
-    it has played, is drawn as fast as any after it. What is drawn here changes nothing drawn later (element
-    ids come from each element and the fixed salt)."""
-    fig = _figure(figsize=(3.0, 2.0))
-    ax = fig.add_subplot()
-    _grouped_bars(ax, ["a", "b"], {"x": [0.5, 1.0], "y": [0.25, 0.0]}, skip_zero=True)
-    ax.set_title("warm-up")
-    ax.set_ylabel("$0.00")
-    ax.tick_params(axis="x", labelsize=7, rotation=90)
-    _svg(fig, "warm-up")
-
-
 def serve_pages() -> None:
     """A `PageProcess`'s side: load what drawing a page needs (matplotlib, the suites that order the families),
     then, for each line read (the name of a file of JSON: path, grades, keywords), read and remove that file,
     write the page and answer a line (an empty object, or the error) until the input ends."""
     load_matplotlib()
     suites.all()
-    _warm_up()
     for line in sys.stdin:
         job_file = Path(line.rstrip("\n"))
         try:
