@@ -158,12 +158,12 @@ class SandboxV2(Sandbox):
     def _within(self, steps: int, seconds: float, cap: float) -> Iterator[None]:
         """The block's executions (the look check's, after a read) take `steps`, `seconds` and, paced, waits
         for turns until `cap`: what is left of the read's budget. The read's own budget is back as it ends."""
-        saved = self.step_budget, self.time_budget, self.tables_read, self.call_wait_limit
+        saved = self.step_budget, self.time_budget, self.call_wait_limit
         self.step_budget, self.time_budget, self.call_wait_limit = steps, seconds, cap
         try:
             yield
         finally:
-            self.step_budget, self.time_budget, self.tables_read, self.call_wait_limit = saved
+            self.step_budget, self.time_budget, self.call_wait_limit = saved
 
     def _own(self, sql: str, must: bool = False) -> None:
         """One of the look check's own statements; one that finds no room for the database's pages is the machine's
