@@ -329,8 +329,8 @@ class PageProcess:
         try:
             assert self.proc is not None and self.proc.stdin is not None
             fd, job_file = tempfile.mkstemp(prefix="gate-page-", suffix=".json")
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(job, fh)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:  # one write of text made in C, not json.dump's
+                fh.write(json.dumps(job))  # writes of each piece (15 ms against 5 for a night's 960 grades)
             self.proc.stdin.write(job_file + "\n")
             self.proc.stdin.flush()
         except (OSError, ValueError, AssertionError):  # gone (or no file to hand it): `wait` writes it here
