@@ -109,8 +109,11 @@ def test_dense_mode_pays_decisions_nothing_and_the_rubric_at_the_report(dense_en
         for name in ("careful-sql", "careful", "naive", "refuse-all"):
             steps = recorded(dense_env, name, case.case_id)
             for s in steps:
+                assert "step" not in s.info  # the step's reward is `step_reward`, beside its layers
                 if s.action["tool"] in DECISIONS + ("submit_report",):  # not shaped: no layers, no step reward
                     assert "layer1" not in s.info and "step_reward" not in s.info
+                else:
+                    assert {"layer1", "layer2", "step_reward"} <= set(s.info)
                 if s.action["tool"] in DECISIONS:
                     assert s.reward == 0.0
                 else:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import random
 
@@ -269,6 +270,12 @@ def test_call_key_is_the_tool_with_canonical_arguments():
     assert call_key("t", {"b": 1, "a": 2}) == call_key("t", {"a": 2, "b": 1})
     assert call_key("t", {1: 2, "a": 3}) == call_key("t", {1: 2, "a": 3})  # unsortable keys: no error
     assert call_key(None, "x") != call_key("None", {})
+    # the key's JSON is json.dumps' with these options, whatever the arguments hold (its encoder is built once)
+    from gate_pipeline.kernel.actions import preview
+    for args in ({"batch_id": "B-\u00e9\u4e2d", "column": "a\"b\\c\n"}, {"loaded": ["B1", "B2"], "quarantined": []},
+                 {"z": 1.5, "a": -0.0, "m": 10**30, "n": None, "t": True}, {"nested": {"b": [1, {"d": 2, "c": 3}]}}):
+        shown = args if all(isinstance(v, str) for v in args.values()) else preview(args)
+        assert call_key("t", args) == "t" + json.dumps(shown, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def test_shaped_parts_map_tools_to_action_types_and_leave_decisions_alone():

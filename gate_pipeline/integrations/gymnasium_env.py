@@ -214,8 +214,9 @@ class GateEnv(gymnasium.Env):
         self._last = (action, text)
         info = {"case_id": self.case_id, "turn": self.session.turn, "reward_mode": self.reward_mode,
                 "result": text}
-        if step.parts is not None:
-            info.update({k: v for k, v in step.parts.items() if k != "step"}, step_reward=step.parts["step"])
+        if step.parts is not None:  # the layers, then the step's reward under its own name
+            info.update(step.parts)
+            info["step_reward"] = info.pop("step")
         if step.grade is not None:
             info["grade"] = _text(step.grade.as_dict())
         return self._obs(text), float(step.reward), step.terminated, step.truncated, info

@@ -254,6 +254,11 @@ REWARD_MODES = ("terminal", "dense", "potential")
 POTENTIAL_TERMS = ("disposition", "evidence", "inspected")
 
 
+# json.dumps(x, sort_keys=True, separators=(",", ":"), ensure_ascii=False) with its encoder built once (json.dumps
+# builds one per call when given options): the same text
+_key_json = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
+
+
 def call_key(tool, args) -> str:
     """A tool's repeat key text: its name with its arguments as canonical JSON (anything an agent
     made up, a bounded preview of it, so the key costs the same whatever was sent)."""
@@ -262,7 +267,7 @@ def call_key(tool, args) -> str:
     if not (isinstance(args, dict) and all(isinstance(k, str) and isinstance(v, str) and len(v) <= 1000
                                            for k, v in args.items())):
         args = preview(args)
-    text = json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    text = _key_json(args)
     return (tool if isinstance(tool, str) and len(tool) <= 200 else json.dumps(preview(tool))) + text
 
 
