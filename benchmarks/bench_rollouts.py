@@ -14,7 +14,9 @@ ratio = gate rollouts/s / bare rollouts/s: the share of a rollout's time that is
 environment. Rounds alternate gate and bare, so a slow minute on this shared machine slows both.
 Both sides are CPU-bound in this process (the server has the other core), so each round also
 prints the ratio of rollouts per second of this process's CPU time, which a busy neighbour
-moves less than wall time.
+moves less than wall time. Each side's time and CPU time are taken from making its client to its
+last reply (gate's: the whole run, its run store opened before; the bare loop's: the requests read
+from the transcripts before).
 
     .venv/bin/python benchmarks/bench_rollouts.py [--rollouts R] [--concurrency C] [--rounds N]
 """
@@ -54,7 +56,9 @@ def conversations(run_dir: Path) -> list[list[list[dict]]]:
 
 
 async def bare(settings: ModelSettings, rollouts: list[list[list[dict]]], concurrency: int) -> float:
-    """Send every rollout's requests in order, `concurrency` rollouts at a time; seconds taken."""
+    """Send every rollout's requests in order, `concurrency` rollouts at a time; seconds taken, from making the
+    client on (as gate's run makes its own)."""
+    t0 = time.perf_counter()
     client = make_client(settings)
     queue: asyncio.Queue = asyncio.Queue()
     for requests in rollouts:
@@ -67,7 +71,6 @@ async def bare(settings: ModelSettings, rollouts: list[list[list[dict]]], concur
                     model=settings.model, messages=messages, tools=TOOLS, temperature=settings.temperature)
                 json.loads(raw.content)
 
-    t0 = time.perf_counter()
     try:
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     finally:
@@ -76,16 +79,18 @@ async def bare(settings: ModelSettings, rollouts: list[list[list[dict]]], concur
 
 
 def gate(settings: ModelSettings, cases: list[Case], rollouts: int, concurrency: int, home: Path,
-         run_dir: Path) -> float:
+         run_dir: Path) -> tuple[float, float]:
+    """(seconds, CPU seconds of this process) of the run, the run store opened (made, in a new home) before
+    either is taken, as the bare loop's client is made before its time is."""
     store = RunStore(Settings(home=home))
     try:
-        t0 = time.perf_counter()
+        c0, t0 = cpu(), time.perf_counter()
         out = asyncio.run(run_rollouts(cases, settings, rollouts, concurrency, run_dir, store))
-        seconds = time.perf_counter() - t0
+        seconds, used = time.perf_counter() - t0, cpu() - c0
     finally:
         store.dispose()
     assert len(out["records"]) == len(cases) * rollouts and all(r["reward"] == 1.0 for r in out["records"])
-    return seconds
+    return seconds, used
 
 
 def cpu() -> float:
@@ -114,15 +119,16 @@ def main() -> None:
             ratios, cpu_ratios = [], []
             for r in range(a.rounds):
                 run_dir = tmp / f"run-{r}"
-                c0 = cpu()
-                g = n / gate(settings, cases, a.rollouts, a.concurrency, tmp / f"home-{r}", run_dir)
+                seconds, gate_cpu = gate(settings, cases, a.rollouts, a.concurrency, tmp / f"home-{r}", run_dir)
+                g = n / seconds
+                asked = conversations(run_dir)
                 c1 = cpu()
-                b = n / asyncio.run(bare(settings, conversations(run_dir), a.concurrency))
-                c2 = cpu()
+                b = n / asyncio.run(bare(settings, asked, a.concurrency))
+                bare_cpu = cpu() - c1
                 ratios.append(g / b)
-                cpu_ratios.append((c2 - c1) / (c1 - c0))
-                print(f"{r + 1:>5}{g:>17.1f}{b:>17.1f}{g / b:>8.2f}{(c1 - c0) / n * 1e3:>13.2f}"
-                      f"{(c2 - c1) / n * 1e3:>13.2f}{cpu_ratios[-1]:>11.2f}", flush=True)
+                cpu_ratios.append(bare_cpu / gate_cpu)
+                print(f"{r + 1:>5}{g:>17.1f}{b:>17.1f}{g / b:>8.2f}{gate_cpu / n * 1e3:>13.2f}"
+                      f"{bare_cpu / n * 1e3:>13.2f}{cpu_ratios[-1]:>11.2f}", flush=True)
             print(f"median ratio {statistics.median(ratios):.2f}, median CPU ratio {statistics.median(cpu_ratios):.2f} "
                   f"(goal >= 0.85: the environment's share under 15 %)")
     finally:
