@@ -306,12 +306,14 @@ class PageProcess:
     raises what writing one raised there (an OSError with its errno, a ValueError), or, if the process
     is gone or has not answered within PAGE_SECONDS, ends it and writes the pages it had not written
     here. `close` ends it. Each page's grades go to it in a file of their own, and only that file's name
-    through its input, so sending never waits on a process that is busy, or stuck, drawing."""
+    through its input, so sending never waits on a process that is busy, or stuck, drawing. A page that could
+    not be handed over (no room for its file, the process gone) is written here by `wait`, in its turn, with no
+    answer waited for."""
 
     PAGE_SECONDS = 300.0  # the longest `wait` waits for one page's answer
 
     def __init__(self):
-        self.sent: list[tuple[Path, dict, dict, str]] = []
+        self.sent: list[tuple[Path, dict, dict, str | None]] = []  # job file: None when never handed over
         self._answers = b""  # read from the process, not yet a whole line
         self.proc: subprocess.Popen | None
         try:
@@ -333,8 +335,12 @@ class PageProcess:
                 fh.write(json.dumps(job))  # writes of each piece (15 ms against 5 for a night's 960 grades)
             self.proc.stdin.write(job_file + "\n")
             self.proc.stdin.flush()
-        except (OSError, ValueError, AssertionError):  # gone (or no file to hand it): `wait` writes it here
-            pass
+        except (OSError, ValueError, TypeError, AssertionError):
+            # not handed over (the process gone, no room for the file, a value JSON cannot hold): `wait` writes it
+            # here, without waiting for an answer the process will never give, and no file is left behind
+            if job_file:
+                Path(job_file).unlink(missing_ok=True)
+            job_file = None
         self.sent.append((path, grades, kw, job_file))
         return path
 
@@ -361,7 +367,13 @@ class PageProcess:
     def wait(self) -> None:
         sent, self.sent = self.sent, []
         failed: Exception | None = None
-        for k, (path, _, _, _) in enumerate(sent):
+        for k, (path, grades, kw, job_file) in enumerate(sent):
+            if job_file is None:  # never handed over: written here, in its turn
+                try:
+                    write_html(path, grades, **kw)
+                except (OSError, ValueError) as exc:
+                    failed = failed or exc
+                continue
             line = self._answer()
             if not line:  # the process is gone (it could not start, was killed, or is stuck): the rest here
                 self.close()

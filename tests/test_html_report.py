@@ -218,6 +218,43 @@ def test_a_page_process_that_is_stuck_never_holds_the_caller(grades, tmp_path, m
     assert not list(jobs.iterdir())
 
 
+def test_a_page_the_process_was_never_handed_is_written_here_at_once(grades, tmp_path, monkeypatch):
+    """A page whose file could not be made (no room in the temporary folder) was still waited for: `wait` took the
+    next page's answer for it, so it was never written, and then waited PAGE_SECONDS for an answer the process
+    never gives and ended the process. Now it is written here in its turn, at once, and the process stays up."""
+    import errno
+    import tempfile
+    import time
+
+    from gate_pipeline.html_report import PageProcess
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(jobs))
+    made = tempfile.mkstemp
+
+    def no_room(*args, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    pages = PageProcess()
+    pages.PAGE_SECONDS = 20.0
+    try:
+        pages.write_html(tmp_path / "first.html", grades, title="night 1")
+        monkeypatch.setattr(tempfile, "mkstemp", no_room)
+        pages.write_html(tmp_path / "second.html", grades, title="night 2")  # not handed over
+        monkeypatch.setattr(tempfile, "mkstemp", made)
+        pages.write_html(tmp_path / "third.html", grades, title="night 3")
+        start = time.monotonic()
+        pages.wait()
+        assert time.monotonic() - start < 10.0
+        assert pages.proc is not None and pages.proc.poll() is None  # still up for the next night's page
+    finally:
+        pages.close()
+    for n in (1, 2, 3):
+        page = ("first", "second", "third")[n - 1]
+        assert (tmp_path / f"{page}.html").read_bytes() == render_html(grades, title=f"night {n}").encode()
+    assert not list(jobs.iterdir())
+
+
 def test_a_page_replaces_whatever_is_at_its_path_at_once_never_writing_through_it(tmp_path, grades):
     """`GATE_HOME/scoreboard.html` was opened and written as found: a FIFO there held `gate nightly` (and the
     Dagster job) for ever, and a symbolic link there had its target overwritten. The scoreboard's page is now written
