@@ -14,9 +14,9 @@ ratio = gate rollouts/s / bare rollouts/s: the share of a rollout's time that is
 environment. Rounds alternate gate and bare, so a slow minute on this shared machine slows both.
 Both sides are CPU-bound in this process (the server has the other core), so each round also
 prints the ratio of rollouts per second of this process's CPU time, which a busy neighbour
-moves less than wall time. Each side's time and CPU time are taken from making its client to its
-last reply (gate's: the whole run, its run store opened before; the bare loop's: the requests read
-from the transcripts before).
+moves less than wall time. Each side's time and CPU time are taken around its whole event loop: gate's
+whole `run_rollouts` call (its run store opened before), the bare loop's client, requests and replies
+(the requests read from the transcripts before), under the same collector thresholds.
 
     .venv/bin/python benchmarks/bench_rollouts.py [--rollouts R] [--concurrency C] [--rounds N]
 """
@@ -36,6 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 from gate_pipeline.kernel.cases import Case, read_cases  # noqa: E402
+from gate_pipeline.kernel.engine import fewer_collections  # noqa: E402
 from gate_pipeline.kernel.settings import Settings  # noqa: E402
 from gate_pipeline.kernel.suite import suites  # noqa: E402
 from gate_pipeline.model_agent.agent import ModelSettings, make_client  # noqa: E402
@@ -55,10 +56,8 @@ def conversations(run_dir: Path) -> list[list[list[dict]]]:
     return out
 
 
-async def bare(settings: ModelSettings, rollouts: list[list[list[dict]]], concurrency: int) -> float:
-    """Send every rollout's requests in order, `concurrency` rollouts at a time; seconds taken, from making the
-    client on (as gate's run makes its own)."""
-    t0 = time.perf_counter()
+async def _bare(settings: ModelSettings, rollouts: list[list[list[dict]]], concurrency: int) -> None:
+    """Send every rollout's requests in order, `concurrency` rollouts at a time, with a client made for them."""
     client = make_client(settings)
     queue: asyncio.Queue = asyncio.Queue()
     for requests in rollouts:
@@ -72,16 +71,24 @@ async def bare(settings: ModelSettings, rollouts: list[list[list[dict]]], concur
                 json.loads(raw.content)
 
     try:
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        with fewer_collections():  # the collector as gate's run has it while it plays
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
     finally:
         await client.close()
-    return time.perf_counter() - t0
+
+
+def bare(settings: ModelSettings, rollouts: list[list[list[dict]]], concurrency: int) -> tuple[float, float]:
+    """(seconds, CPU seconds of this process) of the bare loop, its event loop and client included, as gate's are."""
+    c0, t0 = cpu(), time.perf_counter()
+    asyncio.run(_bare(settings, rollouts, concurrency))
+    return time.perf_counter() - t0, cpu() - c0
 
 
 def gate(settings: ModelSettings, cases: list[Case], rollouts: int, concurrency: int, home: Path,
          run_dir: Path) -> tuple[float, float]:
-    """(seconds, CPU seconds of this process) of the run, the run store opened (made, in a new home) before
-    either is taken, as the bare loop's client is made before its time is."""
+    """(seconds, CPU seconds of this process) of the whole `run_rollouts` call. The run store is opened before
+    either is taken: it stands for a store that exists before the run, as a user's does (made here, in a new
+    home each round, which costs more than opening one)."""
     store = RunStore(Settings(home=home))
     try:
         c0, t0 = cpu(), time.perf_counter()
@@ -121,10 +128,8 @@ def main() -> None:
                 run_dir = tmp / f"run-{r}"
                 seconds, gate_cpu = gate(settings, cases, a.rollouts, a.concurrency, tmp / f"home-{r}", run_dir)
                 g = n / seconds
-                asked = conversations(run_dir)
-                c1 = cpu()
-                b = n / asyncio.run(bare(settings, asked, a.concurrency))
-                bare_cpu = cpu() - c1
+                bare_s, bare_cpu = bare(settings, conversations(run_dir), a.concurrency)
+                b = n / bare_s
                 ratios.append(g / b)
                 cpu_ratios.append(bare_cpu / gate_cpu)
                 print(f"{r + 1:>5}{g:>17.1f}{b:>17.1f}{g / b:>8.2f}{gate_cpu / n * 1e3:>13.2f}"

@@ -209,6 +209,30 @@ def test_malformed_actions_give_error_observations_and_never_raise(mode):
     env.close()
 
 
+@pytest.mark.parametrize("mode,layers", [("dense", ["layer1", "layer2"]), ("potential", ["potential"])])
+def test_a_shaped_steps_info_is_its_own_keys_then_the_layers_then_the_step_reward(mode, layers):
+    """`info` of a shaped step: the env's own keys, the shaper's layers in its order, then `step_reward` (the
+    step's reward, never under `step`); the Step's parts are left as the session gave them."""
+    env = GateEnv(EVAL, reward=mode)
+    env.reset(options={"case_id": CASES[1].case_id})
+    for action in ({"tool": "list_batches"}, {"tool": "run_sql", "args": {"query": "SELECT 1"}}, "not json"):
+        parts = []
+        step = env.session.step
+
+        def kept(a, _step=step, parts=parts):
+            out = _step(a)
+            parts.append((out.parts, dict(out.parts)))
+            return out
+        env.session.step = kept
+        _, reward, _, _, info = env.step(action)
+        env.session.step = step
+        assert list(info) == ["case_id", "turn", "reward_mode", "result", *layers, "step_reward"]
+        assert info["step_reward"] == reward
+        (given, copy), = parts
+        assert given == copy and "step" in given  # (parts is a dict the session made: untouched by the env)
+    env.close()
+
+
 def test_an_action_is_json_text_or_a_dict_or_a_list(dense_env):
     dense_env.reset(options={"case_id": "eval-clean-control-0"})  # no gold rows: Layer 1 only
     assert dense_env.session.shaper.ctx.gold_rows == []

@@ -273,8 +273,9 @@ def test_call_key_is_the_tool_with_canonical_arguments():
     # the key's JSON is json.dumps' with these options, whatever the arguments hold (its encoder is built once)
     from gate_pipeline.kernel.actions import preview
     for args in ({"batch_id": "B-\u00e9\u4e2d", "column": "a\"b\\c\n"}, {"loaded": ["B1", "B2"], "quarantined": []},
-                 {"z": 1.5, "a": -0.0, "m": 10**30, "n": None, "t": True}, {"nested": {"b": [1, {"d": 2, "c": 3}]}}):
-        shown = args if all(isinstance(v, str) for v in args.values()) else preview(args)
+                 {"z": 1.5, "a": -0.0, "m": 10**30, "n": None, "t": True}, {"nested": {"b": [1, {"d": 2, "c": 3}]}},
+                 {1: 2, "a": float("nan"), "b": float("inf")}, {"s": "\ud800", "x": "y" * 1001}):
+        shown = args if all(isinstance(v, str) and len(v) <= 1000 for v in args.values()) else preview(args)
         assert call_key("t", args) == "t" + json.dumps(shown, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
