@@ -94,7 +94,7 @@ class BudgetEnd:        # changed once made), which is the cheapest of the two t
     """Where an execution's time budget ends (`Sandbox.end`, set by `execute`): a paced query's time is the CPU
     time its thread used (waiting for its turn uses none), up to a wall-clock limit (`cap`), whatever else the
     machine ran meanwhile: its budget ends at a thread CPU time (`cpu`) or at `cap`, whichever comes first. Any
-    other's time is the clock's: its budget ends at `clock`."""
+    other's time is the clock's: its budget ends at `clock` (and `cpu`, never read, is 0)."""
     paced: bool
     clock: float
     cpu: float
@@ -393,8 +393,10 @@ class Sandbox:
         clock = time.monotonic() + self.time_budget
         # a paced query waits for its turn up to `cap` of the clock at most: a tool call's runs share it
         cap = clock + MAX_WAIT_S if self.call_wait_limit is None else self.call_wait_limit
-        self.end = BudgetEnd(getattr(_PACING, "pacer", None) is not None, clock, time.thread_time() + self.time_budget,
-                             cap)
+        # the thread's CPU clock only for a paced query, the only kind that reads it: asking for it is a system
+        # call (about ten times the monotonic clock's cost), once per execution
+        paced = getattr(_PACING, "pacer", None) is not None
+        self.end = BudgetEnd(paced, clock, _thread_time() + self.time_budget if paced else 0.0, cap)
         self.compile_over = self.refused = self.budget_over = False
         self.query_error: sqlite3.Error | None = None  # what the query itself raised (not a statement of gate's)
         raise_swallowed()  # what came during gate's own statements before this one

@@ -115,7 +115,11 @@ class Suite:
 
     @property
     def tool_names(self) -> tuple[str, ...]:
-        return tuple(t.name for t in self.tools)
+        cached = self.__dict__.get("_tool_names")  # asked at every tool call a model makes: made once
+        if cached is None:
+            cached = tuple(t.name for t in self.tools)
+            object.__setattr__(self, "_tool_names", cached)
+        return cached
 
     def tool(self, name: str) -> Tool:
         return self._tools[name]
