@@ -29,9 +29,12 @@ for a PostgreSQL server that several machines share). Dagster's step outputs of 
 can be kept here too (`put_output`/`get_output`, used by the Dagster project's IO manager), so a
 step on another machine reads what the step before it wrote.
 
-Schema 5 (this one) adds agent names, transcripts, manifests and the key's id to schema 4, which
-kept warehouses in the database; a schema-3 store (warehouse files under GATE_HOME/warehouses)
-or a schema-4 store is migrated when first opened, and every row's seal still holds.
+Schema 6 (this one) keeps each case's JSON once, in the `cases` table under its SHA-256 (the hash an
+episode's row records and its seal covers), where schema 5 kept a copy in every episode's row: a night
+plays each case once per agent, and every night the same cases. Schema 5 added agent names, transcripts,
+manifests and the key's id to schema 4, which kept warehouses in the database. A schema-3 store
+(warehouse files under GATE_HOME/warehouses), a schema-4 or a schema-5 store is migrated when first
+opened; the rows stored before keep their case in their row, and every row's seal still holds.
 """
 from __future__ import annotations
 
@@ -88,8 +91,9 @@ from .kernel.settings import Settings, given_path, resolved_path
 from .kernel.suite import MART_SQL, suites
 from .kernel.world import revenue_of
 
-SCHEMA_VERSION = "5"
-MIGRATES_FROM = ("3", "4")  # 3: warehouses as files under GATE_HOME; 4: no agent names, transcripts or manifests
+SCHEMA_VERSION = "6"
+# 3: warehouses as files under GATE_HOME; 4: no agent names, transcripts or manifests; 5: a case's JSON in every row
+MIGRATES_FROM = ("3", "4", "5")
 KEY_FILE = "store.key"
 KEY_MIN_BYTES, KEY_MAX_BYTES = 32, 4096
 KEY_HINT = "make one with: python3 -c 'import secrets; print(secrets.token_hex(32))'"
@@ -119,7 +123,7 @@ episodes = Table(
     Column("case_id", String(200), index=True, nullable=False),
     Column("agent", Text, nullable=False),  # open-ended (module:Class, careful@variant, model names)
     Column("agent_options", Text, nullable=False),
-    Column("case_json", Text, nullable=False),
+    Column("case_json", Text, nullable=False),  # "" since schema 6: the case is in `cases`, under case_sha256
     Column("case_sha256", String(64), nullable=False),
     Column("warehouse", Text, nullable=False),  # the warehouse's name (its image is in `warehouses`)
     Column("warehouse_sha256", String(64)),
@@ -138,6 +142,11 @@ episodes = Table(
 SEALED = ("episode_id", "run_id", "rollout", "case_id", "agent", "agent_options", "case_sha256", "warehouse",
           "warehouse_sha256", "status", "end_reason", "error", "ledger_digest", "ledger_entries")
 SEALED_SINCE_5 = ("agent_name", "transcript_sha256")
+cases = Table(  # each case's JSON (sorted keys) once, under its SHA-256; schema 6
+    "cases", _meta,
+    Column("case_sha256", String(64), primary_key=True),
+    Column("case_json", Text, nullable=False),
+)
 ledger_rows = Table(
     "ledger_entries", _meta,
     Column("episode_id", String(64), primary_key=True),
@@ -202,6 +211,19 @@ _WRITES = {"new": (_INSERT_EPISODES, None), "end": (_END_EPISODES, _END_COLUMNS)
 _COMPILED: dict[tuple[str, str, str], dict[str, tuple[str, dict, list | None]]] = {}
 
 
+def _new_cases(dialect_name: str):
+    """The INSERT of cases that leaves a case already stored as it is (another process may store the same case
+    at the same time), on the databases that have one (SQLite, PostgreSQL: ON CONFLICT DO NOTHING); None
+    elsewhere, where an episode's row keeps its case itself, as schema 5's did."""
+    if dialect_name == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+        return sqlite_insert(cases).on_conflict_do_nothing()
+    if dialect_name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+        return postgresql_insert(cases).on_conflict_do_nothing()
+    return None
+
+
 def _has_an_end(row) -> bool:
     """Whether an episode row holds anything only its end writes (a row still running holds none of it)."""
     return any(row[k] is not None for k in _END_COLUMNS if k != "status")
@@ -220,7 +242,11 @@ def _compiled_writes(dialect) -> dict[str, tuple[str, dict, list | None]]:
     known = _COMPILED.get(key)
     if known is None:
         known = {}
-        for name, (stmt, keys) in _WRITES.items():
+        writes = dict(_WRITES)
+        new_cases = _new_cases(dialect.name)
+        if new_cases is not None:
+            writes["cases"] = (new_cases, None)
+        for name, (stmt, keys) in writes.items():
             compiled = stmt.compile(dialect=dialect, column_keys=keys)
             order = list(compiled.positiontup or []) if compiled.positional else None
             fixed = {name: bind.effective_value for bind, name in compiled.bind_names.items() if not bind.required}
@@ -533,6 +559,8 @@ class RunStore:
             if self.key_problem is None:
                 _READY.add(ready)
         self._cases: dict[int, tuple[Case, str, str]] = {}
+        self._stored_cases: set[str] = set()  # the hashes of cases this process saw committed to `cases`
+        self._dedup = _new_cases(self.engine.dialect.name) is not None  # cases kept in `cases`, not in each row
         self._held: Connection | None = None  # the connection `holding` took
         self._pipe = None  # its psycopg pipeline, on PostgreSQL
 
@@ -545,15 +573,17 @@ class RunStore:
         try:
             with self.engine.connect() as c:
                 have = set(inspect(c).get_table_names())
+                # an older schema lacks this one's tables: said as a store to migrate, before what it lacks
+                version = c.execute(select(store_meta.c.value).where(store_meta.c.key == "schema")).scalar() \
+                    if store_meta.name in have else None
+                if version in MIGRATES_FROM:
+                    raise StoreError(f"{where} has schema {version}: the first command that writes to it (gate "
+                                     f"nightly, gate run) migrates it to {SCHEMA_VERSION}; a reader changes nothing")
                 missing = [t.name for t in _meta.sorted_tables if t.name not in have]
                 if missing:
                     raise StoreError(f"{where} lacks the table{'s' if len(missing) > 1 else ''} "
                                      f"{', '.join(missing)}: it is not a gate run store of schema {SCHEMA_VERSION} "
                                      f"(a reader changes nothing; a command that writes would create {'them' if len(missing) > 1 else 'it'})")
-                version = c.execute(select(store_meta.c.value).where(store_meta.c.key == "schema")).scalar()
-                if version in MIGRATES_FROM:
-                    raise StoreError(f"{where} has schema {version}: the first command that writes to it (gate "
-                                     f"nightly, gate run) migrates it to {SCHEMA_VERSION}; a reader changes nothing")
                 if version != SCHEMA_VERSION:
                     raise StoreError(f"{where} has schema {version}; this gate reads {SCHEMA_VERSION}")
                 for table in _meta.sorted_tables:
@@ -634,10 +664,11 @@ class RunStore:
                                  f"move it away or set GATE_HOME / GATE_DB_URL to a new place")
 
     def _migrate(self, c, version: str) -> None:
-        """Schema 3 or 4 to 5, by the first process to claim the version, in the same transaction.
+        """Schema 3, 4 or 5 to 6, by the first process to claim the version, in the same transaction.
         3 to 4: copy each ended episode's warehouse file under GATE_HOME into the database (a missing
         file stays missing: reading the episode says so). 4 to 5: the episodes' agent names and
-        transcript hashes (empty for what was stored before; their seals still hold)."""
+        transcript hashes (empty for what was stored before; their seals still hold). 5 to 6: the
+        `cases` table (made with the others); the episodes stored before keep their case in their row."""
         claimed = c.execute(update(store_meta).where(store_meta.c.key == "schema", store_meta.c.value == version)
                             .values(value=SCHEMA_VERSION)).rowcount
         if claimed != 1:
@@ -791,17 +822,40 @@ class RunStore:
         return {"episode_id": start.episode_id, "run_id": start.run_id, "rollout": start.rollout,
                 "case_id": start.case.case_id, "agent": start.agent,
                 "agent_options": json.dumps(start.options, sort_keys=True, default=repr),
-                "case_json": case_json, "case_sha256": case_sha256,
+                "case_json": "" if self._dedup else case_json, "case_sha256": case_sha256,
                 "warehouse": self.warehouse_name(start.case.case_id, start.episode_id),
                 "warehouse_sha256": None, "status": RUNNING, "started_at": start.started_at, "end_reason": None,
                 "error": None, "ledger_digest": None, "ledger_entries": None, "ended_at": None, "seal": None,
                 "agent_name": start.agent_name or start.agent, "transcript_sha256": None}
 
+    def _case_rows(self, starts: list[EpisodeStart]) -> list[dict]:
+        """The `cases` rows of these episodes' cases that this process has not seen committed (none where each
+        episode's row keeps its case), in the order of their hashes: two transactions storing the same cases at
+        once on PostgreSQL (the second waits for the first, then leaves the case as it is) take them in one
+        order, so neither waits for the other while holding what the other waits for."""
+        if not self._dedup:
+            return []
+        out: dict[str, dict] = {}
+        for start in starts:
+            text, digest = self._case_text(start.case)
+            if digest not in self._stored_cases:
+                out[digest] = {"case_sha256": digest, "case_json": text}
+        return [out[digest] for digest in sorted(out)]
+
+    def _committed(self, case_rows: list[dict]) -> None:
+        if len(self._stored_cases) > 65536:
+            self._stored_cases.clear()
+        self._stored_cases.update(row["case_sha256"] for row in case_rows)
+
     def start_episode(self, start: EpisodeStart) -> dict:
         """Keep an episode's row as it opens (running); returns the row, for `end_episodes`' `announced`."""
         row = self._row(start)
+        case_rows = self._case_rows([start])
         with self._batched() as write:
+            if case_rows:
+                write("cases", case_rows)
             write("new", [row])
+        self._committed(case_rows)
         return row
 
     def end_episode(self, result: EpisodeResult, start: EpisodeStart | None = None) -> None:
@@ -824,6 +878,8 @@ class RunStore:
                     select(episodes).where(episodes.c.episode_id.in_(unread))).mappings()})
         new, updates, ledgers, images, logs = [], [], [], [], []
         opened = self._row(opening) if opening is not None else None
+        case_rows = self._case_rows([start for _, start in ended if start is not None]
+                                    + ([opening] if opening is not None else []))
         for result, start in ended:
             end = {"status": ENDED, "end_reason": result.end_reason, "error": result.error or None,
                    "ledger_digest": last_hash(result.ledger), "ledger_entries": len(result.ledger),
@@ -844,10 +900,11 @@ class RunStore:
             ledgers += [{"episode_id": result.episode_id, "seq": e["seq"], "entry": canonical_json(e)}
                         for e in result.ledger]  # json.dumps(e, sort_keys=True), its encoder built once
         with self._batched() as write:
-            for name, batch in (("new", new), ("end", updates), ("ledger", ledgers), ("images", images),
-                                ("logs", logs), ("new", [opened] if opened is not None else [])):
+            for name, batch in (("cases", case_rows), ("new", new), ("end", updates), ("ledger", ledgers),
+                                ("images", images), ("logs", logs), ("new", [opened] if opened is not None else [])):
                 if batch:
                     write(name, batch)
+        self._committed(case_rows)
         return opened
 
     def close_abandoned(self, episode_id: str, reason: str) -> bool:
@@ -907,6 +964,13 @@ class RunStore:
             entries.append(entry)
         return entries, problems
 
+    def _case_json(self, case_sha256) -> str | None:
+        """A case's JSON as `cases` keeps it under its SHA-256, or None."""
+        if not isinstance(case_sha256, str):
+            return None
+        with self.engine.connect() as c:
+            return c.execute(select(cases.c.case_json).where(cases.c.case_sha256 == case_sha256)).scalar()
+
     def _transcript_text(self, episode_id: str) -> str | None:
         with self.engine.connect() as c:
             return c.execute(select(transcripts.c.log).where(transcripts.c.episode_id == episode_id)).scalar()
@@ -941,10 +1005,13 @@ class RunStore:
             problems.append("the episode's record was altered (its seal does not match)")
         case = None
         sealed = not problems  # its record as gate sealed it (an ended episode whose seal matches)
-        if sha256(row["case_json"] or "") != row["case_sha256"]:
+        case_json = row["case_json"] or self._case_json(row["case_sha256"])  # in its row, as schema 5 kept it
+        if case_json is None:
+            problems.append("the episode's case is missing from the run store")
+        elif not isinstance(case_json, str) or sha256(case_json) != row["case_sha256"]:
             problems.append("the stored case was altered (its SHA-256 differs from the one recorded)")
         try:
-            case = json.loads(row["case_json"])
+            case = json.loads(case_json) if isinstance(case_json, str) else None
             options = json.loads(row["agent_options"])
         except (ValueError, RecursionError, TypeError):
             problems.append("the stored case or agent options are not readable JSON")
@@ -989,7 +1056,7 @@ class RunStore:
             options=options if isinstance(options, dict) else {}, run_id=row["run_id"], rollout=row["rollout"],
             status=row["status"], end_reason=_as_text(row["end_reason"]), error=_as_text(row["error"]), entries=entries,
             ledger_digest=row["ledger_digest"] or "", mart=mart, problems=tuple(problems),
-            case_json=row["case_json"] or "", case_id=row["case_id"], intact=intact)
+            case_json=case_json if isinstance(case_json, str) else "", case_id=row["case_id"], intact=intact)
 
     # -- grades -------------------------------------------------------------------------------
     def ungraded(self) -> list[str]:

@@ -314,19 +314,27 @@ def test_a_manifest_names_extra_and_duplicated_episodes(home, capsys):
     assert "run r: its manifest was altered (its seal does not match)" in verify(capsys)[1]
 
 
+def forge_case(conn, episode_id: str) -> str:
+    """The episode's stored case made to say every batch is clean: kept in `cases` under its own SHA-256, which the
+    episode's row is made to name (its seal then fails, until redone with the key). The forged case's hash."""
+    digest = conn.execute("SELECT case_sha256 FROM episodes WHERE episode_id = ?", (episode_id,)).fetchone()[0]
+    case = json.loads(conn.execute("SELECT case_json FROM cases WHERE case_sha256 = ?", (digest,)).fetchone()[0])
+    for batch in case["batches"]:
+        batch["truth"] = {"defective": False, "defects": []}
+    text = json.dumps(case, sort_keys=True)
+    forged = hashlib.sha256(text.encode()).hexdigest()
+    conn.execute("INSERT OR REPLACE INTO cases VALUES (?, ?)", (forged, text))
+    conn.execute("UPDATE episodes SET case_sha256 = ? WHERE episode_id = ?", (forged, episode_id))
+    return forged
+
+
 def test_the_case_of_an_episode_must_be_the_one_the_run_was_sealed_with(home, night, capsys):
     """The attacker edits the truth labels of naive's stored case (naive is then right) and re-seals the
     episode: played again on the edited case naive gives the same ledger, but the manifest and the case
     file both say the case is another."""
     naive = episode_of(home, "naive", BAD)
     conn = db(home)
-    case = json.loads(conn.execute("SELECT case_json FROM episodes WHERE episode_id = ?", (naive,)).fetchone()[0])
-    for batch in case["batches"]:
-        batch["truth"] = {"defective": False, "defects": []}
-    text = json.dumps(case, sort_keys=True)
-    import hashlib
-    conn.execute("UPDATE episodes SET case_json = ?, case_sha256 = ? WHERE episode_id = ?",
-                 (text, hashlib.sha256(text.encode()).hexdigest(), naive))
+    forge_case(conn, naive)
     store = RunStore()
     conn.execute("UPDATE episodes SET seal = ? WHERE episode_id = ?", (store.seal(store.episode(naive)), naive))
     assert store.load(naive).problems == ()
@@ -983,14 +991,8 @@ def test_a_case_the_case_file_spells_otherwise_fails_whatever_the_manifest_says_
     note only ("changed since the run was sealed"). The file, outside GATE_HOME, still says otherwise."""
     conn = db(home)
     body = json.loads(conn.execute("SELECT body FROM manifests").fetchone()[0])
-    for eid, text in conn.execute("SELECT episode_id, case_json FROM episodes WHERE case_id = ?", (BAD,)).fetchall():
-        case = json.loads(text)
-        for batch in case["batches"]:
-            batch["truth"] = {"defective": False, "defects": []}
-        forged = json.dumps(case, sort_keys=True)
-        digest = hashlib.sha256(forged.encode()).hexdigest()
-        conn.execute("UPDATE episodes SET case_json = ?, case_sha256 = ? WHERE episode_id = ?", (forged, digest, eid))
-        body["case_sha256"][BAD] = digest
+    for (eid,) in conn.execute("SELECT episode_id FROM episodes WHERE case_id = ?", (BAD,)).fetchall():
+        body["case_sha256"][BAD] = forge_case(conn, eid)
     body["cases_file_sha256"] = "0" * 64
     conn.execute("UPDATE manifests SET body = ?", (json.dumps(body, sort_keys=True),))
     reseal_everything(home, home / "store.key")

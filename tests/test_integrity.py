@@ -157,22 +157,88 @@ def test_appending_a_forged_entry_is_caught(home):
     assert "entries" in problems and "hash recorded" in problems
 
 
+def stored_case(home, episode_id) -> tuple[str, dict]:
+    """(its SHA-256, the case) of an episode as the store keeps it: once, in `cases`, under the hash its row records."""
+    digest = db(home).execute("SELECT case_sha256 FROM episodes WHERE episode_id = ?", (episode_id,)).fetchone()[0]
+    text = db(home).execute("SELECT case_json FROM cases WHERE case_sha256 = ?", (digest,)).fetchone()[0]
+    return digest, json.loads(text)
+
+
 def test_editing_the_stored_truth_labels_is_caught(home, capsys):
     store, result = stored_episode("naive")
-    row = db(home).execute("SELECT case_json FROM episodes WHERE episode_id = ?", (result.episode_id,)).fetchone()
-    case = json.loads(row[0])
+    digest, case = stored_case(home, result.episode_id)
     for batch in case["batches"]:
         batch["truth"] = {"defective": False, "defects": []}  # naive would now be right everywhere
     text = json.dumps(case, sort_keys=True)
-    db(home).execute("UPDATE episodes SET case_json = ? WHERE episode_id = ?", (text, result.episode_id))
+    db(home).execute("UPDATE cases SET case_json = ? WHERE case_sha256 = ?", (text, digest))
     assert "stored case was altered" in " ".join(store.load(result.episode_id).problems)
     import hashlib
-    db(home).execute("UPDATE episodes SET case_sha256 = ? WHERE episode_id = ?",
-                     (hashlib.sha256(text.encode()).hexdigest(), result.episode_id))
+    forged = hashlib.sha256(text.encode()).hexdigest()
+    db(home).execute("UPDATE cases SET case_sha256 = ? WHERE case_sha256 = ?", (forged, digest))
+    db(home).execute("UPDATE episodes SET case_sha256 = ? WHERE episode_id = ?", (forged, result.episode_id))
     assert store.load(result.episode_id).problems == ("the episode's record was altered (its seal does not match)",)
     assert grade_stored(store.load(result.episode_id)).reward == 0.0
     code, _ = verify(capsys)
     assert code == 1
+
+
+def test_an_edited_case_written_into_the_episodes_row_is_caught(home, capsys):
+    """The row's own case_json (where schema 5 kept every episode's case) is read before `cases`: an edited case
+    put there is checked against the sealed hash as the kept one is."""
+    store, result = stored_episode("naive")
+    _, case = stored_case(home, result.episode_id)
+    case["batches"][0]["truth"] = {"defective": False, "defects": []}
+    db(home).execute("UPDATE episodes SET case_json = ? WHERE episode_id = ?",
+                     (json.dumps(case, sort_keys=True), result.episode_id))
+    assert "stored case was altered" in " ".join(store.load(result.episode_id).problems)
+    db(home).execute("UPDATE episodes SET case_json = 7 WHERE episode_id = ?", (result.episode_id,))
+    assert "stored case was altered" in " ".join(store.load(result.episode_id).problems)
+    code, _ = verify(capsys)
+    assert code == 1
+
+
+def test_a_transactions_new_cases_go_in_the_order_of_their_hashes(home):
+    """Two transactions that store the same new cases at once take them in one order (on PostgreSQL the second
+    waits for the first on each case: in opposite orders they would wait for each other)."""
+    from gate_pipeline.kernel.engine import EpisodeStart
+    store = RunStore()
+    starts = [EpisodeStart(f"e{k}", case, "naive", {}, "r", 0, 0.0) for k, case in enumerate(CASES.values())]
+    forward = [row["case_sha256"] for row in store._case_rows(starts)]
+    assert forward == sorted(forward) and len(forward) == len(CASES)
+    assert [row["case_sha256"] for row in store._case_rows(starts[::-1])] == forward
+
+
+def test_a_case_deleted_from_the_store_is_caught(home, capsys):
+    store, result = stored_episode("naive")
+    digest, _ = stored_case(home, result.episode_id)
+    db(home).execute("DELETE FROM cases WHERE case_sha256 = ?", (digest,))
+    problems = store.load(result.episode_id).problems
+    assert problems == ("the episode's case is missing from the run store",)
+    assert grade_stored(store.load(result.episode_id)).reward == 0.0
+    code, _ = verify(capsys)
+    assert code == 1
+
+
+def test_a_case_is_kept_once_however_many_episodes_play_it(home):
+    """Every agent's episode of a case, in any run, in this process or another, refers to one copy of it."""
+    store, first = stored_episode("naive")
+    stored_episode("careful")
+    _, other = stored_episode("naive", "eval-clean-control-0")
+    RunStore().dispose()
+    code = ("from gate_pipeline.kernel.cases import read_cases\n"
+            "from gate_pipeline.kernel.engine import play, prepare\n"
+            "from gate_pipeline.store import RunStore, StoreSink\n"
+            f"case = {{c.case_id: c for c in read_cases({str(EVAL)!r})}}[{BAD_CASE!r}]\n"
+            "play(prepare(case), 'refuse-all', sinks=[StoreSink(RunStore())], run_id='run-2')\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    conn = db(home)
+    assert conn.execute("SELECT COUNT(*) FROM episodes").fetchone()[0] == 4
+    assert conn.execute("SELECT COUNT(*) FROM cases").fetchone()[0] == 2
+    assert conn.execute("SELECT COUNT(*) FROM episodes WHERE case_json != ''").fetchone()[0] == 0
+    for eid in conn.execute("SELECT episode_id FROM episodes").fetchall():
+        assert store.load(eid[0]).problems == ()
+    assert store.load(first.episode_id).case == CASES[BAD_CASE]
+    assert store.load(other.episode_id).case_json == CASES["eval-clean-control-0"].line().rstrip("\n")
 
 
 def test_editing_the_saved_warehouse_is_caught(home, capsys):
@@ -274,14 +340,22 @@ def test_a_second_gate_run_with_the_same_id_is_refused(tmp_path):
         pass
 
 
+def inline_cases(conn: sqlite3.Connection) -> None:
+    """Put each episode's case in its row and drop the `cases` table, as schemas 3 to 5 kept them."""
+    conn.execute("UPDATE episodes SET case_json = (SELECT case_json FROM cases WHERE cases.case_sha256 = "
+                 "episodes.case_sha256)")
+    conn.execute("DROP TABLE cases")
+
+
 def make_old_store(home, store: RunStore, version: str) -> None:
-    """Turn a store into the one schema 3 or 4 wrote: no agent names, transcripts, manifests or key id,
-    each episode sealed over the fields those schemas sealed."""
+    """Turn a store into the one schema 3 or 4 wrote: no agent names, transcripts, manifests, key id or `cases`
+    table, each episode sealed over the fields those schemas sealed."""
     import hashlib
     import hmac
 
     from gate_pipeline.store import SEALED
     conn = db(home)
+    inline_cases(conn)
     cols = [c[1] for c in conn.execute("PRAGMA table_info(episodes)")]
     for values in conn.execute("SELECT * FROM episodes").fetchall():
         row = dict(zip(cols, values))
@@ -309,14 +383,14 @@ def test_a_schema_3_store_is_migrated_with_its_warehouse_files(home, capsys):
     db(home).execute("DELETE FROM warehouses")
     make_old_store(home, store, "3")
     migrated = RunStore()
-    assert db(home).execute("SELECT value FROM gate_store WHERE key = 'schema'").fetchone()[0] == "5"
+    assert db(home).execute("SELECT value FROM gate_store WHERE key = 'schema'").fetchone()[0] == "6"
     assert migrated.load(result.episode_id).problems == ()
     assert grade_stored(migrated.load(result.episode_id)) == result.grade
     assert "missing from the run store" in " ".join(migrated.load(other.episode_id).problems)
     RunStore().dispose()  # opening it again migrates nothing twice
     assert db(home).execute("SELECT COUNT(*) FROM warehouses").fetchone()[0] == 1
     db(home).execute("UPDATE gate_store SET value = '2' WHERE key = 'schema'")
-    with pytest.raises(Exception, match="has schema 2; this gate reads 5"):
+    with pytest.raises(Exception, match="has schema 2; this gate reads 6"):
         RunStore()
 
 
@@ -332,6 +406,33 @@ def test_a_schema_4_store_is_migrated_and_still_verifies(home, capsys):
     db(home).execute("UPDATE episodes SET agent = 'naive' WHERE episode_id = ?", (result.episode_id,))
     code, out = verify(capsys)
     assert code == 1 and "seal does not match" in out
+
+
+def test_a_schema_5_store_is_migrated_its_rows_keeping_their_cases(home, capsys):
+    """Schema 5 kept a copy of the case in every episode's row: after the migration those rows are read as they
+    are (their seals hold, verify plays them again), episodes stored after keep their case in `cases`, an edit
+    of an old row's case is still caught, and a reader never migrates."""
+    store, result = stored_episode("careful-sql")
+    conn = db(home)
+    inline_cases(conn)
+    conn.execute("UPDATE gate_store SET value = '5' WHERE key = 'schema'")
+    store.dispose()
+    p = gate_verify(home)
+    assert p.returncode == 2 and "has schema 5: the first command that writes to it" in p.stderr
+    assert conn.execute("SELECT value FROM gate_store WHERE key = 'schema'").fetchone()[0] == "5"
+    migrated, later = stored_episode("naive")
+    assert conn.execute("SELECT value FROM gate_store WHERE key = 'schema'").fetchone()[0] == "6"
+    assert migrated.load(result.episode_id).problems == () and migrated.load(later.episode_id).problems == ()
+    assert conn.execute("SELECT COUNT(*) FROM cases").fetchone()[0] == 1
+    assert conn.execute("SELECT COUNT(*) FROM episodes WHERE case_json != ''").fetchone()[0] == 1
+    code, out = verify(capsys)
+    assert code == 0 and "played again 2," in out and "every check holds" in out
+    old = json.loads(conn.execute("SELECT case_json FROM episodes WHERE episode_id = ?", (result.episode_id,))
+                     .fetchone()[0])
+    old["batches"][0]["truth"] = {"defective": False, "defects": []}
+    conn.execute("UPDATE episodes SET case_json = ? WHERE episode_id = ?",
+                 (json.dumps(old, sort_keys=True), result.episode_id))
+    assert "stored case was altered" in " ".join(migrated.load(result.episode_id).problems)
 
 
 HOSTILE_VIEW = ("CREATE VIEW wh_orders AS WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r) "

@@ -70,6 +70,8 @@ def test_every_episode_lives_in_the_database_and_another_machine_verifies_it(db_
     store.dispose()
     assert not (tmp_path / "machine-a" / "warehouses").exists()  # nothing under GATE_HOME: all in the database
     assert sql(db_url, "SELECT COUNT(*) FROM warehouses")[0][0] == len(cases) * len(AGENTS)
+    assert sql(db_url, "SELECT COUNT(*) FROM cases")[0][0] == len(cases)  # each case once, whatever plays it
+    assert sql(db_url, "SELECT COUNT(*) FROM episodes WHERE case_json <> ''")[0][0] == 0
 
     monkeypatch.setenv("GATE_HOME", str(tmp_path / "machine-b"))  # another machine: the URL and the key only
     assert main(["verify"]) == 0
@@ -188,6 +190,8 @@ def test_two_nightly_processes_at_once_then_the_grading_sensor(db_url, tmp_path,
                                                              resources=resources))
         assert again.skip_message == "no new grades"
     assert store.ungraded() == [] and all(store.grade_count(e["episode_id"]) == 1 for e in store.episodes())
+    # the two nights stored the same 16 cases at once: each is kept once (a second INSERT of a case does nothing)
+    assert sql(db_url, "SELECT COUNT(*) FROM cases")[0][0] == 16
     assert main(["verify"]) == 0
 
 
