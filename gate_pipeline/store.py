@@ -212,16 +212,21 @@ _COMPILED: dict[tuple[str, str, str], dict[str, tuple[str, dict, list | None]]] 
 
 
 def _new_cases(dialect_name: str):
-    """The INSERT of cases that leaves a case already stored as it is (another process may store the same case
-    at the same time), on the databases that have one (SQLite, PostgreSQL: ON CONFLICT DO NOTHING); None
-    elsewhere, where an episode's row keeps its case itself, as schema 5's did."""
+    """The INSERT of cases on the databases that have an upsert (SQLite, PostgreSQL; None elsewhere, where an
+    episode's row keeps its case itself, as schema 5's did). A case already stored under its hash (another
+    process may store the same case at the same time) is left as it is when it holds the same text, and given
+    the case's text when it holds anything else: a row put there before the case was first played (whoever can
+    edit the database can write any text under a hash) would otherwise fail every episode of the case."""
     if dialect_name == "sqlite":
-        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-        return sqlite_insert(cases).on_conflict_do_nothing()
-    if dialect_name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-        return postgresql_insert(cases).on_conflict_do_nothing()
-    return None
+        from sqlalchemy.dialects.sqlite import insert as upsert
+    elif dialect_name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as upsert  # type: ignore[assignment]
+    else:
+        return None
+    stmt = upsert(cases)
+    return stmt.on_conflict_do_update(index_elements=[cases.c.case_sha256],
+                                      set_={"case_json": stmt.excluded.case_json},
+                                      where=cases.c.case_json.is_distinct_from(stmt.excluded.case_json))
 
 
 def _has_an_end(row) -> bool:
@@ -276,9 +281,17 @@ WAL_PAGES = 1000  # SQLite's own checkpoint interval: the WAL is copied into the
 HELD_WAL_PAGES = 10000  # while `holding`: once per chunk of a night (or every 10000 pages), when it ends
 
 
+def _stored_text(value: bytes) -> str:
+    """A SQLite text value as Python reads it: bytes that are not UTF-8 (an edit of the file can leave any) are
+    kept as lone surrogates, so the value differs from anything gate wrote (its hash and its row's seal fail,
+    a named problem) where SQLite's driver would raise and stop the reader."""
+    return value.decode("utf-8", "surrogateescape")
+
+
 def _sqlite_reader_pragmas(dbapi_conn, _record) -> None:
     """A reader's (`gate verify`): the database as it is (its journal mode too: switching it rewrites the file's
     header), and no statement of the reader's may write."""
+    dbapi_conn.text_factory = _stored_text
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA busy_timeout=10000")
     cur.execute("PRAGMA query_only=ON")
@@ -286,6 +299,7 @@ def _sqlite_reader_pragmas(dbapi_conn, _record) -> None:
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    dbapi_conn.text_factory = _stored_text
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")  # readers (the sensor) never block the writer
     cur.execute("PRAGMA synchronous=NORMAL")  # a commit is in the WAL: kept if the process dies (docs/performance.md)
@@ -964,8 +978,9 @@ class RunStore:
             entries.append(entry)
         return entries, problems
 
-    def _case_json(self, case_sha256) -> str | None:
-        """A case's JSON as `cases` keeps it under its SHA-256, or None."""
+    def _case_json(self, case_sha256):
+        """A case's JSON as `cases` keeps it under its SHA-256, or None. An edited row may hold anything (bytes,
+        a number, text that is not UTF-8 on SQLite: `_stored_text`), which then fails the case's hash."""
         if not isinstance(case_sha256, str):
             return None
         with self.engine.connect() as c:

@@ -208,6 +208,43 @@ def test_a_transactions_new_cases_go_in_the_order_of_their_hashes(home):
     assert [row["case_sha256"] for row in store._case_rows(starts[::-1])] == forward
 
 
+def test_a_case_planted_before_it_is_played_is_written_over(home, capsys):
+    """Whoever can edit the database can put any text under a case's hash before the case is first played: the
+    episode that plays it then stores the case's own text there, and grades as it played."""
+    import hashlib
+    case = CASES["eval-clean-control-0"]
+    text = json.dumps(case.data, sort_keys=True)
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    RunStore().dispose()
+    db(home).execute("INSERT INTO cases VALUES (?, ?)", (digest, "{}"))
+    store, result = stored_episode("careful-sql", "eval-clean-control-0")
+    assert db(home).execute("SELECT case_json FROM cases WHERE case_sha256 = ?", (digest,)).fetchone()[0] == text
+    assert store.load(result.episode_id).problems == () and grade_stored(store.load(result.episode_id)) == result.grade
+    code, _ = verify(capsys)
+    assert code == 0
+
+
+def test_stored_text_that_is_not_utf8_is_altered_not_a_traceback(home):
+    """SQLite keeps whatever bytes an edit of the file writes as text; its driver raises on those that are not
+    UTF-8. Read as gate reads them, they are text nothing gate wrote: the case fails its hash, an episode's
+    error and case id its row's seal, each a named problem, and verify goes on to every other episode."""
+    store, result = stored_episode("naive")
+    _, other = stored_episode("careful", "eval-clean-control-0")
+    digest, _ = stored_case(home, result.episode_id)
+    db(home).execute("UPDATE cases SET case_json = CAST(x'ff7b' AS TEXT) WHERE case_sha256 = ?", (digest,))
+    assert store.load(result.episode_id).problems == (
+        "the stored case was altered (its SHA-256 differs from the one recorded)",
+        "the stored case or agent options are not readable JSON")
+    db(home).execute("UPDATE episodes SET error = CAST(x'ff41' AS TEXT), case_id = CAST(x'fe42' AS TEXT) "
+                     "WHERE episode_id = ?", (other.episode_id,))
+    assert store.load(other.episode_id).problems == ("the episode's record was altered (its seal does not match)",)
+    store.dispose()
+    p = gate_verify(home)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert f"{result.episode_id} {BAD_CASE} naive: the stored case was altered" in p.stdout
+    assert f"{other.episode_id} \\udcfeB careful: the episode's record was altered" in p.stdout, p.stdout
+
+
 def test_a_case_deleted_from_the_store_is_caught(home, capsys):
     store, result = stored_episode("naive")
     digest, _ = stored_case(home, result.episode_id)
