@@ -63,6 +63,7 @@ from sqlalchemy import (
     Table,
     Text,
     bindparam,
+    cast,
     create_engine,
     event,
     func,
@@ -281,17 +282,9 @@ WAL_PAGES = 1000  # SQLite's own checkpoint interval: the WAL is copied into the
 HELD_WAL_PAGES = 10000  # while `holding`: once per chunk of a night (or every 10000 pages), when it ends
 
 
-def _stored_text(value: bytes) -> str:
-    """A SQLite text value as Python reads it: bytes that are not UTF-8 (an edit of the file can leave any) are
-    kept as lone surrogates, so the value differs from anything gate wrote (its hash and its row's seal fail,
-    a named problem) where SQLite's driver would raise and stop the reader."""
-    return value.decode("utf-8", "surrogateescape")
-
-
 def _sqlite_reader_pragmas(dbapi_conn, _record) -> None:
     """A reader's (`gate verify`): the database as it is (its journal mode too: switching it rewrites the file's
     header), and no statement of the reader's may write."""
-    dbapi_conn.text_factory = _stored_text
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA busy_timeout=10000")
     cur.execute("PRAGMA query_only=ON")
@@ -299,7 +292,6 @@ def _sqlite_reader_pragmas(dbapi_conn, _record) -> None:
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
-    dbapi_conn.text_factory = _stored_text
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")  # readers (the sensor) never block the writer
     cur.execute("PRAGMA synchronous=NORMAL")  # a commit is in the WAL: kept if the process dies (docs/performance.md)
@@ -978,13 +970,22 @@ class RunStore:
             entries.append(entry)
         return entries, problems
 
-    def _case_json(self, case_sha256):
-        """A case's JSON as `cases` keeps it under its SHA-256, or None. An edited row may hold anything (bytes,
-        a number, text that is not UTF-8 on SQLite: `_stored_text`), which then fails the case's hash."""
+    def _case_json(self, case_sha256) -> str | bytes | None:
+        """A case's JSON as `cases` keeps it under its SHA-256, or None. An edited row may hold anything (bytes, a
+        number), which then fails the case's hash. On SQLite the value is read as bytes and decoded here, its
+        bytes kept when they are not UTF-8 (an edit of the file can leave any): SQLite's driver raises on such
+        text, which would stop the reader, where it is one case that does not hold."""
         if not isinstance(case_sha256, str):
             return None
+        column = cast(cases.c.case_json, LargeBinary) if self.engine.dialect.name == "sqlite" else cases.c.case_json
         with self.engine.connect() as c:
-            return c.execute(select(cases.c.case_json).where(cases.c.case_sha256 == case_sha256)).scalar()
+            value = c.execute(select(column).where(cases.c.case_sha256 == case_sha256)).scalar()
+        if isinstance(value, bytes):
+            try:
+                return value.decode("utf-8")
+            except UnicodeDecodeError:
+                return value
+        return value
 
     def _transcript_text(self, episode_id: str) -> str | None:
         with self.engine.connect() as c:
@@ -1016,7 +1017,8 @@ class RunStore:
                             "status that says it never ended)")
         elif row["status"] != ENDED:
             problems.append(NEVER_ENDED)
-        elif not isinstance(row["seal"], str) or not row["seal"] or not hmac.compare_digest(row["seal"], self.seal(row)):
+        elif not isinstance(row["seal"], str) or not row["seal"].isascii() or not row["seal"] \
+                or not hmac.compare_digest(row["seal"], self.seal(row)):  # compare_digest refuses other text
             problems.append("the episode's record was altered (its seal does not match)")
         case = None
         sealed = not problems  # its record as gate sealed it (an ended episode whose seal matches)

@@ -224,25 +224,23 @@ def test_a_case_planted_before_it_is_played_is_written_over(home, capsys):
     assert code == 0
 
 
-def test_stored_text_that_is_not_utf8_is_altered_not_a_traceback(home):
-    """SQLite keeps whatever bytes an edit of the file writes as text; its driver raises on those that are not
-    UTF-8. Read as gate reads them, they are text nothing gate wrote: the case fails its hash, an episode's
-    error and case id its row's seal, each a named problem, and verify goes on to every other episode."""
+def test_a_case_that_is_not_utf8_or_a_seal_that_is_not_ascii_is_a_problem_not_a_traceback(home):
+    """SQLite keeps whatever bytes an edit of the file writes as text, and its driver raises on those that are not
+    UTF-8: a case's are read as bytes, so such a case fails its hash. A seal of text that is not ASCII (which
+    `hmac.compare_digest` refuses) fails as any other edited seal. Each is a named problem; verify goes on."""
     store, result = stored_episode("naive")
     _, other = stored_episode("careful", "eval-clean-control-0")
     digest, _ = stored_case(home, result.episode_id)
     db(home).execute("UPDATE cases SET case_json = CAST(x'ff7b' AS TEXT) WHERE case_sha256 = ?", (digest,))
     assert store.load(result.episode_id).problems == (
-        "the stored case was altered (its SHA-256 differs from the one recorded)",
-        "the stored case or agent options are not readable JSON")
-    db(home).execute("UPDATE episodes SET error = CAST(x'ff41' AS TEXT), case_id = CAST(x'fe42' AS TEXT) "
-                     "WHERE episode_id = ?", (other.episode_id,))
+        "the stored case was altered (its SHA-256 differs from the one recorded)",)
+    db(home).execute("UPDATE episodes SET seal = ? WHERE episode_id = ?", ("\u00e9" * 64, other.episode_id))
     assert store.load(other.episode_id).problems == ("the episode's record was altered (its seal does not match)",)
     store.dispose()
     p = gate_verify(home)
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
     assert f"{result.episode_id} {BAD_CASE} naive: the stored case was altered" in p.stdout
-    assert f"{other.episode_id} \\udcfeB careful: the episode's record was altered" in p.stdout, p.stdout
+    assert f"{other.episode_id} eval-clean-control-0 careful: the episode's record was altered" in p.stdout, p.stdout
 
 
 def test_a_case_deleted_from_the_store_is_caught(home, capsys):
