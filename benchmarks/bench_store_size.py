@@ -73,26 +73,30 @@ def main() -> int:
     ap.add_argument("--cases", type=int, default=0, help="the first N train cases (default: all 320)")
     ap.add_argument("--postgres", action="store_true", help="also on a PostgreSQL server on 127.0.0.1")
     a = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="gate-bench-store-"))
-    cases = read_cases(TRAIN)[:a.cases or None]
+    with tempfile.TemporaryDirectory(prefix="gate-bench-store-") as tmp:
+        measure(Path(tmp), a.cases, a.nights, a.postgres)
+    return 0
+
+
+def measure(work: Path, count: int, nights: int, on_postgres: bool) -> None:
+    cases = read_cases(TRAIN)[:count or None]
     cases_file = write_cases(work / "train.jsonl", cases)
     print(f"{len(cases)} train cases x {AGENTS} = {len(cases) * 3} episodes a night; sizes in MB (tables with their "
           f"indexes; those of 0.05 MB or more named)", flush=True)
     env = {**os.environ, "GATE_HOME": str(work / "sqlite"), "GATE_STORE_KEY": KEY}
     before = 0
-    for n in range(1, a.nights + 1):
+    for n in range(1, nights + 1):
         night(cases_file, env)
         before = show("sqlite", n, sqlite_sizes(work / "sqlite" / "runs.db"), before)
-    if a.postgres:
+    if on_postgres:
         from servers import postgres
         with postgres() as pg:
             url = pg.create_database(f"gate_{uuid.uuid4().hex[:12]}")
             env = {**os.environ, "GATE_HOME": str(work / "pg"), "GATE_STORE_KEY": KEY, "GATE_DB_URL": url}
             before = 0
-            for n in range(1, a.nights + 1):
+            for n in range(1, nights + 1):
                 night(cases_file, env)
                 before = show("postgresql", n, postgres_sizes(url), before)
-    return 0
 
 
 if __name__ == "__main__":
