@@ -291,6 +291,10 @@ def _sqlite_reader_pragmas(dbapi_conn, _record) -> None:
     cur.close()
 
 
+def _replaced(value: bytes) -> str:
+    return value.decode("utf-8", "replace")
+
+
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")  # readers (the sensor) never block the writer
@@ -928,12 +932,30 @@ class RunStore:
         return done.rowcount == 1
 
     # -- reading ------------------------------------------------------------------------------
-    def episode(self, episode_id: str) -> dict:
+    def _rows(self, query) -> list[dict]:
+        """The rows of a read of what the store keeps (episodes, ledgers, grades, manifests, summaries). SQLite keeps whatever bytes an edit of its file
+        writes as text, and its driver raises on those that are not UTF-8, which would stop the reader at one
+        row: such a read is made again with them decoded as U+FFFD, text gate never wrote (the row's seal or
+        hash then fails: a named problem) that can still be passed back as a parameter."""
         with self.engine.connect() as c:
-            row = c.execute(select(episodes).where(episodes.c.episode_id == episode_id)).mappings().first()
-        if row is None:
+            try:
+                return [dict(r) for r in c.execute(query).mappings().all()]
+            except OperationalError as exc:
+                raw = c.connection.driver_connection
+                if not isinstance(raw, sqlite3.Connection) or "Could not decode to UTF-8" not in str(exc):
+                    raise
+                c.rollback()
+                raw.text_factory = _replaced
+                try:
+                    return [dict(r) for r in c.execute(query).mappings().all()]
+                finally:
+                    raw.text_factory = str
+
+    def episode(self, episode_id: str) -> dict:
+        rows = self._rows(select(episodes).where(episodes.c.episode_id == episode_id))
+        if not rows:
             raise StoreError(f"no episode {episode_id!r} in {self.url}")
-        return dict(row)
+        return rows[0]
 
     def count_episodes(self, status: str | None = None) -> int:
         query = select(func.count()).select_from(episodes)
@@ -949,19 +971,17 @@ class RunStore:
             query = query.where(episodes.c.run_id == run_id)
         if status is not None:
             query = query.where(episodes.c.status == status)
-        with self.engine.connect() as c:
-            return [dict(r) for r in c.execute(query).mappings().all()]
+        return self._rows(query)
 
     def entries(self, episode_id: str) -> list[dict]:
         """The stored ledger (a row that does not parse is left out; `load` says so)."""
         return self._entries(episode_id)[0]
 
     def _entries(self, episode_id: str) -> tuple[list[dict], list[str]]:
-        with self.engine.connect() as c:
-            rows = c.execute(select(ledger_rows.c.seq, ledger_rows.c.entry).where(ledger_rows.c.episode_id == episode_id)
-                             .order_by(ledger_rows.c.seq)).all()
+        rows = self._rows(select(ledger_rows.c.seq, ledger_rows.c.entry).where(ledger_rows.c.episode_id == episode_id)
+                          .order_by(ledger_rows.c.seq))
         entries, problems = [], []
-        for seq, text in rows:
+        for seq, text in ((r["seq"], r["entry"]) for r in rows):
             try:
                 entry = json.loads(text)
             except (ValueError, RecursionError, TypeError):
@@ -1078,12 +1098,10 @@ class RunStore:
     # -- grades -------------------------------------------------------------------------------
     def ungraded(self) -> list[str]:
         """Ended episodes with no grade yet, oldest first."""
-        with self.engine.connect() as c:
-            graded = select(grades.c.episode_id)
-            ids = c.execute(select(episodes.c.episode_id)
-                            .where(episodes.c.status == ENDED, episodes.c.episode_id.not_in(graded))
-                            .order_by(episodes.c.ended_at)).scalars().all()
-        return list(ids)
+        graded = select(grades.c.episode_id)
+        return [r["episode_id"] for r in self._rows(select(episodes.c.episode_id)
+                                                     .where(episodes.c.status == ENDED, episodes.c.episode_id.not_in(graded))
+                                                     .order_by(episodes.c.ended_at))]
 
     def add_grade(self, episode_id: str, agent: str, grade: Grade, run_id: str = "") -> bool:
         """Keep an episode's grade once; False if it already had one (nothing is changed)."""
@@ -1099,17 +1117,14 @@ class RunStore:
     def grades_after(self, grade_seq: int, limit: int | None = None) -> list[tuple[int, dict]]:
         """Kept grades after a sequence number, the first `limit` of them when given (a row that does not parse
         comes back as a stub saying so)."""
-        with self.engine.connect() as c:
-            rows = c.execute(select(grades.c.grade_seq, grades.c.episode_id, grades.c.case_id, grades.c.agent,
-                                    grades.c.grade).where(grades.c.grade_seq > grade_seq)
-                             .order_by(grades.c.grade_seq).limit(limit)).all()
-        return [(seq, _grade_json(g, eid, cid, agent)) for seq, eid, cid, agent, g in rows]
+        rows = self._rows(select(grades.c.grade_seq, grades.c.episode_id, grades.c.case_id, grades.c.agent,
+                                 grades.c.grade).where(grades.c.grade_seq > grade_seq)
+                          .order_by(grades.c.grade_seq).limit(limit))
+        return [(r["grade_seq"], _grade_json(r["grade"], r["episode_id"], r["case_id"], r["agent"])) for r in rows]
 
     def recorded_grade(self, episode_id: str) -> dict | None:
-        with self.engine.connect() as c:
-            row = c.execute(select(grades.c.grade, grades.c.case_id, grades.c.agent)
-                            .where(grades.c.episode_id == episode_id)).first()
-        return None if row is None else _grade_json(row[0], episode_id, row[1], row[2])
+        rows = self._rows(select(grades.c.grade, grades.c.case_id, grades.c.agent).where(grades.c.episode_id == episode_id))
+        return None if not rows else _grade_json(rows[0]["grade"], episode_id, rows[0]["case_id"], rows[0]["agent"])
 
     def latest_grades(self, case_id: str) -> dict[str, dict]:
         """{agent: its latest kept grade} for one case."""
@@ -1170,28 +1185,25 @@ class RunStore:
         not parse, is not the shape the scoreboard writes, or whose seal does not hold (edited, or kept by an older
         gate) is skipped (`gate verify` recomputes each), never an error, never believed."""
         kept: list[dict] = []
-        with self.engine.connect() as c:
-            for r in c.execute(select(nightly).order_by(nightly.c.night_seq.desc())).mappings():
-                summary, sealed = self._kept_summary(r)
-                if sealed and summary_problem(summary) is None:
-                    kept.append({"night": r["night_seq"], "run_id": r["run_id"], "at": r["at"], "summary": summary})
-                    if len(kept) >= limit:
-                        break
+        for r in self._rows(select(nightly).order_by(nightly.c.night_seq.desc())):
+            summary, sealed = self._kept_summary(r)
+            if sealed and summary_problem(summary) is None:
+                kept.append({"night": r["night_seq"], "run_id": r["run_id"], "at": r["at"], "summary": summary})
+                if len(kept) >= limit:
+                    break
         return kept[::-1]
 
 
     def nights(self) -> list[dict]:
         """Every nightly summary as kept (a cache `gate verify` recomputes): {night, run_id, at, summary, sealed}; a
         summary that does not parse comes back as None."""
-        with self.engine.connect() as c:
-            rows = c.execute(select(nightly).order_by(nightly.c.night_seq)).mappings().all()
+        rows = self._rows(select(nightly).order_by(nightly.c.night_seq))
         return [{"night": r["night_seq"], "run_id": r["run_id"], "at": r["at"], "summary": kept, "sealed": sealed}
                 for r in rows for kept, sealed in [self._kept_summary(r)]]
 
     def all_grades(self) -> list[dict]:
         """Every kept grade row (a cache `gate verify` recomputes): {grade_seq, episode_id, case_id, agent, grade}."""
-        with self.engine.connect() as c:
-            rows = c.execute(select(grades).order_by(grades.c.grade_seq)).mappings().all()
+        rows = self._rows(select(grades).order_by(grades.c.grade_seq))
         return [{"grade_seq": r["grade_seq"], "episode_id": r["episode_id"], "case_id": r["case_id"],
                  "agent": r["agent"], "grade": _grade_json(r["grade"], r["episode_id"], r["case_id"], r["agent"])}
                 for r in rows]
@@ -1228,18 +1240,15 @@ class RunStore:
     def manifest(self, run_id: str) -> dict | None:
         """A run's manifest: {run_id, kind, body, status, episodes, created_at, closed_at, sealed}; `sealed`
         says whether its seal holds (None if the run has none)."""
-        with self.engine.connect() as c:
-            row = c.execute(select(manifests).where(manifests.c.run_id == run_id)).mappings().first()
-        return None if row is None else self._manifest_of(dict(row))
+        rows = self._rows(select(manifests).where(manifests.c.run_id == run_id))
+        return None if not rows else self._manifest_of(rows[0])
 
     def manifests(self, status: str | None = None) -> list[dict]:
         """Every manifest, oldest first (only those in `status` when given)."""
         query = select(manifests).order_by(manifests.c.created_at)
         if status is not None:
             query = query.where(manifests.c.status == status)
-        with self.engine.connect() as c:
-            rows = c.execute(query).mappings().all()
-        return [self._manifest_of(dict(r)) for r in rows]
+        return [self._manifest_of(r) for r in self._rows(query)]
 
     def _manifest_of(self, row: dict) -> dict:
         """A manifest row as read: its body and episodes parsed and their shape checked once, here (a row

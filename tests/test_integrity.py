@@ -243,6 +243,32 @@ def test_a_case_that_is_not_utf8_or_a_seal_that_is_not_ascii_is_a_problem_not_a_
     assert f"{other.episode_id} eval-clean-control-0 careful: the episode's record was altered" in p.stdout, p.stdout
 
 
+def test_stored_text_that_is_not_utf8_is_named_wherever_it_is(home):
+    """SQLite's driver raises on text that is not UTF-8, which an edit of the file can leave in any column: every
+    read of what the store keeps is made again with such bytes as U+FFFD (text gate never wrote), so the rows
+    holding it fail their seal or hash, and nothing stops at them: verify names each, grades and manifests read."""
+    store, first = stored_episode("naive")
+    episodes = [first] + [stored_episode(agent, case)[1] for agent, case in
+                          (("careful", BAD_CASE), ("naive", "eval-clean-control-0"), ("careful", "eval-clean-control-0"))]
+    conn = db(home)
+    bad = "CAST(CAST({} AS BLOB) || x'ff' AS TEXT)"
+    conn.execute(f"UPDATE episodes SET error = {bad.format(repr('x'))} WHERE episode_id = ?", (episodes[0].episode_id,))
+    conn.execute(f"UPDATE episodes SET agent = {bad.format('agent')} WHERE episode_id = ?", (episodes[1].episode_id,))
+    conn.execute(f"UPDATE episodes SET episode_id = {bad.format('episode_id')} WHERE episode_id = ?",
+                 (episodes[2].episode_id,))
+    conn.execute(f"UPDATE ledger_entries SET entry = {bad.format('entry')} WHERE episode_id = ? AND seq = 0",
+                 (episodes[3].episode_id,))
+    conn.execute(f"UPDATE manifests SET run_id = {bad.format('run_id')}")
+    reader = RunStore()
+    assert len(reader.episodes()) == 4 and len(reader.ungraded()) == 4 and len(reader.manifests()) == 1
+    reader.close_dead_runs()
+    reader.dispose()
+    p = gate_verify(home)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    for e, said in zip(episodes, ("seal does not match", "seal does not match", "no episode", "hash chain is broken")):
+        assert any(line.startswith(e.episode_id) and said in line for line in p.stdout.splitlines()), (said, p.stdout)
+
+
 def test_a_case_deleted_from_the_store_is_caught(home, capsys):
     store, result = stored_episode("naive")
     digest, _ = stored_case(home, result.episode_id)
