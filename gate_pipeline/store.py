@@ -933,10 +933,11 @@ class RunStore:
 
     # -- reading ------------------------------------------------------------------------------
     def _rows(self, query) -> list[dict]:
-        """The rows of a read of what the store keeps (episodes, ledgers, grades, manifests, summaries). SQLite keeps whatever bytes an edit of its file
-        writes as text, and its driver raises on those that are not UTF-8, which would stop the reader at one
-        row: such a read is made again with them decoded as U+FFFD, text gate never wrote (the row's seal or
-        hash then fails: a named problem) that can still be passed back as a parameter."""
+        """The rows of a read of what the store keeps (episodes, ledgers, transcripts, grades, manifests, summaries,
+        step outputs). SQLite keeps whatever bytes an edit of its file writes as text, and its driver raises on
+        those that are not UTF-8, which would stop the reader at one row: such a read is made again with them
+        decoded as U+FFFD, text gate never wrote (the row's seal or hash then fails: a named problem) that can
+        still be passed back as a parameter."""
         with self.engine.connect() as c:
             try:
                 return [dict(r) for r in c.execute(query).mappings().all()]
@@ -1008,8 +1009,8 @@ class RunStore:
         return value
 
     def _transcript_text(self, episode_id: str) -> str | None:
-        with self.engine.connect() as c:
-            return c.execute(select(transcripts.c.log).where(transcripts.c.episode_id == episode_id)).scalar()
+        rows = self._rows(select(transcripts.c.log).where(transcripts.c.episode_id == episode_id))
+        return rows[0]["log"] if rows else None
 
     def transcript(self, episode_id: str) -> dict | None:
         """What the agent said about its episode (a model: its messages and tool calls), as stored; None if it
@@ -1385,10 +1386,9 @@ class RunStore:
         """A step output as `put_output` kept it (None if there is none). A step output is stored data that the next
         step acts on (the agents it imports, the grades the scoreboard shows): one whose seal does not hold (edited,
         moved from another run or step, or kept by another key) is a StoreError, never read."""
-        with self.engine.connect() as c:
-            text = c.execute(select(step_outputs.c.value).where(
-                step_outputs.c.run_id == run_id, step_outputs.c.step_key == step_key,
-                step_outputs.c.output == output)).scalar()
+        rows = self._rows(select(step_outputs.c.value).where(
+            step_outputs.c.run_id == run_id, step_outputs.c.step_key == step_key, step_outputs.c.output == output))
+        text = rows[0]["value"] if rows else None
         if text is None:
             return None
         value, sealed = self._unsealed_text(["step output", run_id, step_key, output], text)

@@ -243,6 +243,17 @@ def test_a_case_that_is_not_utf8_or_a_seal_that_is_not_ascii_is_a_problem_not_a_
     assert f"{other.episode_id} eval-clean-control-0 careful: the episode's record was altered" in p.stdout, p.stdout
 
 
+class Talks:
+    """Reports an empty night and keeps a log of its own (stored as the episode's transcript)."""
+    oracle = False
+
+    def play(self, tools, case=None):
+        tools("submit_report", loaded=[], quarantined=[])
+
+    def episode_log(self):
+        return {"said": "nothing to load"}
+
+
 def test_stored_text_that_is_not_utf8_is_named_wherever_it_is(home):
     """SQLite's driver raises on text that is not UTF-8, which an edit of the file can leave in any column: every
     read of what the store keeps is made again with such bytes as U+FFFD (text gate never wrote), so the rows
@@ -258,14 +269,18 @@ def test_stored_text_that_is_not_utf8_is_named_wherever_it_is(home):
                  (episodes[2].episode_id,))
     conn.execute(f"UPDATE ledger_entries SET entry = {bad.format('entry')} WHERE episode_id = ? AND seq = 0",
                  (episodes[3].episode_id,))
+    talked = stored_episode(AgentSpec("talks", factory=Talks, identity="talks"), "eval-clean-control-1")[1]
+    episodes.append(talked)
+    conn.execute(f"UPDATE transcripts SET log = {bad.format('log')} WHERE episode_id = ?", (talked.episode_id,))
     conn.execute(f"UPDATE manifests SET run_id = {bad.format('run_id')}")
     reader = RunStore()
-    assert len(reader.episodes()) == 4 and len(reader.ungraded()) == 4 and len(reader.manifests()) == 1
+    assert len(reader.episodes()) == 5 and len(reader.ungraded()) == 5 and len(reader.manifests()) == 1
     reader.close_dead_runs()
     reader.dispose()
     p = gate_verify(home)
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
-    for e, said in zip(episodes, ("seal does not match", "seal does not match", "no episode", "hash chain is broken")):
+    for e, said in zip(episodes, ("seal does not match", "seal does not match", "no episode", "hash chain is broken",
+                                  "transcript was altered")):
         assert any(line.startswith(e.episode_id) and said in line for line in p.stdout.splitlines()), (said, p.stdout)
 
 
