@@ -841,8 +841,8 @@ class RunStore:
     def _case_rows(self, starts: list[EpisodeStart]) -> list[dict]:
         """The `cases` rows of these episodes' cases that this process has not seen committed (none where each
         episode's row keeps its case), in the order of their hashes: two transactions storing the same cases at
-        once on PostgreSQL (the second waits for the first, then leaves the case as it is) take them in one
-        order, so neither waits for the other while holding what the other waits for."""
+        once on PostgreSQL (the second waits for the first, then writes the case's text over a row holding other
+        text, or leaves it) take them in one order, so neither waits for the other while holding what the other waits for."""
         if not self._dedup:
             return []
         out: dict[str, dict] = {}
@@ -1186,12 +1186,21 @@ class RunStore:
         not parse, is not the shape the scoreboard writes, or whose seal does not hold (edited, or kept by an older
         gate) is skipped (`gate verify` recomputes each), never an error, never believed."""
         kept: list[dict] = []
-        for r in self._rows(select(nightly).order_by(nightly.c.night_seq.desc())):
-            summary, sealed = self._kept_summary(r)
-            if sealed and summary_problem(summary) is None:
-                kept.append({"night": r["night_seq"], "run_id": r["run_id"], "at": r["at"], "summary": summary})
-                if len(kept) >= limit:
-                    break
+        if limit < 1:
+            return kept
+        page = limit
+        query = select(nightly).order_by(nightly.c.night_seq.desc()).limit(page)
+        rows = self._rows(query)  # newest first, a page at a time: a store of years of nights is not read whole
+        while rows:
+            for r in rows:
+                summary, sealed = self._kept_summary(r)
+                if sealed and summary_problem(summary) is None:
+                    kept.append({"night": r["night_seq"], "run_id": r["run_id"], "at": r["at"], "summary": summary})
+                    if len(kept) >= limit:
+                        return kept[::-1]
+            if len(rows) < page:
+                break
+            rows = self._rows(query.where(nightly.c.night_seq < rows[-1]["night_seq"]))
         return kept[::-1]
 
 

@@ -360,6 +360,25 @@ def test_the_grading_sensor_reads_no_more_kept_grades_than_a_tick_publishes(home
     assert [seq for seq, _ in store.grades_after(29, 5)] == [30, 31] and len(store.grades_after(0)) == 31
 
 
+def test_the_nightly_history_reads_the_nights_it_shows_not_every_kept_one(home):
+    """The history read every kept summary (each parsed and its seal checked) to show the last 30: a store of years
+    of nights was read whole by every scoreboard. It reads them newest first, a page at a time, and still skips one
+    whose seal does not hold however many of the newest do not."""
+    store = RunStore()
+    for night in range(12):
+        store.add_nightly({"agents": {"naive": {"reward": night / 100}}}, f"run-{night}")
+    db(home).execute("UPDATE nightly_scores SET summary = replace(summary, '0.1', '0.9') WHERE run_id IN "
+                     "('run-10', 'run-11')")  # the two newest edited without the key: never shown
+    read: list[int] = []
+    rows = store._rows
+    store._rows = lambda query: read.append(len(got := rows(query))) or got  # type: ignore[method-assign]
+    assert [n["run_id"] for n in store.nightly_history(3)] == ["run-7", "run-8", "run-9"]
+    assert read == [3, 3]  # a second page for the third night, no more
+    read.clear()
+    assert [n["run_id"] for n in store.nightly_history()] == [f"run-{n}" for n in range(10)] and read == [12]
+    assert store.nightly_history(0) == []
+
+
 def test_an_unreadable_ledger_row_fails_its_episode_only(home):
     import dagster as dg
 
