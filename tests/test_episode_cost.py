@@ -3,6 +3,8 @@ use, the catalogue the compile check reuses, cases read while the first ones pla
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,6 +66,24 @@ def test_the_compile_check_is_given_the_schema_again_once_gate_changes_it():
     sandbox.execute(query)
     assert [name for name, _ in sandbox._catalogue] == ["stg_a", "gate_held"]
     assert any(check._child is not None for check in compile_check._IDLE)  # checked on the new schema
+
+
+def test_a_run_of_cases_starts_its_compile_check_child_before_the_first_statement_needs_it():
+    """The child that compiles a statement with a subquery first took some 30 ms to start, and was started by
+    the first such statement, which waited for it: a run of cases starts it as it begins, so it gets ready
+    while the cases are read and prepared (naive sends no SQL at all: the child is there all the same)."""
+    child = subprocess.run([sys.executable, "-c", f"""
+import os
+from gate_pipeline.kernel import compile_check
+from gate_pipeline.kernel.cases import read_cases
+from gate_pipeline.kernel.engine import play_cases
+cases = read_cases({str(TRAIN)!r})[:2]
+before = sum(c.running() for c in compile_check._IDLE)
+play_cases(cases, ["naive"])
+print(before, sum(c.running() and c.pid == os.getpid() for c in compile_check._IDLE))
+"""], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert child.stdout.split() == ["0", "1"]
 
 
 def test_a_bad_case_late_in_the_file_is_one_line_and_exit_2_whatever_the_workers(tmp_path, capsys):

@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+from . import compile_check
 from .actions import parse_action
 from .agents import AgentSpec, AgentUnfinished, resolve_agent, unique_agents
 from .cases import Case, CaseLines, contiguous, valid_text
@@ -490,6 +491,7 @@ def play_cases(cases: Iterable[Case] | CaseLines, agents: list, *, sinks: Iterab
     with fewer_collections():
         if workers > 1 and not sinks and count > 1 and "fork" in multiprocessing.get_all_start_methods():
             return _play_forked(cases, specs, reward, run_id, progress, min(workers, count))
+        compile_check.warm(1)  # its child starts while the cases are read and prepared, not at the first subquery
         if isinstance(cases, CaseLines):
             cases = cases.cases()
         out: dict[str, list[EpisodeResult]] = {spec.identity: [] for spec in specs}
@@ -555,6 +557,7 @@ def _worker(job: int, start: int, stop: int, link, inherited: list, parent: int)
         for end in inherited:
             end.close()
         _worker_start(parent)
+        compile_check.warm(1)  # this process's own child, started while its share is parsed
         cases, specs, reward, run_id, ticks = _JOBS[job]
         if isinstance(cases, CaseLines):
             share = cases.share(start, stop)
