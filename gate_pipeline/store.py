@@ -63,7 +63,6 @@ from sqlalchemy import (
     Table,
     Text,
     bindparam,
-    cast,
     create_engine,
     event,
     func,
@@ -991,22 +990,13 @@ class RunStore:
             entries.append(entry)
         return entries, problems
 
-    def _case_json(self, case_sha256) -> str | bytes | None:
-        """A case's JSON as `cases` keeps it under its SHA-256, or None. An edited row may hold anything (bytes, a
-        number), which then fails the case's hash. On SQLite the value is read as bytes and decoded here, its
-        bytes kept when they are not UTF-8 (an edit of the file can leave any): SQLite's driver raises on such
-        text, which would stop the reader, where it is one case that does not hold."""
+    def _case_json(self, case_sha256):
+        """A case's JSON as `cases` keeps it under its SHA-256, or None. An edited row may hold anything (text that
+        is not UTF-8, read as U+FFFD; bytes; a number), which then fails the case's hash."""
         if not isinstance(case_sha256, str):
             return None
-        column = cast(cases.c.case_json, LargeBinary) if self.engine.dialect.name == "sqlite" else cases.c.case_json
-        with self.engine.connect() as c:
-            value = c.execute(select(column).where(cases.c.case_sha256 == case_sha256)).scalar()
-        if isinstance(value, bytes):
-            try:
-                return value.decode("utf-8")
-            except UnicodeDecodeError:
-                return value
-        return value
+        rows = self._rows(select(cases.c.case_json).where(cases.c.case_sha256 == case_sha256))
+        return rows[0]["case_json"] if rows else None
 
     def _transcript_text(self, episode_id: str) -> str | None:
         rows = self._rows(select(transcripts.c.log).where(transcripts.c.episode_id == episode_id))
@@ -1044,12 +1034,13 @@ class RunStore:
         case = None
         sealed = not problems  # its record as gate sealed it (an ended episode whose seal matches)
         case_json = row["case_json"] or self._case_json(row["case_sha256"])  # in its row, as schema 5 kept it
+        held = isinstance(case_json, str) and sha256(case_json) == row["case_sha256"]
         if case_json is None:
             problems.append("the episode's case is missing from the run store")
-        elif not isinstance(case_json, str) or sha256(case_json) != row["case_sha256"]:
+        elif not held:  # not parsed: what is not the case recorded is not read as one (a planted one may be huge)
             problems.append("the stored case was altered (its SHA-256 differs from the one recorded)")
         try:
-            case = json.loads(case_json) if isinstance(case_json, str) else None
+            case = json.loads(case_json) if held else None
             options = json.loads(row["agent_options"])
         except (ValueError, RecursionError, TypeError):
             problems.append("the stored case or agent options are not readable JSON")

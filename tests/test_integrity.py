@@ -197,6 +197,24 @@ def test_an_edited_case_written_into_the_episodes_row_is_caught(home, capsys):
     assert code == 1
 
 
+def test_a_case_that_is_not_the_one_recorded_is_not_read_as_one(home):
+    """A stored case whose SHA-256 is not the one its sealed row records was parsed and checked all the same: text
+    planted under a case's hash (the store's writer can put any there) cost verify the time and memory of reading
+    it as a case, for every episode of the case, and an edited one was graded against (at 0, but as that case).
+    Such text is named altered and never parsed."""
+    store, result = stored_episode("naive")
+    digest, case = stored_case(home, result.episode_id)
+    case["batches"][0]["truth"] = {"defective": False, "defects": []}
+    db(home).execute("UPDATE cases SET case_json = ? WHERE case_sha256 = ?", (json.dumps(case, sort_keys=True), digest))
+    edited = store.load(result.episode_id)
+    assert edited.case is None and edited.problems == (
+        "the stored case was altered (its SHA-256 differs from the one recorded)",)
+    assert grade_stored(edited).reward == 0.0 and grade_stored(edited).failed
+    db(home).execute("UPDATE cases SET case_json = ? WHERE case_sha256 = ?", ("[" * 100_000, digest))
+    assert store.load(result.episode_id).problems == (  # not also "not readable JSON": it was not read
+        "the stored case was altered (its SHA-256 differs from the one recorded)",)
+
+
 def test_a_transactions_new_cases_go_in_the_order_of_their_hashes(home):
     """Two transactions that store the same new cases at once take them in one order (on PostgreSQL the second
     waits for the first on each case: in opposite orders they would wait for each other)."""
