@@ -244,7 +244,7 @@ def test_a_case_planted_before_it_is_played_is_written_over(home, capsys):
 
 def test_a_case_that_is_not_utf8_or_a_seal_that_is_not_ascii_is_a_problem_not_a_traceback(home):
     """SQLite keeps whatever bytes an edit of the file writes as text, and its driver raises on those that are not
-    UTF-8: a case's are read as bytes, so such a case fails its hash. A seal of text that is not ASCII (which
+    UTF-8: a case's are read as U+FFFD, so such a case fails its hash. A seal of text that is not ASCII (which
     `hmac.compare_digest` refuses) fails as any other edited seal. Each is a named problem; verify goes on."""
     store, result = stored_episode("naive")
     _, other = stored_episode("careful", "eval-clean-control-0")
