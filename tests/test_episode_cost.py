@@ -86,6 +86,45 @@ print(before, sum(c.running() and c.pid == os.getpid() for c in compile_check._I
     assert child.stdout.split() == ["0", "1"]
 
 
+def test_forked_workers_start_and_reap_their_own_compile_check_children(tmp_path):
+    """Each forked worker starts its own compile-check child as it begins. A worker forked while another thread of
+    the parent held the checks' lock waited for it for ever (and its parent for the worker); and a worker ended
+    with `os._exit`, leaving its child to be reaped by whoever inherited it (a zombie for as long as that
+    process ran, where gate is the container's first process). Here the parent holds the lock in another thread
+    while it forks, and, as a subreaper, would inherit any child a worker leaves."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("a subreaper is Linux's")
+    child = subprocess.run([sys.executable, "-c", f"""
+import ctypes, os, threading, time
+from gate_pipeline.kernel import compile_check
+from gate_pipeline.kernel.cases import read_cases
+from gate_pipeline.kernel.engine import play_cases
+ctypes.CDLL(None, use_errno=True).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+cases = read_cases({str(TRAIN)!r})[:4]
+held, done = threading.Event(), threading.Event()
+def hold():
+    with compile_check._IDLE_LOCK:
+        held.set()
+        done.wait(60)
+threading.Thread(target=hold, daemon=True).start()
+held.wait()
+results = play_cases(cases, ["careful-sql"], workers=2)
+done.set()
+time.sleep(1.0)  # a child left by a worker notices it gone within a quarter of a second, and ends
+mine = []
+for pid in os.listdir("/proc"):
+    try:
+        fields = open(f"/proc/{{pid}}/stat").read().rsplit(")", 1)[1].split()
+    except (OSError, ValueError):
+        continue
+    if pid.isdigit() and int(fields[1]) == os.getpid():
+        mine.append(fields[0])
+print(len(results["careful-sql"]), sorted(mine))
+"""], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert child.stdout.split() == ["4", "[]"]
+
+
 def test_a_bad_case_late_in_the_file_is_one_line_and_exit_2_whatever_the_workers(tmp_path, capsys):
     cases = read_cases(TRAIN)[:40]
     path = tmp_path / "cases.jsonl"

@@ -283,6 +283,28 @@ class CompileCheck:
 
 _IDLE: list[CompileCheck] = []  # this process's checks that no thread is using, each with its child (or none yet)
 _IDLE_LOCK = threading.Lock()
+_FORKED_FROM: list[CompileCheck] = []  # in a forked process: its parent's checks, kept (not closed: not its children)
+
+
+def _forked() -> None:
+    """In a forked child: a lock of its own (another thread of the parent may have held the parent's as it forked,
+    and would never give it back here), and no check of the parent's to take."""
+    global _IDLE_LOCK
+    _IDLE_LOCK = threading.Lock()
+    _FORKED_FROM.extend(_IDLE)
+    _IDLE.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
+def close_all() -> None:
+    """Stop this process's idle checks' children and wait for them (a process about to end with `os._exit`, which
+    runs no finalizer, leaves no child to be reaped by whoever inherits it)."""
+    with _IDLE_LOCK:
+        for check in _IDLE:
+            check.close()
 
 
 def take() -> CompileCheck:

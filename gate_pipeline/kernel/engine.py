@@ -585,6 +585,10 @@ def _worker(job: int, start: int, stop: int, link, inherited: list, parent: int)
                 stream.flush()
             except Exception:  # noqa: BLE001 - a stream closed or gone
                 pass
+        try:
+            compile_check.close_all()  # its children reaped here, not left as zombies for whoever inherits them
+        except BaseException:  # noqa: BLE001 - Ctrl-C meanwhile: the worker ends all the same
+            pass
         os._exit(code)  # not the interpreter's teardown of a forked copy of the parent's heap
 
 
