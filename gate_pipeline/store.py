@@ -63,6 +63,7 @@ from sqlalchemy import (
     Table,
     Text,
     bindparam,
+    cast,
     create_engine,
     event,
     func,
@@ -277,6 +278,7 @@ class StoreError(GateError):
     """The run store cannot be opened or read (bad URL, unwritable GATE_HOME, unknown episode)."""
 
 
+NIGHTS_PAGE = 100  # kept summaries the history reads at a time (more than it shows, when it shows few: past edited ones)
 WAL_PAGES = 1000  # SQLite's own checkpoint interval: the WAL is copied into the database every 1000 pages
 HELD_WAL_PAGES = 10000  # while `holding`: once per chunk of a night (or every 10000 pages), when it ends
 
@@ -991,12 +993,16 @@ class RunStore:
         return entries, problems
 
     def _case_json(self, case_sha256):
-        """A case's JSON as `cases` keeps it under its SHA-256, or None. An edited row may hold anything (text that
-        is not UTF-8, read as U+FFFD; bytes; a number), which then fails the case's hash."""
+        """A case's JSON as `cases` keeps it under its SHA-256, or None. An edited row may hold anything (bytes, a
+        number), which then fails the case's hash. On SQLite the value is read as bytes (`load` hashes them, and
+        decodes them only once they are the case recorded): text that is not UTF-8 there would make SQLite's driver
+        raise with the whole text in its message, and a read as U+FFFD take twice its size again, for a case
+        planted under the hash that may be of any size."""
         if not isinstance(case_sha256, str):
             return None
-        rows = self._rows(select(cases.c.case_json).where(cases.c.case_sha256 == case_sha256))
-        return rows[0]["case_json"] if rows else None
+        column = cast(cases.c.case_json, LargeBinary) if self.engine.dialect.name == "sqlite" else cases.c.case_json
+        with self.engine.connect() as c:
+            return c.execute(select(column).where(cases.c.case_sha256 == case_sha256)).scalar()
 
     def _transcript_text(self, episode_id: str) -> str | None:
         rows = self._rows(select(transcripts.c.log).where(transcripts.c.episode_id == episode_id))
@@ -1034,7 +1040,9 @@ class RunStore:
         case = None
         sealed = not problems  # its record as gate sealed it (an ended episode whose seal matches)
         case_json = row["case_json"] or self._case_json(row["case_sha256"])  # in its row, as schema 5 kept it
-        held = isinstance(case_json, str) and sha256(case_json) == row["case_sha256"]
+        held = isinstance(case_json, (str, bytes)) and sha256(case_json) == row["case_sha256"]
+        if held and isinstance(case_json, bytes):  # the bytes of the case recorded: its UTF-8
+            case_json = case_json.decode("utf-8", "surrogatepass")
         if case_json is None:
             problems.append("the episode's case is missing from the run store")
         elif not held:  # not parsed: what is not the case recorded is not read as one (a planted one may be huge)
@@ -1179,7 +1187,7 @@ class RunStore:
         kept: list[dict] = []
         if limit < 1:
             return kept
-        page = limit
+        page = min(max(limit, NIGHTS_PAGE), 10 * NIGHTS_PAGE)
         query = select(nightly).order_by(nightly.c.night_seq.desc()).limit(page)
         rows = self._rows(query)  # newest first, a page at a time: a store of years of nights is not read whole
         while rows:

@@ -559,7 +559,6 @@ def check_nights(store: RunStore, manifests: dict[str, dict], roots: dict[str, s
             out.problems.append(run_problem(run_id, f"night {n}: its summary cannot be recomputed (its run's manifest "
                                                     f"{'is not readable' if manifest['problem'] else 'is not a night'})"))
             continue
-        out.counts["nights"] += 1
         body = manifest["body"]
         named = {(i[0], i[1]): i[3] for i in manifest["episodes"] or []}
         agents = [a["identity"] for a in body["agents"]]
@@ -572,12 +571,15 @@ def check_nights(store: RunStore, manifests: dict[str, dict], roots: dict[str, s
                                                         f"{case_id} is missing)"))
                 break
             stored = store.load(eids[0])  # type: ignore[arg-type]
-            if stored.case is None:
+            if stored.case is None:  # altered or missing (its episodes say which): nothing to recompute the night from
+                out.problems.append(run_problem(run_id, f"night {n}: its summary cannot be recomputed (the stored "
+                                                        f"case of {case_id} is not the one its episodes recorded)"))
                 break
             cases.append(stored.case)
             for a, e in zip(agents, eids):
                 grades[a].append(out.fresh[e])  # type: ignore[index]
         else:
+            out.counts["nights"] += 1
             fresh = {**summary(cases, grades), "cases_file": body.get("cases_file")}
             kept = night["summary"]
             if kept != fresh:

@@ -183,6 +183,22 @@ def test_a_deleted_episode_is_caught(home, night, capsys):
     assert "night 1: its summary cannot be recomputed" in out
 
 
+def test_a_night_whose_case_was_altered_is_named_not_recomputed_with_its_summary_edited_or_not(home, night, capsys):
+    """A night's summary is recomputed from its episodes' cases: with one of them altered (not parsed), verify gave
+    up on the night without a word, and counted it recomputed, so a summary edited as well went unnamed."""
+    naive = episode_of(home, "naive", BAD)
+    digest = db(home).execute("SELECT case_sha256 FROM episodes WHERE episode_id = ?", (naive,)).fetchone()[0]
+    db(home).execute("UPDATE cases SET case_json = replace(case_json, '\"defective\": true', '\"defective\": false') "
+                     "WHERE case_sha256 = ?", (digest,))
+    code, out, _ = verify(capsys)
+    assert code == 1 and "the stored case was altered" in out
+    assert f"night 1: its summary cannot be recomputed (the stored case of {BAD} is not the one its episodes " \
+           "recorded)" in out and "nights recomputed 0" in out
+    db(home).execute("UPDATE nightly_scores SET summary = replace(summary, '\"reward\": 0.', '\"reward\": 0.9')")
+    code, again, _ = verify(capsys)
+    assert code == 1 and f"night 1: its summary cannot be recomputed (the stored case of {BAD}" in again
+
+
 def test_a_sealed_episode_edited_back_to_running_is_named_altered_and_never_closed_as_abandoned(home, night, capsys):
     """Its status set back to 'running', an ended episode read as one that never ended (its seal, which holds
     the status, was not checked): verify called it a process that died, and closing it as abandoned would have

@@ -382,19 +382,23 @@ def test_the_nightly_history_reads_the_nights_it_shows_not_every_kept_one(home):
     """The history read every kept summary (each parsed and its seal checked) to show the last 30: a store of years
     of nights was read whole by every scoreboard. It reads them newest first, a page at a time, and still skips one
     whose seal does not hold however many of the newest do not."""
+    from gate_pipeline.store import NIGHTS_PAGE
     store = RunStore()
-    for night in range(12):
-        store.add_nightly({"agents": {"naive": {"reward": night / 100}}}, f"run-{night}")
-    db(home).execute("UPDATE nightly_scores SET summary = replace(summary, '0.1', '0.9') WHERE run_id IN "
-                     "('run-10', 'run-11')")  # the two newest edited without the key: never shown
+    total = 2 * NIGHTS_PAGE + NIGHTS_PAGE // 2
+    for night in range(total):
+        store.add_nightly({"agents": {"naive": {"reward": night / 1000}}}, f"run-{night}")
+    db(home).execute("UPDATE nightly_scores SET summary = replace(summary, 'reward', 'rewarD') WHERE night_seq > ?",
+                     (total - NIGHTS_PAGE - 2,))  # the newest page and two more edited without the key: never shown
     read: list[int] = []
     rows = store._rows
     store._rows = lambda query: read.append(len(got := rows(query))) or got  # type: ignore[method-assign]
-    assert [n["run_id"] for n in store.nightly_history(3)] == ["run-7", "run-8", "run-9"]
-    assert read == [3, 3]  # a second page for the third night, no more
+    last = total - NIGHTS_PAGE - 3  # the newest that holds
+    assert [n["run_id"] for n in store.nightly_history(3)] == [f"run-{k}" for k in range(last - 2, last + 1)]
+    assert read == [NIGHTS_PAGE, NIGHTS_PAGE]  # a second page for the nights past the edited ones, no more
     read.clear()
-    assert [n["run_id"] for n in store.nightly_history()] == [f"run-{n}" for n in range(10)] and read == [12]
-    assert store.nightly_history(0) == []
+    assert [n["run_id"] for n in store.nightly_history(30)] == [f"run-{k}" for k in range(last - 29, last + 1)]
+    assert read == [NIGHTS_PAGE, NIGHTS_PAGE] and store.nightly_history(0) == [] and store.nightly_history(-1) == []
+    assert len(store.nightly_history(2 ** 63)) == last + 1  # every night that holds, in pages
 
 
 def test_an_unreadable_ledger_row_fails_its_episode_only(home):
