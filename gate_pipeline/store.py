@@ -1041,10 +1041,16 @@ class RunStore:
         sealed = not problems  # its record as gate sealed it (an ended episode whose seal matches)
         case_json = row["case_json"] or self._case_json(row["case_sha256"])  # in its row, as schema 5 kept it
         held = isinstance(case_json, (str, bytes)) and sha256(case_json) == row["case_sha256"]
-        if held and isinstance(case_json, bytes):  # the bytes of the case recorded: its UTF-8
-            case_json = case_json.decode("utf-8", "surrogatepass")
+        undecoded = False
+        if held and isinstance(case_json, bytes):  # the bytes of the case recorded: its UTF-8 (unless its hash and
+            try:  # the row's seal were forged together, by whoever holds the key)
+                case_json = case_json.decode("utf-8", "surrogatepass")
+            except UnicodeDecodeError:
+                held, undecoded = False, True
         if case_json is None:
             problems.append("the episode's case is missing from the run store")
+        elif undecoded:
+            problems.append("the stored case is not UTF-8 text")
         elif not held:  # not parsed: what is not the case recorded is not read as one (a planted one may be huge)
             problems.append("the stored case was altered (its SHA-256 differs from the one recorded)")
         try:

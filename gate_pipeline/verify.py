@@ -573,7 +573,7 @@ def check_nights(store: RunStore, manifests: dict[str, dict], roots: dict[str, s
             stored = store.load(eids[0])  # type: ignore[arg-type]
             if stored.case is None:  # altered or missing (its episodes say which): nothing to recompute the night from
                 out.problems.append(run_problem(run_id, f"night {n}: its summary cannot be recomputed (the stored "
-                                                        f"case of {case_id} is not the one its episodes recorded)"))
+                                                        f"case of {case_id} cannot be read: its episodes say why)"))
                 break
             cases.append(stored.case)
             for a, e in zip(agents, eids):

@@ -192,8 +192,8 @@ def test_a_night_whose_case_was_altered_is_named_not_recomputed_with_its_summary
                      "WHERE case_sha256 = ?", (digest,))
     code, out, _ = verify(capsys)
     assert code == 1 and "the stored case was altered" in out
-    assert f"night 1: its summary cannot be recomputed (the stored case of {BAD} is not the one its episodes " \
-           "recorded)" in out and "nights recomputed 0" in out
+    assert f"night 1: its summary cannot be recomputed (the stored case of {BAD} cannot be read: its episodes say " \
+           "why)" in out and "nights recomputed 0" in out
     db(home).execute("UPDATE nightly_scores SET summary = replace(summary, '\"reward\": 0.', '\"reward\": 0.9')")
     code, again, _ = verify(capsys)
     assert code == 1 and f"night 1: its summary cannot be recomputed (the stored case of {BAD}" in again

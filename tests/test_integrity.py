@@ -261,6 +261,26 @@ def test_a_case_that_is_not_utf8_or_a_seal_that_is_not_ascii_is_a_problem_not_a_
     assert f"{other.episode_id} eval-clean-control-0 careful: the episode's record was altered" in p.stdout, p.stdout
 
 
+def test_a_sealed_case_that_is_not_utf8_is_a_problem_not_a_traceback(home):
+    """Whoever holds the key can store bytes that are not UTF-8 under their own SHA-256 and seal an episode's row
+    with that hash: read as bytes, hashed, then decoded, such a case raised out of `gate verify`."""
+    import hashlib
+    store, result = stored_episode("naive")
+    digest, _ = stored_case(home, result.episode_id)
+    raw = db(home).execute("SELECT CAST(case_json AS BLOB) FROM cases WHERE case_sha256 = ?", (digest,)).fetchone()[0]
+    forged = raw[:-1] + b" \xff}"
+    forged_sha256 = hashlib.sha256(forged).hexdigest()
+    db(home).execute("INSERT INTO cases VALUES (?, CAST(? AS TEXT))", (forged_sha256, forged))
+    db(home).execute("UPDATE episodes SET case_sha256 = ? WHERE episode_id = ?", (forged_sha256, result.episode_id))
+    db(home).execute("UPDATE episodes SET seal = ? WHERE episode_id = ?",
+                     (store.seal(store.episode(result.episode_id)), result.episode_id))
+    assert store.load(result.episode_id).problems == ("the stored case is not UTF-8 text",)
+    store.dispose()
+    p = gate_verify(home)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert f"{result.episode_id} {BAD_CASE} naive: the stored case is not UTF-8 text" in p.stdout, p.stdout
+
+
 class Talks:
     """Reports an empty night and keeps a log of its own (stored as the episode's transcript)."""
     oracle = False
