@@ -29,10 +29,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from . import compile_check
 from .actions import parse_action
 from .agents import AgentSpec, AgentUnfinished, resolve_agent, unique_agents
 from .cases import Case, CaseLines, contiguous, valid_text
+from .compile_check import close_all as close_compile_checks
+from .compile_check import warm as warm_compile_checks
 from .errors import GateError, NoRoom
 from .grading import grade
 from .records import ABANDONED, AGENT_ERROR, NO_REPORT, REPORTED, EpisodeResult, Grade
@@ -491,7 +492,7 @@ def play_cases(cases: Iterable[Case] | CaseLines, agents: list, *, sinks: Iterab
     with fewer_collections():
         if workers > 1 and not sinks and count > 1 and "fork" in multiprocessing.get_all_start_methods():
             return _play_forked(cases, specs, reward, run_id, progress, min(workers, count))
-        compile_check.warm(1)  # its child starts while the cases are read and prepared, not at the first subquery
+        warm_compile_checks(1)  # its child starts while the cases are read and prepared, not at the first subquery
         if isinstance(cases, CaseLines):
             cases = cases.cases()
         out: dict[str, list[EpisodeResult]] = {spec.identity: [] for spec in specs}
@@ -557,7 +558,7 @@ def _worker(job: int, start: int, stop: int, link, inherited: list, parent: int)
         for end in inherited:
             end.close()
         _worker_start(parent)
-        compile_check.warm(1)  # this process's own child, started while its share is parsed
+        warm_compile_checks(1)  # this process's own child, started while its share is parsed
         cases, specs, reward, run_id, ticks = _JOBS[job]
         if isinstance(cases, CaseLines):
             share = cases.share(start, stop)
@@ -586,7 +587,7 @@ def _worker(job: int, start: int, stop: int, link, inherited: list, parent: int)
             except Exception:  # noqa: BLE001 - a stream closed or gone
                 pass
         try:
-            compile_check.close_all()  # its children reaped here, not left as zombies for whoever inherits them
+            close_compile_checks()  # its children reaped here, not left as zombies for whoever inherits them
         except BaseException:  # noqa: BLE001 - Ctrl-C meanwhile: the worker ends all the same
             pass
         os._exit(code)  # not the interpreter's teardown of a forked copy of the parent's heap
