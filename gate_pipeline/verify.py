@@ -99,6 +99,7 @@ class Verification:
     problems: list[Problem] = field(default_factory=list)
     notes: list[Problem] = field(default_factory=list)
     fresh: dict[str, Grade] = field(default_factory=dict)
+    cases: dict[str, Case | None] = field(default_factory=dict)  # episode id -> its stored case as loaded (None: unread)
     unplayed: dict[tuple[str, str], int] = field(default_factory=dict)  # (agent, why) -> episodes not played again
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("replayed", "tied", "rebuilt", "runs", "nights", "grades"), 0))
@@ -308,6 +309,7 @@ def check_episode(store: RunStore, row: dict, settings: Settings, out: Verificat
             out.notes.append(Problem(eid, case_id, agent, "still being played (its night's process is running)"))
     for p in problems:
         problem(p)
+    out.cases[eid] = stored.case
     grade = out.fresh[eid] = grade_stored(stored)
     kept = store.recorded_grade(eid)
     why = differs(kept, grade) if kept is not None else None
@@ -570,12 +572,12 @@ def check_nights(store: RunStore, manifests: dict[str, dict], roots: dict[str, s
                 out.problems.append(run_problem(run_id, f"night {n}: its summary cannot be recomputed (an episode of "
                                                         f"{case_id} is missing)"))
                 break
-            stored = store.load(eids[0])  # type: ignore[arg-type]
-            if stored.case is None:  # altered or missing (its episodes say which): nothing to recompute the night from
+            case = out.cases[eids[0]]  # type: ignore[index]  # loaded when its episode was checked (it is in out.fresh)
+            if case is None:  # altered or missing (its episodes say which): nothing to recompute the night from
                 out.problems.append(run_problem(run_id, f"night {n}: its summary cannot be recomputed (the stored "
                                                         f"case of {case_id} cannot be read: its episodes say why)"))
                 break
-            cases.append(stored.case)
+            cases.append(case)
             for a, e in zip(agents, eids):
                 grades[a].append(out.fresh[e])  # type: ignore[index]
         else:
