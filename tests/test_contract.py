@@ -6,6 +6,7 @@ import pytest
 import yaml
 from conftest import ROOT
 
+from gate_pipeline.kernel import contract as contract_module
 from gate_pipeline.kernel.contract import ContractError, load_contract, load_contract_file
 from gate_pipeline.kernel.engine import prepare
 from gate_pipeline.suites.classic.contract import DEFECT_TYPES
@@ -140,6 +141,45 @@ def test_yaml_is_read_as_yaml_1_2_and_a_key_named_twice_is_refused(tmp_path):
     doc["limits"]["max_amount"] = 10000
     p.write_text(yaml.safe_dump(doc).replace("max_amount: 10000", "max_amount: 010000"))
     assert load_contract_file(p)["limits"]["max_amount"] == 10000
+
+
+class _PythonParsed(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser, yaml.composer.Composer,
+                    contract_module._ContractLoader):
+    """gate's contract loader with PyYAML's own parser in Python, whatever parser gate's is built on."""
+
+    def __init__(self, stream):
+        yaml.SafeLoader.__init__(self, stream)
+
+
+@pytest.mark.skipif(not yaml.__with_libyaml__, reason="PyYAML built without libyaml: gate reads with PyYAML's own parser")
+def test_libyaml_reads_every_shipped_file_and_the_edge_cases_as_pyyamls_own_parser_does(tmp_path):
+    """Contracts and variants are read with libyaml's parser (in C) where PyYAML has it: every file gate ships, and
+    text where the two could differ, reads to the same document, or the same refusal, as with PyYAML's parser."""
+    from gate_pipeline.kernel.contract import read_yaml
+    assert issubclass(contract_module._ContractLoader, yaml.CSafeLoader)
+    files = sorted((ROOT / "gate_pipeline" / "data" / "contracts").rglob("*.yaml"))
+    assert len(files) >= 38
+    texts = [f.read_text() for f in files] + [
+        "a: 010000\nb: 50:00\nc: 5.0e4\nd: NO\ne: 0x1F\nf: -.inf\ng: 2_0\nh: ~\ni: 2026-09-30\n",
+        "a: 'x'\nb: \"y\\u00e9\"\nc: |\n  two\n  lines\nd: >\n  folded\n  text\n",
+        "a: [1, 2, {b: c}]\nd: {e: [f, g]}\n", "- 1\n- - 2\n  - 3\n", "\ufeffa: 1\n", "a: 1\r\nb: 2\r\n",
+        "a: b: c\n", "a: [1, 2\n", "a:\n\t- 1\n", "a: \"\\x\"\n", "a: \x07\n", ""]
+    for k, text in enumerate(texts):
+        path = tmp_path / f"{k}.yaml"
+        path.write_text(text, encoding="utf-8")
+        try:
+            ours = read_yaml(path)
+        except ContractError:
+            ours = ContractError
+        try:
+            theirs = yaml.load(text, Loader=_PythonParsed)  # noqa: S506 - gate's safe loader, parsed in Python
+        except yaml.YAMLError:
+            theirs = ContractError
+        assert ours == theirs, (files[k] if k < len(files) else text)
+    deep = tmp_path / "deep.yaml"  # libyaml refuses past 1,000 levels as it reads ahead: gate says why, not libyaml's words
+    deep.write_text("variant: " + "[" * 1001 + "]" * 1001 + "\n")
+    with pytest.raises(ContractError, match="nested deeper than 20 levels"):
+        read_yaml(deep)
 
 
 def test_a_reporting_window_that_ends_before_it_starts_is_refused_in_the_contract_itself(tmp_path):
