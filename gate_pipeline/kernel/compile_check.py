@@ -6,8 +6,13 @@ compile in microseconds, but some grow exponentially while SQLite expands them: 
 whose columns are repeated inside each other (`SELECT a+a+a+a AS a FROM (SELECT a+a+a+a AS a FROM
 ...)`), CTEs that each refer to the one before twice. A few hundred characters compile for minutes.
 
-So a statement that holds a subquery (its text names SELECT or VALUES more than once) or is longer
-than a short query is compiled first in a child process, on an empty copy of the database's schema
+One SELECT grows too: SQLite's constant propagation puts a copy of a column's constant (`a = 1`) into every
+other use of the column, and a column made constant so (`b = a+a+a`) is propagated in turn, so a chain of
+equalities grows as the product of its copies (300 characters compiled for 38 s in 10 GB).
+
+So a statement that holds a subquery (its text names SELECT or VALUES more than once), is longer than a
+short query, or names more than one equality (`=`, `IS`, `IN`) is compiled first in a child process, on an
+empty copy of the database's schema
 under the same limits, and stopped at its first step (so nothing runs). If it has not compiled
 within its share of the query's budget (for a paced query, `gate serve`'s, by the CPU time the child
 used, up to the same wait of the clock beyond it as the query's: what else the machine runs, other
@@ -25,6 +30,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import string
 import subprocess
 import sys
 import threading
@@ -93,7 +100,7 @@ for line in sys.stdin:
 '''
 
 
-SHORT = 300  # characters: a statement this short with one SELECT compiles in well under a millisecond
+SHORT = 300  # characters: a statement this short, one SELECT with one equality at most, compiles in milliseconds
 CPU_POLL_S = 0.02  # how often a check timed by the child's CPU time reads it while it waits
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -108,12 +115,33 @@ def _cpu_seconds(pid: int) -> float | None:
         return None
 
 
+# the words that can make an equality SQLite propagates a constant through, besides `=`: `IS` (not `IS [NOT] NULL`)
+# and `IN` (`x IN (y)` is `x = y`), in lowered text
+_IS_OR_IN = re.compile(r"\bin\b|\bis\b(?!\s+(?:not\s+)?null\b)", re.ASCII)
+
+
+def _equalities(low: str) -> int:
+    """How many equalities lowered statement text may hold: its `=` (not in `>=`, `<=` or `!=`), `IS` and `IN`,
+    wherever they stand (in a literal too: counting one too many only sends a statement to be checked)."""
+    count = low.count("=")
+    if count:
+        count -= low.count(">=") + low.count("<=") + low.count("!=")
+    return count + len(_IS_OR_IN.findall(low))
+
+
 def may_grow(query: str) -> bool:
     """Whether the statement could take long to compile: it holds more than one SELECT or VALUES (a
-    subquery, a CTE), or it is long (one SELECT's column aliases are copied into its WHERE clause, and
-    the planner copies terms for each branch of an OR: a product of the text's parts)."""
+    subquery, a CTE); it is long (one SELECT's column aliases are copied into its WHERE clause, and
+    the planner copies terms for each branch of an OR: a product of the text's parts); or it names more
+    than one equality. SQLite's constant propagation copies the constant of a `column = constant` term
+    into every other use of the column, and a term whose other side became constant so is propagated in
+    turn: one equality copies one part of the text into the uses another part names (a product of three
+    parts at most, with aliases: 42 ms at 300 characters), a chain of them a product of as many parts as
+    it has links, however short the text."""
+    if len(query) > SHORT:
+        return True
     low = query.lower()
-    return len(query) > SHORT or low.count("select") + low.count("values") > 1
+    return low.count("select") + low.count("values") > 1 or _equalities(low) > 1
 
 
 def catalogue(conn) -> list[tuple[str, str]]:
@@ -125,24 +153,33 @@ def catalogue(conn) -> list[tuple[str, str]]:
     return main + temp
 
 
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+
+
+def _ascii_lower(text: str) -> str:
+    """`text` with its ASCII letters in lower case, and only those (`str.lower` for ASCII text, which is quicker)."""
+    return text.lower() if text.isascii() else text.translate(_ASCII_LOWER)
+
+
 class _Renaming:
     """A schema's names, each replaced by its place in the schema (a character SQL text cannot hold, then
-    the number), in text lowered to one case (SQLite's names and keywords ignore ASCII case; a literal's
-    case does not change what compiling it takes): a statement and the schema it is compiled on, renamed
-    so, are the same for every database built the same way whatever its tables are called, and compile
-    the same. Longest names first, so each place stands for one name and the renamed text for one text."""
+    the number), in text whose ASCII letters are lowered to one case (SQLite's names and keywords ignore
+    ASCII case, and only ASCII case: `Ä` and `ä` are two names; a literal's case does not change what
+    compiling it takes): a statement and the schema it is compiled on, renamed so, are the same for every
+    database built the same way whatever its tables are called, and compile the same. Longest names first,
+    so each place stands for one name and the renamed text for one text."""
 
     def __init__(self, entries: list[tuple[str, str]]):
         places: dict[str, str] = {}
         for k, (name, _) in enumerate(entries):
-            places.setdefault(name.lower(), f"\x00{k}\x00")
+            places.setdefault(_ascii_lower(name), f"\x00{k}\x00")
         self.places = sorted(places.items(), key=lambda item: len(item[0]), reverse=True)
         self.schema = tuple(self.rename(sql) for _, sql in entries)
         # a schema whose text holds the character the places are made of cannot be renamed faithfully
         self.faithful = not any("\x00" in name or "\x00" in sql for name, sql in entries)
 
     def rename(self, text: str) -> str:
-        text = text.lower()
+        text = _ascii_lower(text)
         for name, place in self.places:
             text = text.replace(name, place)
         return text
