@@ -692,6 +692,31 @@ def test_a_short_single_select_that_chains_equalities_is_compiled_in_the_check()
         assert not may_grow(short), short
 
 
+def windows(count: int, copies: int, lower: bool) -> str:
+    """A CTE of `count` windows ordered by literals that differ only in their letters' case (SQLite compares
+    literals with their case: `count` windows, each a subquery layer over the ones before, about count ** 2.8),
+    compiled again for each of `copies` arms; `lower`: the same statement in lower case (one window, quick)."""
+    width = max(1, (count - 1).bit_length())
+    literal = ["".join(c.upper() if (i >> j) & 1 and not lower else c for j, c in enumerate("a" * width))
+               for i in range(count)]
+    over = [f"rank()over(order by'{text}')" for text in literal]
+    body = "max(" + ",".join(f"max({','.join(over[j:j + 120])})" for j in range(0, count, 120)) + ")"
+    return f"with c as not materialized(select {body} m from wh_orders)" + " union all ".join(["select m from c"] * copies)
+
+
+def test_a_statement_the_check_passed_does_not_let_its_twin_in_literal_case_skip_it(ep):
+    """An outside reviewer's: the check's cache key had the statement's ASCII letters in lower case, as SQLite reads
+    names and keywords, but SQLite compares literals with their case, so the two statements below were one key: the
+    lower-case one makes one window (0.03 s), the other 250 (7.5 s alone). Once the first was checked, the second
+    skipped the check and compiled in the main process until the authorizer saw the budget spent (2.1 s)."""
+    light, heavy = windows(250, 64, lower=True), windows(250, 64, lower=False)
+    assert light == heavy.lower() and len(heavy) < 10_000
+    assert "rows" in ep.call("run_sql", {"query": light})
+    start = time.monotonic()
+    assert ep.call("run_sql", {"query": heavy}) == {"error": "interrupted"}
+    assert time.monotonic() - start < 1.5  # the check's share of the budget (0.5 s), not the whole budget
+
+
 def test_one_equality_grows_a_short_statement_no_further_than_a_product_of_three_parts(ep):
     """One equality copies one part of the text (an alias of constants) into each use of a column another part
     names: at 300 characters that compiles in tens of milliseconds (42 ms measured), so it may skip the check."""
@@ -705,10 +730,10 @@ def test_one_equality_grows_a_short_statement_no_further_than_a_product_of_three
 
 
 def test_a_statement_the_check_passed_does_not_let_its_non_ascii_case_twin_skip_it(ep):
-    """The check's cache is keyed by the statement with its ASCII letters in one case, as SQLite reads names and
-    keywords; a non-ASCII letter's case is kept. The two statements below were one key: SQLite reads `Ä` and `ä`
-    as two names (the statement chains six of them) and the lower-case one as three names twice (no chain, fast),
-    so once the fast one was checked, the other skipped the check and compiled in the main process (2.3 s)."""
+    """The check's cache was keyed by the statement in lower case (Python's, which lowers `Ä` too), so the two
+    statements below were one key: SQLite reads `Ä` and `ä` as two names (the statement chains six of them) and
+    the lower-case one as three names twice (no chain, fast), so once the fast one was checked, the other skipped
+    the check and compiled in the main process (2.3 s). The key keeps the statement's case now."""
     heavy = propagated_constants(12, "ÄäÖöÜü") + " and 1=1" * 5  # over SHORT (the same with a short one)
     light = heavy.lower()
     assert light != heavy and len(heavy) > 300

@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import string
 import subprocess
 import sys
 import threading
@@ -153,33 +152,25 @@ def catalogue(conn) -> list[tuple[str, str]]:
     return main + temp
 
 
-_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
-
-
-def _ascii_lower(text: str) -> str:
-    """`text` with its ASCII letters in lower case, and only those (`str.lower` for ASCII text, which is quicker)."""
-    return text.lower() if text.isascii() else text.translate(_ASCII_LOWER)
-
-
 class _Renaming:
     """A schema's names, each replaced by its place in the schema (a character SQL text cannot hold, then
-    the number), in text whose ASCII letters are lowered to one case (SQLite's names and keywords ignore
-    ASCII case, and only ASCII case: `Ä` and `ä` are two names; a literal's case does not change what
-    compiling it takes): a statement and the schema it is compiled on, renamed so, are the same for every
-    database built the same way whatever its tables are called, and compile the same. Longest names first,
-    so each place stands for one name and the renamed text for one text."""
+    the number), in text kept as it is, case and all (two texts that differ only in case may compile apart:
+    SQLite ignores only ASCII case, and only in names and keywords, not in a literal, where `'A'` and `'a'`
+    can make one window or two): a statement and the schema it is compiled on, renamed so, are the same for
+    every database built the same way whatever its tables are called, and compile the same. A name spelt in
+    another case than the schema's is left as it is (the statement is then a text of its own). Longest names
+    first, so each place stands for one name and the renamed text for one text."""
 
     def __init__(self, entries: list[tuple[str, str]]):
         places: dict[str, str] = {}
         for k, (name, _) in enumerate(entries):
-            places.setdefault(_ascii_lower(name), f"\x00{k}\x00")
+            places.setdefault(name, f"\x00{k}\x00")
         self.places = sorted(places.items(), key=lambda item: len(item[0]), reverse=True)
         self.schema = tuple(self.rename(sql) for _, sql in entries)
         # a schema whose text holds the character the places are made of cannot be renamed faithfully
         self.faithful = not any("\x00" in name or "\x00" in sql for name, sql in entries)
 
     def rename(self, text: str) -> str:
-        text = _ascii_lower(text)
         for name, place in self.places:
             text = text.replace(name, place)
         return text
