@@ -872,7 +872,8 @@ def test_the_compile_check_works_with_descriptors_numbered_past_1024():
 def test_a_statement_that_compiled_in_time_is_not_compiled_again_for_the_same_schema_under_other_names():
     """The compile check remembers what passed by the statement and schema with every name replaced by its
     place: the next episode's database (other batch ids, the same tables) needs no child; another schema,
-    another statement or a statement that failed does."""
+    another statement, the same statement in another case (SQLite compares literals with their case) or a
+    statement that failed does."""
     from gate_pipeline.kernel.compile_check import CompileCheck
     check = CompileCheck()
     try:
@@ -881,8 +882,10 @@ def test_a_statement_that_compiled_in_time_is_not_compiled_again_for_the_same_sc
         query = "SELECT COUNT(*) FROM {t} WHERE order_id IN (SELECT order_id FROM wh_orders) AND '{t}' <> ''"
         assert check.compiles_within(one, query.format(t="stg_b_1"), 1.0)
         check.close()  # no child any more: a statement that needs one starts it again
-        assert check.compiles_within(two, query.format(t="STG_B_7"), 1.0) and check._child is None
+        assert check.compiles_within(two, query.format(t="stg_b_7"), 1.0) and check._child is None
         assert check.compiles_within(two, query.format(t="stg_b_7") + " AND 1", 1.0) and check._child is not None
+        check.close()
+        assert check.compiles_within(two, query.format(t="STG_B_7"), 1.0) and check._child is not None
         check.close()
         other = _db({"wh_orders": "order_id TEXT, amount REAL", "stg_b_7": "order_id TEXT, amount TEXT, note TEXT"})
         assert check.compiles_within(other, query.format(t="stg_b_7"), 1.0) and check._child is not None
