@@ -182,6 +182,23 @@ def test_libyaml_reads_every_shipped_file_and_the_edge_cases_as_pyyamls_own_pars
         read_yaml(deep)
 
 
+@pytest.mark.parametrize("text, says", [
+    ("a: !!set [x]\n", "not valid YAML"), ("a: !!map [x]\n", "not valid YAML"), ("!!set [x]\n", "not valid YAML"),
+    ("a: &x 1\nb: *x\n", "YAML anchors and aliases are not allowed"),
+    ("a: " + "[" * 21 + "]" * 21 + "\n", "YAML nested deeper than 20 levels")])
+def test_a_mapping_tag_on_a_sequence_and_gates_own_refusals_are_one_line_naming_the_file_once(tmp_path, text, says):
+    """An outside reviewer's: `!!set [x]` made the duplicate-key check unpack a scalar node (a TypeError traceback
+    from `gate experiment` with such a variant), and gate's own refusals (ContractError is a ValueError) were
+    wrapped again as 'not a usable contract', naming the file twice."""
+    from gate_pipeline.kernel.contract import read_yaml
+    path = tmp_path / "x.yaml"
+    path.write_text(text)
+    with pytest.raises(ContractError) as caught:
+        read_yaml(path)
+    message = str(caught.value)
+    assert says in message and message.count(str(path)) == 1 and "\n" not in message, message
+
+
 def test_a_reporting_window_that_ends_before_it_starts_is_refused_in_the_contract_itself(tmp_path):
     """Only variants were checked for it (and the error blamed the variant); a contract, and the cases generated
     from it, carried the reversed window, and careful scored 0.35 on a clean case."""

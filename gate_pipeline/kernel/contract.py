@@ -166,9 +166,11 @@ def _check_events(text: str, path: Path) -> None:
 _BOOL, _INT, _FLOAT = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
 
 
-# libyaml's parser where PyYAML was built with it (its wheels are): the same events and nodes, read in C, about ten
-# times faster (benchmarks/bench_contract_read.py: the files gate ships are read whenever a process lists its
-# agents, as Dagster's code location does as it loads); PyYAML's own otherwise
+# libyaml's parser where PyYAML was built with it (its wheels are): every file gate ships reads to the same document,
+# about ten times faster (benchmarks/bench_contract_read.py: they are read whenever a process lists its agents, as
+# Dagster's code location does as it loads); PyYAML's own otherwise. At the edges the two differ (libyaml reads a
+# byte-order mark or a tab inside the text, refuses a few flow forms and unknown directives, reads a bare `!` as ''),
+# and what either reads is then checked as a contract or a variant is
 _PARSER: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
@@ -179,6 +181,8 @@ class _ContractLoader(_PARSER):  # type: ignore[valid-type,misc]
     named twice in one mapping refused (the last one silently won)."""
 
     def construct_mapping(self, node, deep=False):
+        if not isinstance(node, yaml.MappingNode):  # a mapping's tag on a sequence (`!!set [x]`): the base class says so
+            return super().construct_mapping(node, deep)
         seen = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
@@ -231,6 +235,8 @@ def read_yaml(path: str | Path, what: str = "contract") -> Any:
         return yaml.load(text, Loader=_ContractLoader)  # noqa: S506 - a SafeLoader, its resolvers those of YAML 1.2
     except yaml.YAMLError as exc:
         raise ContractError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    except ContractError:  # gate's own refusal (a ValueError too), already naming the file
+        raise
     except (ValueError, RecursionError) as exc:  # e.g. an integer of more digits than Python converts
         raise ContractError(f"{path}: not a usable {what} ({str(exc).splitlines()[0][:200]})") from None
 
