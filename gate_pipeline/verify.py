@@ -100,6 +100,8 @@ class Verification:
     notes: list[Problem] = field(default_factory=list)
     fresh: dict[str, Grade] = field(default_factory=dict)
     cases: dict[str, Case | None] = field(default_factory=dict)  # episode id -> its stored case as loaded (None: unread)
+    # one Case object per stored case (by its SHA-256), so `cases` holds each distinct case once, not a copy an episode
+    distinct_cases: dict[str, Case] = field(default_factory=dict)
     unplayed: dict[tuple[str, str], int] = field(default_factory=dict)  # (agent, why) -> episodes not played again
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("replayed", "tied", "rebuilt", "runs", "nights", "grades"), 0))
@@ -309,7 +311,7 @@ def check_episode(store: RunStore, row: dict, settings: Settings, out: Verificat
             out.notes.append(Problem(eid, case_id, agent, "still being played (its night's process is running)"))
     for p in problems:
         problem(p)
-    out.cases[eid] = stored.case
+    out.cases[eid] = stored.case if stored.case is None else out.distinct_cases.setdefault(row["case_sha256"], stored.case)
     grade = out.fresh[eid] = grade_stored(stored)
     kept = store.recorded_grade(eid)
     why = differs(kept, grade) if kept is not None else None
