@@ -600,19 +600,30 @@ def test_workers_play_nothing_of_a_file_with_a_bad_line(tmp_path, edits):
 def test_a_share_reads_each_contract_as_the_whole_file_does(tmp_path):
     """A case whose contract equals the one of the case before it is not checked again (`true == 1` in Python):
     a worker's first case was checked for want of a case before it, so a file was refused or not by where the
-    workers' shares began (an outside review's). A share now reads the contract of the line before it."""
-    from gate_pipeline.kernel.cases import CaseLines
+    workers' shares began (an outside review's). A share now reads the contract of the line before it; and the
+    same contract is the same JSON value, types included (tests/test_workers.py), so such a file is refused alike
+    however it is read, and one whose contracts differ is played alike."""
+    from gate_pipeline.kernel.cases import CaseError, CaseLines
     from gate_pipeline.kernel.engine import play_cases
-    lines = _a_file({}).splitlines()
-    for n, line in enumerate(lines):
-        case = json.loads(line)
-        case["contract"]["limits"]["max_amount"] = True if n in (2, 4, 7) else 1
-        lines[n] = json.dumps(case)
     path = tmp_path / "cases.jsonl"
-    path.write_text("\n".join(lines) + "\n")
-    whole = [r.grade for r in play_cases(read_cases(path), ["naive"])["naive"]]
-    for workers in (2, 3, 4, 6, 12):
-        assert [r.grade for r in play_cases(CaseLines.read(path), ["naive"], workers=workers)["naive"]] == whole
+    for other in (True, 2):
+        lines = _a_file({}).splitlines()
+        for n, line in enumerate(lines):
+            case = json.loads(line)
+            case["contract"]["limits"]["max_amount"] = other if n in (2, 4, 7) else 1
+            lines[n] = json.dumps(case)
+        path.write_text("\n".join(lines) + "\n")
+        if other is True:
+            with pytest.raises(CaseError) as whole:
+                read_cases(path)
+            for workers in (2, 3, 4, 6, 12):
+                with pytest.raises(CaseError) as shared:
+                    play_cases(CaseLines.read(path), ["naive"], workers=workers)
+                assert str(shared.value) == str(whole.value) and ":3 " in str(whole.value)
+            continue
+        played = [r.grade for r in play_cases(read_cases(path), ["naive"])["naive"]]
+        for workers in (2, 3, 4, 6, 12):
+            assert [r.grade for r in play_cases(CaseLines.read(path), ["naive"], workers=workers)["naive"]] == played
 
 
 @pytest.mark.parametrize("suite,where", [("classic", "defects"), ("classic", "accepted"), ("v2", "accepted")])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import marshal
 import random
 import re
 import threading
@@ -133,11 +134,11 @@ def _record(obj: dict, suite: Suite) -> Case:
     return Case(obj["case_id"], obj["family"], suite.name, obj["prompt"], obj["contract"], batches, obj)
 
 
-def load_case(obj, where: str = "case", checked_contract: Mapping | None = None) -> Case:
+def load_case(obj, where: str = "case", contract_checked: bool = False) -> Case:
     """Check one case's JSON object and return it as a `Case`, or raise CaseError naming `where`.
 
-    `checked_contract` is a contract already checked: a case whose contract equals it (every case of
-    a file carries the same one) is not checked again."""
+    `contract_checked`: the case's contract is the same JSON value as one already checked (every case
+    of a file carries the same one; `contract_key`), so it is not checked again."""
     if isinstance(obj, Case):
         return obj
     if not isinstance(obj, dict):
@@ -153,7 +154,7 @@ def load_case(obj, where: str = "case", checked_contract: Mapping | None = None)
     if bad_id(cid):
         raise fail(where, f"'case_id' must be a non-empty string of at most {MAX_ID_CHARS} printable characters")
     where = f"{where} ({cid})"
-    if checked_contract is None or obj["contract"] != checked_contract:
+    if not contract_checked:
         try:
             suite.validate_contract(obj["contract"], f"{where} contract")
         except ContractError as exc:
@@ -239,19 +240,35 @@ def _blank(line: str) -> bool:
     return not line or line.isspace()
 
 
+def contract_key(obj) -> bytes | None:
+    """What tells a case's contract from another: its `marshal` bytes, the same only for the same JSON value, types
+    and key order included (Python's `==` has `true == 1` and `5.0 == 5`, which a contract's check tells apart).
+    Two equal contracts may have other bytes (marshal writes an object it meets twice as a reference to the
+    first): that costs a check, never a wrong answer. None for an object that is no case with a contract, or one
+    nested too deep to write out (then it is checked)."""
+    if type(obj) is not dict or "contract" not in obj:
+        return None
+    try:
+        return marshal.dumps(obj["contract"])
+    except ValueError:
+        return None
+
+
 def _parsed(lines: list[str], where: str, first: int = 1,
-            contract: Mapping | None = None) -> Iterator[tuple[int, Case]]:
+            contract: bytes | None = None) -> Iterator[tuple[int, Case]]:
     """(line number, case) of each line that is not blank, in order, `lines[0]` being line `first`; a line
-    that is not a case is a CaseError naming it. `contract`: the contract of the case on the line before
-    `first` (a case whose contract equals the one before it is not checked again, `load_case`). Each line is
-    let go (emptied in the list) as it is read."""
+    that is not a case is a CaseError naming it. `contract`: the `contract_key` of the case on the line before
+    `first` (a case whose contract is the same as the one before it is not checked again, `load_case`). Each
+    line is let go (emptied in the list) as it is read."""
     for at, line in enumerate(lines):
         lines[at] = ""
         if _blank(line):
             continue
         lineno = first + at
-        case = load_case(_decoded(line, where, lineno), f"{where}:{lineno}", contract)
-        contract = case.contract
+        obj = _decoded(line, where, lineno)
+        key = contract_key(obj)
+        case = load_case(obj, f"{where}:{lineno}", key is not None and key == contract)
+        contract = key
         yield lineno, case
 
 
@@ -365,17 +382,17 @@ class CaseLines:
         out.suites = list(dict.fromkeys(c.suite for c in out.cases))
         return out
 
-    def _contract_before(self, start: int) -> Mapping | None:
-        """The contract of the case on the last line before `start` that is not blank (None if there is none,
-        or it is no case: then the line's own error comes first, from the share before)."""
+    def _contract_before(self, start: int) -> bytes | None:
+        """The `contract_key` of the case on the last line before `start` that is not blank, read as `_parsed`
+        reads it (None if there is none, or it is no case: then the line's own error comes first, from the
+        share before)."""
         k = bisect.bisect_left(self.at, start) - 1
         if k < 0:
             return None
         try:
-            contract = json.loads(self.lines[self.at[k]]).get("contract")
-        except (ValueError, RecursionError, AttributeError):
+            return contract_key(_loads(self.lines[self.at[k]]))
+        except (ValueError, RecursionError):
             return None
-        return contract if isinstance(contract, Mapping) else None
 
     def put_together(self, share: Share, ids: set[str], suites: dict[str, None]) -> None:
         """Check a share against the shares before it (`ids`, `suites`: theirs, updated): a repeated id, then
