@@ -86,7 +86,7 @@ from .kernel.engine import EpisodeStart, Sink
 from .kernel.errors import GateError
 from .kernel.files import open_regular, path_state, read_bytes
 from .kernel.ledger import canonical_json, chain_intact, last_hash
-from .kernel.records import ABANDONED, EpisodeResult, Grade, StoredEpisode
+from .kernel.records import ABANDONED, EpisodeResult, Grade, StoredEpisode, log_text
 from .kernel.sandbox import CAUGHT, Sandbox
 from .kernel.settings import Settings, given_path, resolved_path
 from .kernel.suite import MART_SQL, suites
@@ -899,7 +899,7 @@ class RunStore:
                 images.append({"episode_id": result.episode_id, "image": result.warehouse})
                 end["warehouse_sha256"] = sha256(result.warehouse)
             if result.agent_log:
-                log = json.dumps(result.agent_log, sort_keys=True, default=str)
+                log = log_text(result.agent_log)
                 logs.append({"episode_id": result.episode_id, "log": log})
                 end["transcript_sha256"] = sha256(log)
             if start is not None:

@@ -4,6 +4,11 @@ behind. (Each test here is an outside review's finding; tests/test_hostile_input
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +19,86 @@ from gate_pipeline.kernel.engine import play_cases
 ROOT = Path(__file__).resolve().parents[1]
 EVAL = ROOT / "cases" / "classic" / "eval_curated.jsonl"
 V2 = ROOT / "cases" / "v2" / "train_procedural.jsonl"
+GATE = str(Path(sys.executable).parent / "gate")
+LINUX = sys.platform.startswith("linux")
+
+AGENTS = '''
+import os, signal, sys, time
+from gate_pipeline.kernel.agents import resolve_agent
+
+def naive(tools, case=None):
+    resolve_agent("naive").build().play(tools, case)
+
+class LambdaLog:
+    def play(self, tools, case=None):
+        naive(tools, case)
+    def episode_log(self):
+        return {"kept": 1, "made by": lambda: 1}
+
+class Interrupts:
+    def play(self, tools, case=None):
+        raise KeyboardInterrupt
+
+class Exits:
+    def play(self, tools, case=None):
+        os._exit(3)
+
+class IgnoresTerm:
+    def play(self, tools, case=None):
+        signal.signal(signal.SIGTERM, lambda *_: None)
+        with open(os.environ["GATE_TEST_PIDS"], "a") as fh:
+            fh.write(f"{os.getpid()}\\n")
+        time.sleep(30)
+        naive(tools, case)
+
+class LeavesAGrandchild:
+    def play(self, tools, case=None):
+        if os.fork() == 0:
+            os.setsid()
+            for fd in (0, 1, 2):  # not gate's output, which its caller reads to the end
+                os.dup2(os.open(os.devnull, os.O_RDWR), fd)
+            with open(os.environ["GATE_TEST_PIDS"], "a") as fh:
+                fh.write(f"{os.getpid()}\\n")
+            time.sleep(30)
+            os._exit(0)
+        time.sleep(0.3)
+        os._exit(9)
+'''
+
+
+@pytest.fixture
+def agents(tmp_path):
+    """An environment whose PYTHONPATH holds the module `hostile_agents` (AGENTS), and a file for pids."""
+    (tmp_path / "hostile_agents.py").write_text(AGENTS)
+    pids = tmp_path / "pids"
+    pids.write_text("")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]), "GATE_TEST_PIDS": str(pids)}
+    yield env, pids
+    for pid in pids.read_text().split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _cases(tmp_path, count: int) -> Path:
+    path = tmp_path / "cases.jsonl"
+    path.write_text("\n".join(EVAL.read_text().splitlines()[:count]) + "\n")
+    return path
+
+
+def _report(path: Path, agent: str, workers: int, env, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([GATE, "report", "--cases", str(path), "--agents", agent, "--workers", str(workers), "--json"],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
 
 @pytest.mark.parametrize("source,path,first,then", [
     (EVAL, ("limits", "max_amount"), 1, True),
@@ -71,3 +156,116 @@ def test_a_contract_before_a_share_is_read_as_deep_as_anywhere(tmp_path):
     finally:
         cases_module.load_case = real
     assert checked == [False, True, True]
+
+
+def test_an_agent_log_that_does_not_pickle_plays_as_in_one_process(tmp_path, agents):
+    """A worker sends its results to the parent pickled: an agent whose `episode_log()` held a lambda played in one
+    process and ended `gate report --workers 2` with a 40-line traceback. Such a log is sent as the run store keeps
+    it (JSON, other values as text)."""
+    env, _ = agents
+    path = _cases(tmp_path, 6)
+    one = _report(path, "hostile_agents:LambdaLog", 1, env)
+    assert one.returncode == 0, one.stderr[-2000:]
+    for workers in (2, 3):
+        many = _report(path, "hostile_agents:LambdaLog", workers, env)
+        assert (many.returncode, many.stdout, many.stderr) == (0, one.stdout, one.stderr), many.stderr[-2000:]
+
+
+def test_an_agent_log_that_does_not_pickle_comes_back_as_the_store_keeps_it(tmp_path, agents, monkeypatch):
+    env, _ = agents
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cases = read_cases(_cases(tmp_path, 4))
+    logs = [r.agent_log for r in play_cases(cases, ["hostile_agents:LambdaLog"], workers=2)["hostile_agents:LambdaLog"]]
+    assert len(logs) == 4
+    for log in logs:
+        assert log["kept"] == 1 and log["made by"].startswith("<function LambdaLog.episode_log.<locals>.<lambda>")
+
+
+def test_an_agent_interrupting_in_a_worker_is_an_interrupt(tmp_path, agents):
+    """An agent raising KeyboardInterrupt is `gate: interrupted` (exit 130) in one process; in a worker it was said
+    to be a worker killed or out of memory (exit 2)."""
+    env, _ = agents
+    path = _cases(tmp_path, 4)
+    for workers in (1, 2):
+        p = _report(path, "hostile_agents:Interrupts", workers, env)
+        assert (p.returncode, p.stdout, p.stderr) == (130, "", "gate: interrupted\n"), (workers, p.stderr[-2000:])
+
+
+def test_a_worker_that_ends_without_answering_says_how_it_ended(tmp_path, agents):
+    """A worker ended by its agent's `os._exit(3)` was reported as killed or out of memory: the exit status is said."""
+    env, _ = agents
+    p = _report(_cases(tmp_path, 4), "hostile_agents:Exits", 2, env)
+    assert p.returncode == 2 and p.stdout == "" and p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.startswith("gate: error: a worker process ended without answering (its exit code 3) "), p.stderr
+
+
+@pytest.mark.skipif(not LINUX, reason="the parent-death signal is Linux's")
+def test_a_worker_whose_agent_catches_sigterm_ends_with_gate_all_the_same(tmp_path, agents):
+    """A worker is sent a signal when gate's process ends (Linux's parent-death signal): it was SIGTERM, which an
+    agent that handles SIGTERM caught, playing on for nobody after `kill -9` of gate. It is SIGKILL now."""
+    env, pids = agents
+    proc = subprocess.Popen([GATE, "report", "--cases", str(_cases(tmp_path, 4)), "--agents",
+                             "hostile_agents:IgnoresTerm", "--workers", "2", "--json"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(pids.read_text().split()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        workers = [int(p) for p in pids.read_text().split()]
+        assert len(workers) == 2, "the workers did not start playing"
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 5
+        while any(map(_alive, workers)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(map(_alive, workers)), "a worker plays on after gate was killed"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.skipif(not LINUX, reason="pidfd_open is Linux's")
+def test_a_process_an_agent_leaves_behind_does_not_keep_gate_waiting(tmp_path, agents):
+    """gate learnt that a worker ended only when the worker's pipe closed: a process the agent forked keeps the
+    pipe open, so a worker that ended without answering held gate for as long as that process lived (for ever,
+    for one that never ends). gate now watches the worker process itself."""
+    env, pids = agents
+    started = time.monotonic()
+    p = _report(_cases(tmp_path, 4), "hostile_agents:LeavesAGrandchild", 2, env, timeout=60)
+    took = time.monotonic() - started
+    assert took < 15, took
+    assert any(map(_alive, map(int, pids.read_text().split()))), "the agent's process ended already: no test"
+    assert p.returncode == 2 and p.stderr.startswith(
+        "gate: error: a worker process ended without answering (its exit code 9) "), p.stderr
+
+
+@pytest.mark.parametrize("lines", [True, False], ids=["a case file's lines", "cases"])
+def test_a_refused_batch_leaves_no_descriptor_open(tmp_path, monkeypatch, lines):
+    """A batch refused by its workers (a bad line; a defect raised in a worker) kept every worker's pipes open until
+    the garbage collector found the exception's cycle: four refusals in one process held 24 more descriptors."""
+    from gate_pipeline.kernel import engine
+    text = EVAL.read_text().splitlines()[:12]
+    text[10] = "{not json"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(text) + "\n")
+    good = read_cases(EVAL)[:10]
+    real_prepare = engine.prepare
+
+    def breaking(case):
+        if case.case_id == good[8].case_id:
+            raise ZeroDivisionError("a defect")
+        return real_prepare(case)
+
+    monkeypatch.setattr(engine, "prepare", breaking)  # the workers fork with it
+
+    def attempt():
+        with pytest.raises(CaseError if lines else ZeroDivisionError):
+            play_cases(CaseLines.read(bad) if lines else good, ["naive"], workers=3)
+
+    attempt()
+    before = len(os.listdir("/proc/self/fd")) if LINUX else 0
+    for _ in range(4):
+        attempt()
+    if LINUX:
+        assert len(os.listdir("/proc/self/fd")) == before

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import json
 import multiprocessing
 import os
 import pickle
@@ -36,7 +37,7 @@ from .compile_check import close_all as close_compile_checks
 from .compile_check import warm as warm_compile_checks
 from .errors import GateError, NoRoom
 from .grading import grade
-from .records import ABANDONED, AGENT_ERROR, NO_REPORT, REPORTED, EpisodeResult, Grade
+from .records import ABANDONED, AGENT_ERROR, NO_REPORT, REPORTED, EpisodeResult, Grade, log_text
 from .rewards import REWARD_MODES, make_shaper
 from .sandbox import gates_own, raise_swallowed
 from .suite import Suite, suites
@@ -513,17 +514,18 @@ _JOBS: dict[int, tuple] = {}
 
 
 class WorkerDied(GateError, RuntimeError):
-    """A worker process playing cases ended without answering (killed, or out of memory)."""
+    """A worker process playing cases ended without answering (killed, out of memory, or ended by its agent)."""
 
 
 def _worker_start(parent: int) -> None:
-    """A worker ends with the process that forked it (Linux's parent-death signal): a parent stopped by a
-    signal it does not handle (SIGTERM, SIGKILL) leaves no worker playing on for nobody."""
+    """A worker ends with the process that forked it (Linux's parent-death signal, SIGKILL: an agent that handles
+    SIGTERM could catch that one): a parent stopped by a signal it does not handle (SIGTERM, SIGKILL) leaves no
+    worker playing on for nobody."""
     if not sys.platform.startswith("linux"):
         return
     import ctypes
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return
     if os.getppid() != parent:  # the parent went before the signal was asked for (not `== 1`: gate may be PID 1)
@@ -547,12 +549,31 @@ def _sendable(exc: BaseException) -> BaseException:
         return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
+def _send_results(link, results: dict[str, list[EpisodeResult]]) -> None:
+    """A worker's results to the parent. An agent's log is whatever the agent returned: one that does not pickle
+    goes as the run store keeps it (`log_text`), so the batch ends as it does in one process."""
+    try:
+        link.send((_DONE, results))
+        return
+    except (pickle.PicklingError, TypeError, AttributeError, RecursionError):  # nothing was written
+        pass
+    for played in results.values():
+        for result in played:
+            if result.agent_log is not None:
+                try:
+                    pickle.dumps(result.agent_log)
+                except Exception:  # noqa: BLE001 - whatever pickling an agent's objects raises
+                    result.agent_log = json.loads(log_text(result.agent_log))
+    link.send((_DONE, results))
+
+
 def _worker(job: int, start: int, stop: int, link, inherited: list, parent: int) -> None:
     """A forked worker's life: its share of the cases played, each case's end told (when the caller asked for
     progress), then its results sent. A share of a case file's lines is parsed and checked first, what was
     made of it sent, and played only once the parent, having every share's, says the whole file is good.
     `inherited`: the parent's ends of the pipes forked so far, this one's included, closed here (so the
-    worker sees the parent go, and holds no descriptor it does not use)."""
+    worker sees the parent go, and holds no descriptor it does not use). Whatever the share raises goes to
+    the parent, which raises it again (a KeyboardInterrupt an agent raised too, as one process would say it)."""
     code = 0
     try:
         for end in inherited:
@@ -571,15 +592,14 @@ def _worker(job: int, start: int, stop: int, link, inherited: list, parent: int)
         else:
             mine = cases[start:stop]
         tick = (lambda: link.send((_TICK, None))) if ticks else None
-        link.send((_DONE, play_cases(mine, specs, reward=reward, run_id=run_id, progress=tick)))
-    except KeyboardInterrupt:  # Ctrl-C reaches the process group: the parent says so, once
-        code = 1
-    except BaseException as exc:  # a defect of gate's: the parent raises it, with where it was raised here
+        _send_results(link, play_cases(mine, specs, reward=reward, run_id=run_id, progress=tick))
+    except BaseException as exc:  # the parent raises it, with where it was raised here
         import traceback
+        code = 1
         try:
             link.send((_FAILED, (_sendable(exc), "".join(traceback.format_exception(exc)))))
-        except Exception:  # noqa: BLE001 - the parent gone
-            code = 1
+        except BaseException:  # noqa: BLE001 - the parent gone (a Ctrl-C of the whole group: it says so itself)
+            pass
     finally:
         for stream in (sys.stdout, sys.stderr):  # what an agent printed here
             try:
@@ -593,6 +613,33 @@ def _worker(job: int, start: int, stop: int, link, inherited: list, parent: int)
         os._exit(code)  # not the interpreter's teardown of a forked copy of the parent's heap
 
 
+def _ended(process) -> Any:
+    """What the parent waits on to learn that a worker process has ended: a descriptor of the process itself
+    (Linux's pidfd), not its pipe, which a process the agent forked may hold open long after (the process's
+    sentinel where there is no pidfd: a pipe too)."""
+    try:
+        return os.pidfd_open(process.pid)
+    except (AttributeError, OSError):
+        return process.sentinel
+
+
+def _how_it_ended(process) -> str:
+    """A worker's end as the parent can tell it: its exit code, or the signal that killed it. (Not `join`, whose
+    timeout waits on the process's sentinel, a pipe a process the agent forked may hold.)"""
+    deadline = time.monotonic() + 5
+    while (code := process.exitcode) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if code is None:
+        return "it is still running"
+    if code >= 0:
+        return f"its exit code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return f"killed by {name}" + (", perhaps out of memory" if -code == signal.SIGKILL else "")
+
+
 def _play_forked(cases, specs, reward, run_id, progress, workers) -> dict[str, list[EpisodeResult]]:
     """The cases in `workers` forked processes, each a contiguous share, the results put together in case
     order. A case file's lines (`CaseLines`) are checked first, every worker its share, and nothing is played
@@ -603,31 +650,44 @@ def _play_forked(cases, specs, reward, run_id, progress, workers) -> dict[str, l
     bounds = cases.bounds(workers) if lines else contiguous(len(cases), workers)
     job = id(cases)
     _JOBS[job] = (cases, specs, reward, run_id, progress is not None)
-    links: list[tuple] = []  # (process, the parent's end of its pipe, its share's bounds)
+    links: list[tuple] = []  # (process, the parent's end of its pipe, its share's bounds, what says it ended)
 
-    def answer(link, share) -> Any:
+    def died(k: int) -> WorkerDied:
+        process, _, share, _ = links[k]
+        what, first, last = ("lines", share[0] + 1, cases.line_number(share[1])) if lines else \
+            ("cases", share[0] + 1, share[1])
+        return WorkerDied(f"a worker process ended without answering ({_how_it_ended(process)}) while its share, "
+                          f"{what} {first}-{last}, was being read or played; nothing of this batch is kept")
+
+    def answer(k: int) -> Any:
+        """Worker k's next message, once it is there (a failure it sends is raised here); WorkerDied if the worker
+        ended without one."""
+        _, link, _, ended = links[k]
+        if link not in wait([link, ended]) and not link.poll(0):
+            raise died(k)
         try:
             message = link.recv()
         except (EOFError, OSError):
-            what, first, last = ("lines", share[0] + 1, cases.line_number(share[1])) if lines else \
-                ("cases", share[0] + 1, share[1])
-            raise WorkerDied(f"a worker process ended without answering (killed, or out of memory) while its "
-                             f"share, {what} {first}-{last}, was being read or played; nothing of this batch is kept"
-                             ) from None
+            raise died(k) from None
         if isinstance(message, tuple) and message[0] == _FAILED:
             exc, where = message[1]
-            raise exc from WorkerTraceback(where)
+            del message
+            try:
+                raise exc from WorkerTraceback(where)
+            finally:
+                del exc  # not kept in this frame: a caller holding the exception would hold every worker's pipe
         return message
 
     try:
         try:
             for share in bounds:
                 here, there = context.Pipe()
-                inherited = [end for _, end, _ in links] + [here]
+                inherited = [end for _, end, _, _ in links] + [here]
                 process = context.Process(target=_worker, args=(job, *share, there, inherited, os.getpid()),
                                           daemon=True)
-                links.append((process, here, share))
+                links.append((process, here, share, None))
                 process.start()
+                links[-1] = (process, here, share, _ended(process))
                 there.close()
         except OSError as exc:  # out of file descriptors or processes
             raise GateError(f"could not start {workers} worker processes ({exc.strerror or exc}); ask for fewer "
@@ -635,25 +695,25 @@ def _play_forked(cases, specs, reward, run_id, progress, workers) -> dict[str, l
         if lines:
             ids: set[str] = set()
             named: dict[str, None] = {}
-            for _, here, share in links:
-                cases.put_together(answer(here, share), ids, named)
+            for k in range(len(links)):
+                cases.put_together(answer(k), ids, named)
             cases.check_suites(named)
-            for _, here, share in links:
+            for k, (_, here, _, _) in enumerate(links):
                 try:
                     here.send(True)
                 except OSError:
-                    answer(here, share)  # gone: EOF, said as a worker that died
+                    answer(k)  # gone: said as a worker that died
         done: dict[int, dict[str, list[EpisodeResult]]] = {}
-        waiting: dict[Any, tuple[int, tuple[int, int]]] = {here: (k, share) for k, (_, here, share) in enumerate(links)}
+        waiting = set(range(len(links)))
         while waiting:
-            for ready in wait(list(waiting)):
-                k, share = waiting[ready]
-                kind, value = answer(ready, share)  # a failure is raised there
+            watched = {obj: k for k in waiting for obj in links[k][1::2]}  # each worker's pipe and its end
+            for k in {watched[ready] for ready in wait(list(watched))}:
+                kind, value = answer(k)  # a failure is raised there
                 if kind == _TICK:
                     progress()
                 elif kind == _DONE:
                     done[k] = value
-                    del waiting[ready]
+                    waiting.discard(k)
                 else:
                     raise RuntimeError(f"a worker process sent {kind!r}, which the parent does not read")
         out: dict[str, list[EpisodeResult]] = {spec.identity: [] for spec in specs}
@@ -662,13 +722,16 @@ def _play_forked(cases, specs, reward, run_id, progress, workers) -> dict[str, l
                 out[identity].extend(results)
         return out
     except BaseException:  # interrupted, refused, or a worker gone: the others are stopped, not waited for
-        for process, _, _ in links:
+        for process, _, _, _ in links:
             if process.is_alive():
                 process.kill()
         raise
     finally:
-        for process, here, _ in links:
+        for process, here, _, ended in links:
             here.close()
+            if isinstance(ended, int) and ended != process.sentinel:
+                os.close(ended)
             if process.pid is not None:  # started
                 process.join()
+                process.close()  # its sentinel's descriptor, now, not when the object is collected
         del _JOBS[job]

@@ -7,6 +7,7 @@ records, so a figure means the same thing wherever it is printed.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -72,6 +73,11 @@ class Grade:
         fields = {name: data[name] for name in cls.__dataclass_fields__ if name in data and name != "metrics"}
         metrics = {k: v for k, v in data.items() if k not in cls.__dataclass_fields__ and v is not None}
         return cls(**fields, metrics=metrics)
+
+
+def log_text(agent_log: Mapping) -> str:
+    """An agent's log as the run store keeps it: JSON, keys sorted, any value JSON has no form for as its text."""
+    return json.dumps(agent_log, sort_keys=True, default=str)
 
 
 @dataclass(slots=True)
