@@ -241,15 +241,16 @@ def _blank(line: str) -> bool:
 
 
 def contract_key(obj) -> bytes | None:
-    """What tells a case's contract from another: its `marshal` bytes, the same only for the same JSON value, types
-    and key order included (Python's `==` has `true == 1` and `5.0 == 5`, which a contract's check tells apart).
+    """What tells a case's contract from another: its `marshal` bytes with the case's suite (which checks it), the
+    same only for the same JSON value, types and key order included (Python's `==` has `true == 1` and `5.0 == 5`,
+    which a contract's check tells apart), under the same suite.
     Two equal contracts may have other bytes (marshal writes an object it meets twice as a reference to the
     first): that costs a check, never a wrong answer. None for an object that is no case with a contract, or one
     nested too deep to write out (then it is checked)."""
     if type(obj) is not dict or "contract" not in obj:
         return None
     try:
-        return marshal.dumps(obj["contract"])
+        return marshal.dumps((obj.get("suite"), obj["contract"]))
     except ValueError:
         return None
 
