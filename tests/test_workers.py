@@ -35,6 +35,59 @@ class LambdaLog:
     def episode_log(self):
         return {"kept": 1, "made by": lambda: 1}
 
+class OddLogs:
+    """Logs that do not pickle, each in another way, and some JSON cannot write either."""
+    def play(self, tools, case=None):
+        naive(tools, case)
+    def episode_log(self):
+        import ctypes
+        cyclic = {"f": lambda: 1}
+        cyclic["self"] = cyclic
+        deep = []
+        for _ in range(100_000):
+            deep = [deep]
+        kind = os.environ.get("GATE_TEST_LOG", "pointer")
+        return {"pointer": {"p": ctypes.pointer(ctypes.c_int(1))}, "mixed keys": {("a", 1): 1, "f": lambda: 1},
+                "cycle": cyclic, "deep": {"d": deep, "f": lambda: 1}}[kind]
+
+class ListsItsDescriptors:
+    def play(self, tools, case=None):
+        with open(os.environ["GATE_TEST_PIDS"] + ".fds", "a") as fh:
+            for fd in os.listdir("/proc/self/fd"):
+                try:
+                    fh.write(os.readlink(f"/proc/self/fd/{fd}") + "\\n")
+                except OSError:
+                    pass
+        naive(tools, case)
+
+class ClosesItsPipe:
+    def play(self, tools, case=None):
+        os.closerange(3, 4096)
+        time.sleep(30)
+
+class DiesSendingWithAGrandchild:
+    """Forks a process that keeps the worker's pipe open, then dies halfway through writing its results."""
+    def play(self, tools, case=None):
+        naive(tools, case)
+        if os.fork() == 0:
+            os.setsid()
+            for fd in (0, 1, 2):
+                os.dup2(os.open(os.devnull, os.O_RDWR), fd)
+            with open(os.environ["GATE_TEST_PIDS"], "a") as fh:
+                fh.write(f"{os.getpid()}\\n")
+            time.sleep(30)
+            os._exit(0)
+        from multiprocessing import connection
+        send = connection.Connection._send
+        def half(self, buf, write=os.write):
+            if len(buf) > 1_000_000:
+                write(self._handle, bytes(buf[: len(buf) // 2]))
+                os.kill(os.getpid(), signal.SIGKILL)
+            return send(self, buf, write)
+        connection.Connection._send = half
+    def episode_log(self):
+        return {"big": "x" * 4_000_000}
+
 class Interrupts:
     def play(self, tools, case=None):
         raise KeyboardInterrupt
@@ -181,6 +234,60 @@ def test_an_agent_log_that_does_not_pickle_comes_back_as_the_store_keeps_it(tmp_
         assert log["kept"] == 1 and log["made by"].startswith("<function LambdaLog.episode_log.<locals>.<lambda>")
 
 
+@pytest.mark.parametrize("kind", ["pointer", "mixed keys", "cycle", "deep"])
+def test_a_log_that_neither_pickles_nor_writes_as_json_plays_as_in_one_process(tmp_path, agents, kind):
+    """Pickling a log raises more than PicklingError (a ctypes pointer: ValueError), and a log may not be written as
+    JSON either (keys of two types, a cycle, nesting too deep): each ended a batch in workers with a traceback."""
+    env, _ = agents
+    env = {**env, "GATE_TEST_LOG": kind}
+    path = _cases(tmp_path, 4)
+    one = _report(path, "hostile_agents:OddLogs", 1, env)
+    assert one.returncode == 0, one.stderr[-2000:]
+    many = _report(path, "hostile_agents:OddLogs", 2, env)
+    assert (many.returncode, many.stdout, many.stderr) == (0, one.stdout, one.stderr), many.stderr[-2000:]
+
+
+def test_a_case_whose_contract_another_suite_checked_is_checked_for_its_own(tmp_path):
+    """A contract is not checked again when it is the one the case before carries: a classic case carrying the v2
+    contract of the v2 case before it was not checked, so a line refused on its own was read (an outside review's)."""
+    v2 = json.loads(V2.read_text().splitlines()[0])
+    classic = json.loads(EVAL.read_text().splitlines()[0])
+    classic["contract"] = v2["contract"]
+
+    def names(value):
+        if isinstance(value, dict):
+            return set(value) | {n for v in value.values() for n in names(v)}
+        return {n for v in value for n in names(v)} if isinstance(value, list) else set()
+
+    for case in (v2, classic):  # every name of the contract named again, in either case: how the JSON reader
+        case["zz_names"] = dict.fromkeys(sorted(names(v2["contract"])), 0)  # shares names decides marshal's bytes
+    alone = tmp_path / "alone.jsonl"
+    alone.write_text(json.dumps(classic) + "\n")
+    with pytest.raises(CaseError, match="contract"):
+        read_cases(alone)
+    both = tmp_path / "both.jsonl"
+    both.write_text(json.dumps(v2) + "\n" + json.dumps(classic) + "\n")
+    with pytest.raises(CaseError, match="contract"):
+        read_cases(both)
+
+
+def test_a_later_worker_holds_nothing_the_parent_watches_earlier_ones_by(tmp_path, agents):
+    """The parent watches each worker through a descriptor of the process (pidfd): a worker forked after it
+    inherited the earlier workers' and held them while it played."""
+    env, pids = agents
+    p = _report(_cases(tmp_path, 8), "hostile_agents:ListsItsDescriptors", 4, env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    held = Path(str(pids) + ".fds").read_text().splitlines()
+    assert held and not [fd for fd in held if "pidfd" in fd], held
+
+
+def test_a_worker_that_closes_its_pipe_and_plays_on_is_said_to(tmp_path, agents):
+    env, _ = agents
+    p = _report(_cases(tmp_path, 4), "hostile_agents:ClosesItsPipe", 2, env)
+    assert p.returncode == 2 and p.stderr.startswith("gate: error: a worker process ended without answering (it "
+                                                     "closed its end of the pipe and is still running) "), p.stderr
+
+
 def test_an_agent_interrupting_in_a_worker_is_an_interrupt(tmp_path, agents):
     """An agent raising KeyboardInterrupt is `gate: interrupted` (exit 130) in one process; in a worker it was said
     to be a worker killed or out of memory (exit 2)."""
@@ -238,6 +345,20 @@ def test_a_process_an_agent_leaves_behind_does_not_keep_gate_waiting(tmp_path, a
     assert any(map(_alive, map(int, pids.read_text().split()))), "the agent's process ended already: no test"
     assert p.returncode == 2 and p.stderr.startswith(
         "gate: error: a worker process ended without answering (its exit code 9) "), p.stderr
+
+
+@pytest.mark.skipif(not LINUX, reason="pidfd_open is Linux's")
+def test_a_worker_that_dies_halfway_through_its_results_does_not_keep_gate_waiting(tmp_path, agents):
+    """Once the parent had begun reading a message, it waited for the rest of it: a worker killed halfway through
+    sending its results, while a process its agent forked held its pipe, held gate until that process ended. The
+    pipe's reading side is now shut once the worker has ended: what it sent is read, then the end of the file."""
+    env, pids = agents
+    started = time.monotonic()
+    p = _report(_cases(tmp_path, 4), "hostile_agents:DiesSendingWithAGrandchild", 2, env, timeout=60)
+    assert time.monotonic() - started < 15
+    assert any(map(_alive, map(int, pids.read_text().split()))), "the agent's process ended already: no test"
+    assert p.returncode == 2 and p.stderr.startswith(
+        "gate: error: a worker process ended without answering (killed by SIGKILL, perhaps out of memory) "), p.stderr
 
 
 @pytest.mark.parametrize("lines", [True, False], ids=["a case file's lines", "cases"])

@@ -22,6 +22,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import socket
 import sqlite3
 import sys
 import threading
@@ -555,16 +556,24 @@ def _send_results(link, results: dict[str, list[EpisodeResult]]) -> None:
     try:
         link.send((_DONE, results))
         return
-    except (pickle.PicklingError, TypeError, AttributeError, RecursionError):  # nothing was written
+    except Exception:  # noqa: BLE001 - whatever pickling an agent's objects raises: nothing was written yet
         pass
     for played in results.values():
         for result in played:
             if result.agent_log is not None:
                 try:
                     pickle.dumps(result.agent_log)
-                except Exception:  # noqa: BLE001 - whatever pickling an agent's objects raises
-                    result.agent_log = json.loads(log_text(result.agent_log))
-    link.send((_DONE, results))
+                except Exception:  # noqa: BLE001 - as above
+                    text = log_text(result.agent_log)
+                    try:
+                        result.agent_log = json.loads(text)
+                    except (ValueError, RecursionError):
+                        result.agent_log = {"log": text}
+    try:
+        link.send((_DONE, results))
+    except Exception as exc:  # noqa: BLE001 - a result that is not the agent's log (nothing was written)
+        raise GateError(f"a worker process could not send its results ({type(exc).__name__}: {exc}"[:300]
+                        + "); play this batch with --workers 1") from None
 
 
 def _worker(job: int, start: int, stop: int, link, inherited: list, parent: int) -> None:
@@ -576,8 +585,11 @@ def _worker(job: int, start: int, stop: int, link, inherited: list, parent: int)
     the parent, which raises it again (a KeyboardInterrupt an agent raised too, as one process would say it)."""
     code = 0
     try:
-        for end in inherited:
-            end.close()
+        for end in inherited:  # the parent's ends of the pipes, and what it watches the other workers by
+            if isinstance(end, int):
+                os.close(end)
+            else:
+                end.close()
         _worker_start(parent)
         warm_compile_checks(1)  # this process's own child, started while its share is parsed
         cases, specs, reward, run_id, ticks = _JOBS[job]
@@ -623,6 +635,21 @@ def _ended(process) -> Any:
         return process.sentinel
 
 
+def _watch(ended, link, stop: int) -> None:
+    """A thread of the parent's, one per worker: once the worker process has ended (`ended`), the reading side of
+    its pipe is shut, so the parent reads what the worker sent and then the end of the file, even while a process
+    the agent forked holds the pipe open (a read of a message the worker died sending would otherwise wait for that
+    process for ever). Returns at once when `stop` is readable (the batch is over)."""
+    from multiprocessing.connection import wait
+    if stop in wait([ended, stop]):
+        return
+    try:
+        with socket.socket(fileno=os.dup(link.fileno())) as end:
+            end.shutdown(socket.SHUT_RD)  # what is in the pipe is still read; then EOF
+    except OSError:  # not a socket (a platform's pipe), or closed
+        pass
+
+
 def _how_it_ended(process) -> str:
     """A worker's end as the parent can tell it: its exit code, or the signal that killed it. (Not `join`, whose
     timeout waits on the process's sentinel, a pipe a process the agent forked may hold.)"""
@@ -630,7 +657,7 @@ def _how_it_ended(process) -> str:
     while (code := process.exitcode) is None and time.monotonic() < deadline:
         time.sleep(0.01)
     if code is None:
-        return "it is still running"
+        return "it closed its end of the pipe and is still running"
     if code >= 0:
         return f"its exit code {code}"
     try:
@@ -651,6 +678,8 @@ def _play_forked(cases, specs, reward, run_id, progress, workers) -> dict[str, l
     job = id(cases)
     _JOBS[job] = (cases, specs, reward, run_id, progress is not None)
     links: list[tuple] = []  # (process, the parent's end of its pipe, its share's bounds, what says it ended)
+    stop: tuple[int, int] | None = None
+    watchers: list[threading.Thread] = []
 
     def died(k: int) -> WorkerDied:
         process, _, share, _ = links[k]
@@ -682,16 +711,22 @@ def _play_forked(cases, specs, reward, run_id, progress, workers) -> dict[str, l
         try:
             for share in bounds:
                 here, there = context.Pipe()
-                inherited = [end for _, end, _, _ in links] + [here]
+                inherited = [end for _, end, _, _ in links] + [here] + \
+                    [ended for process, _, _, ended in links if isinstance(ended, int) and ended != process.sentinel]
                 process = context.Process(target=_worker, args=(job, *share, there, inherited, os.getpid()),
                                           daemon=True)
                 links.append((process, here, share, None))
                 process.start()
                 links[-1] = (process, here, share, _ended(process))
                 there.close()
+            stop = os.pipe()  # for the watchers, started once every worker is forked: no fork while they run
         except OSError as exc:  # out of file descriptors or processes
             raise GateError(f"could not start {workers} worker processes ({exc.strerror or exc}); ask for fewer "
                             "(--workers)") from None
+        watchers = [threading.Thread(target=_watch, args=(ended, here, stop[0]), name="gate-worker-watch", daemon=True)
+                    for _, here, _, ended in links]
+        for watcher in watchers:
+            watcher.start()
         if lines:
             ids: set[str] = set()
             named: dict[str, None] = {}
@@ -727,6 +762,12 @@ def _play_forked(cases, specs, reward, run_id, progress, workers) -> dict[str, l
                 process.kill()
         raise
     finally:
+        if stop is not None:  # the watchers gone before the pipes they may shut are closed (and their numbers reused)
+            os.write(stop[1], b"x")
+            for watcher in watchers:
+                watcher.join()
+            os.close(stop[0])
+            os.close(stop[1])
         for process, here, _, ended in links:
             here.close()
             if isinstance(ended, int) and ended != process.sentinel:

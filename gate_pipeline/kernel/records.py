@@ -8,6 +8,7 @@ records, so a figure means the same thing wherever it is printed.
 from __future__ import annotations
 
 import json
+import reprlib
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -76,8 +77,17 @@ class Grade:
 
 
 def log_text(agent_log: Mapping) -> str:
-    """An agent's log as the run store keeps it: JSON, keys sorted, any value JSON has no form for as its text."""
-    return json.dumps(agent_log, sort_keys=True, default=str)
+    """An agent's log as the run store keeps it: JSON, keys sorted, any value JSON has no form for as its text; a
+    log JSON cannot write at all (keys of mixed types, a cycle, nesting too deep) as `{"log": its repr}`, cut short
+    (`reprlib`)."""
+    try:
+        return json.dumps(agent_log, sort_keys=True, default=str)
+    except (TypeError, ValueError, RecursionError):
+        return json.dumps({"log": _LOG_REPR.repr(agent_log)})
+
+
+_LOG_REPR = reprlib.Repr()
+_LOG_REPR.maxlevel, _LOG_REPR.maxdict, _LOG_REPR.maxlist, _LOG_REPR.maxstring, _LOG_REPR.maxother = 8, 100, 100, 2000, 200
 
 
 @dataclass(slots=True)
