@@ -550,13 +550,14 @@ def _sendable(exc: BaseException) -> BaseException:
         return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
-def _send_results(link, results: dict[str, list[EpisodeResult]]) -> None:
-    """A worker's results to the parent. An agent's log is whatever the agent returned: one that does not pickle
-    goes as the run store keeps it (`log_text`), so the batch ends as it does in one process."""
+def _results_message(results: dict[str, list[EpisodeResult]]) -> memoryview:
+    """A worker's results as the message the parent's `recv` reads, pickled before any of it is written. An agent's
+    log is whatever the agent returned: one that does not pickle goes as the run store keeps it (`log_text`), so
+    the batch ends as it does in one process."""
+    from multiprocessing.reduction import ForkingPickler  # what Connection.send pickles with
     try:
-        link.send((_DONE, results))
-        return
-    except Exception:  # noqa: BLE001 - whatever pickling an agent's objects raises: nothing was written yet
+        return ForkingPickler.dumps((_DONE, results))
+    except Exception:  # noqa: BLE001 - whatever pickling an agent's objects raises
         pass
     for played in results.values():
         for result in played:
@@ -570,8 +571,8 @@ def _send_results(link, results: dict[str, list[EpisodeResult]]) -> None:
                     except (ValueError, RecursionError):
                         result.agent_log = {"log": text}
     try:
-        link.send((_DONE, results))
-    except Exception as exc:  # noqa: BLE001 - a result that is not the agent's log (nothing was written)
+        return ForkingPickler.dumps((_DONE, results))
+    except Exception as exc:  # noqa: BLE001 - a result that is not the agent's log
         raise GateError(f"a worker process could not send its results ({type(exc).__name__}: {exc}"[:300]
                         + "); play this batch with --workers 1") from None
 
@@ -583,7 +584,7 @@ def _worker(job: int, start: int, stop: int, link, inherited: list, parent: int)
     `inherited`: the parent's ends of the pipes forked so far, this one's included, closed here (so the
     worker sees the parent go, and holds no descriptor it does not use). Whatever the share raises goes to
     the parent, which raises it again (a KeyboardInterrupt an agent raised too, as one process would say it)."""
-    code = 0
+    code, writing = 0, False
     try:
         for end in inherited:  # the parent's ends of the pipes, and what it watches the other workers by
             if isinstance(end, int):
@@ -604,12 +605,15 @@ def _worker(job: int, start: int, stop: int, link, inherited: list, parent: int)
         else:
             mine = cases[start:stop]
         tick = (lambda: link.send((_TICK, None))) if ticks else None
-        _send_results(link, play_cases(mine, specs, reward=reward, run_id=run_id, progress=tick))
+        message = _results_message(play_cases(mine, specs, reward=reward, run_id=run_id, progress=tick))
+        writing = True
+        link.send_bytes(message)
     except BaseException as exc:  # the parent raises it, with where it was raised here
         import traceback
         code = 1
         try:
-            link.send((_FAILED, (_sendable(exc), "".join(traceback.format_exception(exc)))))
+            if not writing:  # (a message cut short by Ctrl-C, followed by another, would be read as one)
+                link.send((_FAILED, (_sendable(exc), "".join(traceback.format_exception(exc)))))
         except BaseException:  # noqa: BLE001 - the parent gone (a Ctrl-C of the whole group: it says so itself)
             pass
     finally:
