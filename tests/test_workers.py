@@ -46,9 +46,25 @@ class OddLogs:
         deep = []
         for _ in range(100_000):
             deep = [deep]
+        class NoStr:
+            def __str__(self):
+                raise RuntimeError("no str")
+            __repr__ = __str__
         kind = os.environ.get("GATE_TEST_LOG", "pointer")
         return {"pointer": {"p": ctypes.pointer(ctypes.c_int(1))}, "mixed keys": {("a", 1): 1, "f": lambda: 1},
-                "cycle": cyclic, "deep": {"d": deep, "f": lambda: 1}}[kind]
+                "cycle": cyclic, "deep": {"d": deep, "f": lambda: 1}, "long int": {"n": 10 ** 5000, "f": lambda: 1},
+                "no str": {"x": NoStr()}}[kind]
+
+class TwoArgs(Exception):
+    def __init__(self, code, detail):
+        super().__init__(code)
+
+class UnreadableLog:
+    """A log that pickles but does not unpickle (an exception whose __init__ takes two arguments)."""
+    def play(self, tools, case=None):
+        naive(tools, case)
+    def episode_log(self):
+        return {"error": TwoArgs(3, "x")}
 
 class ListsItsDescriptors:
     def play(self, tools, case=None):
@@ -234,7 +250,7 @@ def test_an_agent_log_that_does_not_pickle_comes_back_as_the_store_keeps_it(tmp_
         assert log["kept"] == 1 and log["made by"].startswith("<function LambdaLog.episode_log.<locals>.<lambda>")
 
 
-@pytest.mark.parametrize("kind", ["pointer", "mixed keys", "cycle", "deep"])
+@pytest.mark.parametrize("kind", ["pointer", "mixed keys", "cycle", "deep", "long int", "no str"])
 def test_a_log_that_neither_pickles_nor_writes_as_json_plays_as_in_one_process(tmp_path, agents, kind):
     """Pickling a log raises more than PicklingError (a ctypes pointer: ValueError), and a log may not be written as
     JSON either (keys of two types, a cycle, nesting too deep): each ended a batch in workers with a traceback."""
@@ -245,6 +261,47 @@ def test_a_log_that_neither_pickles_nor_writes_as_json_plays_as_in_one_process(t
     assert one.returncode == 0, one.stderr[-2000:]
     many = _report(path, "hostile_agents:OddLogs", 2, env)
     assert (many.returncode, many.stdout, many.stderr) == (0, one.stdout, one.stderr), many.stderr[-2000:]
+
+
+def test_a_log_that_pickles_but_does_not_unpickle_is_one_line(tmp_path, agents):
+    """A log holding an exception whose __init__ takes two arguments pickles in the worker and fails to unpickle in
+    the parent: that was a raw TypeError traceback; it is one line, exit 2, naming the way out."""
+    env, _ = agents
+    p = _report(_cases(tmp_path, 4), "hostile_agents:UnreadableLog", 2, env)
+    assert p.returncode == 2 and p.stdout == "" and p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.startswith("gate: error: a worker process sent what cannot be read back (TypeError: ") and \
+        p.stderr.endswith("); play this batch with --workers 1\n"), p.stderr
+
+
+def test_a_watcher_that_cannot_start_is_one_line_and_leaves_nothing(monkeypatch):
+    """The parent watches each worker from a thread of its own: a thread that could not start (no memory for its
+    stack) was a RuntimeError traceback, then 'cannot join thread before it is started', with every pipe, pidfd and
+    worker left behind."""
+    import threading
+
+    from gate_pipeline.kernel.errors import GateError
+    started = threading.Thread.start
+    watchers: list[None] = []
+
+    def start(self):
+        if self.name == "gate-worker-watch":
+            watchers.append(None)
+            if len(watchers) == 2:  # a batch's second
+                raise RuntimeError("can't start new thread")
+        return started(self)
+
+    cases = read_cases(EVAL)[:6]
+    play_cases(cases, ["naive"], workers=3)  # the first batch: what any batch opens once is open
+    fds = len(os.listdir("/proc/self/fd")) if LINUX else 0
+    monkeypatch.setattr(threading.Thread, "start", start)
+    for _ in range(3):
+        watchers.clear()
+        with pytest.raises(GateError, match="could not start 3 worker processes"):
+            play_cases(cases, ["naive"], workers=3)
+    if LINUX:
+        assert len(os.listdir("/proc/self/fd")) == fds
+        children = subprocess.run(["pgrep", "-P", str(os.getpid())], capture_output=True, text=True).stdout.split()
+        assert not [c for c in children if not _alive(int(c))], "a worker left unreaped"
 
 
 def test_a_case_whose_contract_another_suite_checked_is_checked_for_its_own(tmp_path):

@@ -648,10 +648,15 @@ def _watch(ended, link, stop: int) -> None:
     if stop in wait([ended, stop]):
         return
     try:
-        with socket.socket(fileno=os.dup(link.fileno())) as end:
-            end.shutdown(socket.SHUT_RD)  # what is in the pipe is still read; then EOF
-    except OSError:  # not a socket (a platform's pipe), or closed
+        end = socket.socket(fileno=link.fileno())  # the pipe's own descriptor (no dup, which may find none free):
+    except OSError:  # not a socket (a platform's pipe)    # it stays open until the watchers are joined
+        return
+    try:
+        end.shutdown(socket.SHUT_RD)  # what is in the pipe is still read; then EOF
+    except OSError:
         pass
+    finally:
+        end.detach()  # the descriptor is the Connection's to close
 
 
 def _how_it_ended(process) -> str:
@@ -702,6 +707,9 @@ def _play_forked(cases, specs, reward, run_id, progress, workers) -> dict[str, l
             message = link.recv()
         except (EOFError, OSError):
             raise died(k) from None
+        except Exception as unread:  # noqa: BLE001 - what it sent does not unpickle here (an agent log's object)
+            raise GateError(f"a worker process sent what cannot be read back ({type(unread).__name__}: {unread}"[:300]
+                            + "); play this batch with --workers 1") from None
         if isinstance(message, tuple) and message[0] == _FAILED:
             exc, where = message[1]
             del message
@@ -724,13 +732,13 @@ def _play_forked(cases, specs, reward, run_id, progress, workers) -> dict[str, l
                 links[-1] = (process, here, share, _ended(process))
                 there.close()
             stop = os.pipe()  # for the watchers, started once every worker is forked: no fork while they run
-        except OSError as exc:  # out of file descriptors or processes
-            raise GateError(f"could not start {workers} worker processes ({exc.strerror or exc}); ask for fewer "
-                            "(--workers)") from None
-        watchers = [threading.Thread(target=_watch, args=(ended, here, stop[0]), name="gate-worker-watch", daemon=True)
-                    for _, here, _, ended in links]
-        for watcher in watchers:
-            watcher.start()
+            for _, here, _, ended in links:
+                watchers.append(threading.Thread(target=_watch, args=(ended, here, stop[0]), name="gate-worker-watch",
+                                                 daemon=True))
+                watchers[-1].start()
+        except (OSError, RuntimeError) as exc:  # out of file descriptors, processes or threads
+            raise GateError(f"could not start {workers} worker processes ({getattr(exc, 'strerror', None) or exc}); "
+                            "ask for fewer (--workers)") from None
         if lines:
             ids: set[str] = set()
             named: dict[str, None] = {}
@@ -766,17 +774,20 @@ def _play_forked(cases, specs, reward, run_id, progress, workers) -> dict[str, l
                 process.kill()
         raise
     finally:
-        if stop is not None:  # the watchers gone before the pipes they may shut are closed (and their numbers reused)
-            os.write(stop[1], b"x")
-            for watcher in watchers:
-                watcher.join()
-            os.close(stop[0])
-            os.close(stop[1])
-        for process, here, _, ended in links:
-            here.close()
-            if isinstance(ended, int) and ended != process.sentinel:
-                os.close(ended)
-            if process.pid is not None:  # started
-                process.join()
-                process.close()  # its sentinel's descriptor, now, not when the object is collected
-        del _JOBS[job]
+        try:
+            if stop is not None:  # the watchers gone before the pipes they may shut are closed (and their numbers reused)
+                os.write(stop[1], b"x")
+                for watcher in watchers:
+                    if watcher.ident is not None:  # started
+                        watcher.join()
+                os.close(stop[0])
+                os.close(stop[1])
+        finally:
+            for process, here, _, ended in links:
+                here.close()
+                if isinstance(ended, int) and ended != process.sentinel:
+                    os.close(ended)
+                if process.pid is not None:  # started
+                    process.join()
+                    process.close()  # its sentinel's descriptor, now, not when the object is collected
+            del _JOBS[job]

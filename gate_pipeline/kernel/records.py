@@ -79,11 +79,15 @@ class Grade:
 def log_text(agent_log: Mapping) -> str:
     """An agent's log as the run store keeps it: JSON, keys sorted, any value JSON has no form for as its text; a
     log JSON cannot write at all (keys of mixed types, a cycle, nesting too deep) as `{"log": its repr}`, cut short
-    (`reprlib`)."""
+    (`reprlib`), or, where even that fails, its type's name. Never raises."""
     try:
         return json.dumps(agent_log, sort_keys=True, default=str)
-    except (TypeError, ValueError, RecursionError):
+    except Exception:  # noqa: BLE001 - keys of two types, a cycle, deep nesting, an int too long, a __str__ that fails
+        pass
+    try:
         return json.dumps({"log": _LOG_REPR.repr(agent_log)})
+    except Exception:  # noqa: BLE001 - as above, in the repr
+        return json.dumps({"log": f"<{type(agent_log).__name__}>"})
 
 
 _LOG_REPR = reprlib.Repr()
