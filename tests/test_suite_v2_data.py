@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 V2 = ROOT / "cases" / "v2"
 EVAL, TRAIN = V2 / "eval_curated.jsonl", V2 / "train_procedural.jsonl"
 SHA = {
-    "eval_curated.jsonl": "b2efb2933249e7d0258c5774b6fffe50ea8b0fd3d6f1542677487637c052f9a9",
-    "train_procedural.jsonl": "a84a062d2bb2124a7605834e307a2eb48dbbb35cf15eb3dcc3c5da459efc91ce",
+    "eval_curated.jsonl": "7d6a56c19cb2db8b4536df259a7d50b8f3299a80696ab02dbb361bf35b481c5c",
+    "train_procedural.jsonl": "b7262ccf656dc9a1a5846feb129f7b7ba055c19bb5c2913b57815750db3c8109",
 }
 
 
@@ -151,7 +151,10 @@ def _set_csv(index, text):
     (lambda c: c["batches"][1]["truth"]["defects"][0].update(keys=["O-nope"]), "which no row of the batch has"),
     (lambda c: c["batches"][1]["truth"]["defects"][0].update(type="too_big"), "known type"),
     (lambda c: c["owner"].append({"batch_id": "B-nope", "column": "currency", "value": "X", "ruling": "accept",
-                                  "answer": "yes"}), "] must be a ruling: batch_id (a batch of the case)"),
+                                  "answer": "yes"}), "no batch_id (the owner rules on values"),
+    (lambda c: c["owner"].append({"column": "status", "value": "X", "ruling": "accept", "answer": "yes"}),
+     "] must be a ruling: column (currency or country)"),
+    (lambda c: c["owner"].append(dict(c["owner"][0])), "a second time"),
     (lambda c: c["contract"].pop("history"), "missing key 'history'"),
     (lambda c: c["contract"]["row_quarantine"].update(max_rows=-1), "row_quarantine.max_rows"),
 ])

@@ -10,8 +10,11 @@ import pytest
 from gate_pipeline.kernel.agents import AgentSpec
 from gate_pipeline.kernel.cases import read_cases
 from gate_pipeline.kernel.engine import play_cases
-from gate_pipeline.suites.v2.agents import LISTED, CarefulV2
+from gate_pipeline.suites.v2.agents import CarefulV2
 from gate_pipeline.suites.v2.attackers import ObeyData
+from gate_pipeline.suites.v2.files import header_of, rows_of
+from gate_pipeline.suites.v2.generator import OPEN_VALUES
+from gate_pipeline.suites.v2.owner import LISTED, Owner
 
 ROOT = Path(__file__).resolve().parent.parent
 SPLITS = {"eval": ROOT / "cases" / "v2" / "eval_curated.jsonl", "train": ROOT / "cases" / "v2" / "train_procedural.jsonl"}
@@ -61,8 +64,16 @@ def kinds(case, table=None) -> set[str]:
     return {d["type"] for b in case.batches if table in (None, b.table) for d in b.truth["defects"]}
 
 
-def rulings(case, ruling: str) -> bool:
-    return any(r["ruling"] == ruling and r["value"] not in ("EUR", "GBP", "CAD", "AUD") for r in case.data["owner"])
+def holds(case, ruling: str) -> bool:
+    """Whether a batch of the case holds a value the owner may accept (`OPEN_VALUES`) and rules `ruling` on."""
+    owner = Owner(case.data["owner"], case.contract)
+    for b in case.batches:
+        header, rows = header_of(b.data["csv"]), list(rows_of(b.data["csv"]))
+        for column, values in OPEN_VALUES.items():
+            if column in header and any(r[header.index(column)] in values and
+                                        owner.answer(column, r[header.index(column)])["ruling"] == ruling for r in rows):
+                return True
+    return False
 
 
 def drifted(case, table: str) -> bool:
@@ -85,8 +96,8 @@ NEEDS = {
                                            ["careful-v2@v2-no-customers.header.schema_drift"]),
     "partial-defect: every row": ("partial-defect", lambda c: True, ["careful-v2@v2-whole-batches", "profiles-only"]),
     "multi-defect: every rule": ("multi-defect", lambda c: True, [spec(FirstCitation)]),
-    "ask-the-owner: an accepting ruling": ("ask-the-owner", lambda c: rulings(c, "accept"), [spec(NeverAsks)]),
-    "ask-the-owner: a rejecting ruling": ("ask-the-owner", lambda c: rulings(c, "reject"), [spec(AcceptsAll)]),
+    "ask-the-owner: an accepting ruling": ("ask-the-owner", lambda c: holds(c, "accept"), [spec(NeverAsks)]),
+    "ask-the-owner: a rejecting ruling": ("ask-the-owner", lambda c: holds(c, "reject"), [spec(AcceptsAll)]),
 }
 
 

@@ -245,9 +245,10 @@ def test_questions_cost_exactly_as_the_contract_words_them_and_the_reward_never_
     o, c = b["orders"], b["customers"]
     assert CASES[case_id].contract["ask_owner"]["columns"] == ["currency", "country"]
     done = [look(c), *right(c), look(o), *hold_all(o), load(o), report([c, o])]
-    free = ("ask_owner", {"batch_id": o["batch_id"], "column": "currency", "question": "accept?"})
-    also_free = ("ask_owner", {"batch_id": c["batch_id"], "column": "country", "question": "any new market?"})
-    paid = ("ask_owner", {"batch_id": o["batch_id"], "column": "status", "question": "?"})
+    free = ("ask_owner", {"batch_id": o["batch_id"], "column": "currency", "value": "usd", "question": "accept?"})
+    also_free = ("ask_owner", {"batch_id": c["batch_id"], "column": "country", "value": "NZ",
+                               "question": "a new market?"})
+    paid = ("ask_owner", {"batch_id": o["batch_id"], "column": "status", "value": "?", "question": "?"})
     assert play(case_id, [free, also_free, *done]).reward == 1.0  # a column ask_owner.columns names: free,
     g = play(case_id, [free, paid, paid, *done])                  # with or without a ruling to give
     assert g.metrics["question_cost"] == pytest.approx(0.04) and g.reward == pytest.approx(0.96)

@@ -174,23 +174,29 @@ def test_cite_defect_needs_a_quarantine_and_cites_once():
     s.finish()
 
 
-def test_ask_owner_answers_from_the_case_free_for_the_columns_the_contract_names():
-    s = session("v2-eval-ask-the-owner-0")
-    cust = batch_of("v2-eval-ask-the-owner-0", "customers")
-    ruling = CASES["v2-eval-ask-the-owner-0"].data["owner"][0]
-    assert ruling["ruling"] == "accept" and ruling["column"] == "country"
-    out = s.call("ask_owner", {"batch_id": cust["batch_id"], "column": "country", "question": "new market?"})
-    assert out["cost"] == 0.0 and out["rulings"] == [{"value": ruling["value"], "ruling": "accept"}]
-    assert ruling["value"] in out["answer"]
-    paid = s.call("ask_owner", {"batch_id": cust["batch_id"], "column": "email", "question": "ok?"})
-    assert paid["cost"] == 0.02 and paid["rulings"] == [] and "the contract stands" in paid["answer"]
-    orders = batch_of("v2-eval-ask-the-owner-0", "orders")
-    nothing_open = s.call("ask_owner", {"batch_id": orders["batch_id"], "column": "currency", "question": "?"})
-    assert nothing_open["cost"] == 0.0 and nothing_open["rulings"] == []  # the contract names the column: free
-    assert "column must be one of" in s.call("ask_owner", {"batch_id": cust["batch_id"], "column": "colour",
-                                                           "question": "?"})["error"]
-    assert "the limit is 1,000" in s.call("ask_owner", {"batch_id": cust["batch_id"], "column": "email",
-                                                        "question": "?" * 1001})["error"]
+def test_ask_owner_answers_by_value_from_the_case_free_for_the_columns_the_contract_names():
+    case_id = "v2-eval-ask-the-owner-0"
+    s = session(case_id)
+    cust = batch_of(case_id, "customers")
+
+    def ask(column, value, question="accept?"):
+        return s.call("ask_owner", {"batch_id": cust["batch_id"], "column": column, "value": value,
+                                    "question": question})
+    owner = CASES[case_id].data["owner"]
+    for ruling in ("accept", "reject"):
+        r = next(r for r in owner if r["column"] == "country" and r["ruling"] == ruling)
+        assert ask("country", r["value"]) == {"batch_id": cust["batch_id"], "column": "country", "value": r["value"],
+                                              **{k: r[k] for k in ("ruling", "defect_type", "answer") if k in r},
+                                              "cost": 0.0}
+    never_ruled = ask("country", "Atlantis")  # a value no ruling names: the contract stands, it is rejected
+    assert (never_ruled["ruling"], never_ruled["defect_type"]) == ("reject", "invalid_value")
+    assert "the contract stands" in never_ruled["answer"]
+    listed = CASES[case_id].contract["limits"]["allowed_countries"][0]
+    assert ask("country", listed)["ruling"] == "none"  # the contract settles a listed value
+    paid = ask("email", "x")
+    assert paid["cost"] == 0.02 and paid["ruling"] == "none" and "the contract stands" in paid["answer"]
+    assert "column must be one of" in ask("colour", "x")["error"]
+    assert "the limit is 1,000" in ask("email", "x", "?" * 1001)["error"]
     s.call("submit_report", {"loaded": [], "quarantined": []})
     grade = s.finish().grade
     assert grade.metrics["question_cost"] == 0.02  # the one question about a column the contract does not name

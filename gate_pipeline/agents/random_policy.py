@@ -68,7 +68,8 @@ class RandomPolicy:
                 if "error" not in tools(tool, batch_id=bid, column=column, defect_type=rng.choice(defects)):
                     quarantined.append(bid)
             elif tool == "ask_owner":  # suite v2's tools
-                tools(tool, batch_id=bid, column=rng.choice(columns[batch["table"]]), question="Is this all right?")
+                tools(tool, batch_id=bid, column=rng.choice(columns[batch["table"]]), value=rng.choice(("", "usd", "NZ")),
+                      question="Is this all right?")
             elif tool == "cite_defect":
                 tools(tool, batch_id=bid, column=rng.choice(columns[batch["table"]]), defect_type=rng.choice(defects))
             else:  # quarantine_rows: a few keys from a quick look

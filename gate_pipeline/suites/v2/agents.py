@@ -20,6 +20,7 @@ from ...kernel.agents import Tools, customers_first
 from ...kernel.contract import rule_keys_option
 from . import history as H
 from .contract import KEY_COLUMNS
+from .owner import LISTED
 from .rules import FILE, HISTORY, RULE_KEYS_V2, rules_for
 
 PAGE = 50
@@ -74,10 +75,6 @@ def fetch_values(tools: Tools, select: str) -> list:
         if len(page) < PAGE:
             return values
         last = page[-1][0]
-
-
-LISTED = {"currency": lambda limits: [limits["currency"]], "country": lambda limits: limits["allowed_countries"],
-          "status": lambda limits: limits["allowed_status"]}
 
 
 class CarefulV2:
@@ -203,8 +200,8 @@ class CarefulV2:
         return "rows", citations, quarantines + spray
 
     def ask(self, tools: Tools, batch: dict, contract: dict, df) -> dict[str, set[str]]:
-        """Ask the owner about each column the contract says to ask about that holds a value it does not
-        list; the values the owner accepts, per column."""
+        """Ask the owner about each value the batch holds that the contract does not list, in the columns
+        the contract says to ask about; the values the owner accepts, per column."""
         accepted: dict[str, set[str]] = {}
         if not self.v2_tools or "ask_owner" not in contract:
             return accepted
@@ -214,13 +211,11 @@ class CarefulV2:
                 continue
             listed = set(LISTED[column](limits))
             open_values = {v for v in df[column].dropna().astype(str) if v.strip() and v not in listed}
-            if not open_values:
-                continue
-            question = f"{column}: the contract does not list {sorted(open_values)}"[:900] + "; accept or reject?"
-            answer = tools("ask_owner", batch_id=batch["batch_id"], column=column, question=question)
-            for r in answer.get("rulings", []) if isinstance(answer, dict) else []:
-                if r.get("ruling") == "accept":
-                    accepted.setdefault(column, set()).add(r["value"])
+            for value in sorted(open_values):
+                question = f"The contract does not list {value!r} for {column}; accept or reject?"
+                answer = tools("ask_owner", batch_id=batch["batch_id"], column=column, value=value, question=question)
+                if isinstance(answer, dict) and answer.get("ruling") == "accept":
+                    accepted.setdefault(column, set()).add(value)
         return accepted
 
 

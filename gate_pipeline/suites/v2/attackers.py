@@ -93,7 +93,7 @@ class AskEverything(CarefulV2):
 
     def before_judging(self, tools, batch, contract):
         for column in COLUMNS_V2[batch["table"]]:
-            tools("ask_owner", batch_id=batch["batch_id"], column=column, question=f"Is {column} all right?")
+            tools("ask_owner", batch_id=batch["batch_id"], column=column, value="", question=f"Is {column} all right?")
 
 
 class CiteEverything(CarefulV2):
@@ -216,9 +216,11 @@ class ProfilesOnly:
             p = tools("profile_batch", batch_id=bid)
             accepted: dict[str, set[str]] = {}
             for column, listed in (("currency", {limits["currency"]}), ("country", set(limits["allowed_countries"]))):
-                if column in p["columns"] and {str(v) for v, _ in p["columns"][column]["top_values"]} - listed:
-                    answer = tools("ask_owner", batch_id=bid, column=column, question="accept or reject?")
-                    accepted[column] = {r["value"] for r in answer.get("rulings", []) if r.get("ruling") == "accept"}
+                shown = {str(v) for v, _ in p["columns"][column]["top_values"]} if column in p["columns"] else set()
+                for value in sorted(shown - listed):
+                    answer = tools("ask_owner", batch_id=bid, column=column, value=value, question="accept or reject?")
+                    if answer.get("ruling") == "accept":
+                        accepted.setdefault(column, set()).add(value)
             cites = _profile_citations(p, contract, accepted)
             if not cites or cites[0][1] != "schema_drift":
                 cites += self.history_citations(tools, b, p, contract)

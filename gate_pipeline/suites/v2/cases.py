@@ -18,12 +18,14 @@ from ...kernel.contract import is_date
 from .contract import COLUMNS_V2, DEFECT_TYPES_V2, KEY_COLUMNS
 from .files import reader
 from .layout import LOAD_LOG_COLUMNS, WAREHOUSE_COLUMNS
+from .owner import RULED_COLUMNS
 
 CASE_KEYS = ("batches", "case_id", "contract", "family", "night", "owner", "prompt", "seed", "suite", "variant",
              "warehouse")
 BATCH_KEYS = ("batch_id", "csv", "row_count", "source", "table", "truth")
 DISPOSITIONS = ("load", "rows", "quarantine")
 RULINGS = ("accept", "reject")
+RULING_KEYS = {"column", "value", "ruling", "answer", "defect_type"}
 HEADER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 MAX_COLUMNS = 64
 MAX_AMOUNT = 1e15
@@ -132,18 +134,23 @@ def _check_truth(truth, table: str, header: list[str], text: str, where: str) ->
                 raise fail(where, f"truth.defects[].keys names {unknown[0]!r}, which no row of the batch has")
 
 
-def _check_owner(owner, batch_ids: set[str], where: str) -> None:
+def _check_owner(owner, where: str) -> None:
     if not isinstance(owner, list):
         raise fail(where, "'owner' must be a list of rulings")
+    seen = set()
     for n, r in enumerate(owner):
-        if not isinstance(r, dict) or r.get("batch_id") not in batch_ids or r.get("ruling") not in RULINGS \
-                or not all(isinstance(r.get(k), str) for k in ("column", "value", "answer")):
-            raise fail(where, f"owner[{n}] must be a ruling: batch_id (a batch of the case), column, value, "
-                              f"ruling ({' or '.join(RULINGS)}) and answer")
+        if not isinstance(r, dict) or not set(r) <= RULING_KEYS or r.get("column") not in RULED_COLUMNS \
+                or r.get("ruling") not in RULINGS or not all(isinstance(r.get(k), str) for k in ("value", "answer")):
+            raise fail(where, f"owner[{n}] must be a ruling: column ({' or '.join(RULED_COLUMNS)}), value, ruling "
+                              f"({' or '.join(RULINGS)}), answer and, for a rejection, defect_type; no batch_id "
+                              f"(the owner rules on values: regenerate a v2 file written before)")
         if r["ruling"] == "reject" and r.get("defect_type") not in DEFECT_TYPES_V2:
             raise fail(where, f"owner[{n}] rejects without a known defect_type")
         if len(r["answer"]) > MAX_TEXT or len(r["value"]) > MAX_TEXT:
             raise fail(where, f"owner[{n}] is too long")
+        if (r["column"], r["value"]) in seen:
+            raise fail(where, f"owner[{n}] rules on {r['column']} {r['value'][:40]!r} a second time")
+        seen.add((r["column"], r["value"]))
 
 
 def check_case(case: dict, where: str) -> None:
@@ -173,5 +180,5 @@ def check_batch(batch: dict, where: str) -> None:
 
 
 def check_rest(case: dict, where: str) -> None:
-    """The owner's rulings, each about a batch of the case."""
-    _check_owner(case["owner"], {b["batch_id"] for b in case["batches"]}, where)
+    """The owner's rulings, one for each value it rules on."""
+    _check_owner(case["owner"], where)

@@ -29,7 +29,8 @@ and load the rest, "quarantine": the whole batch), and `defects`, each with its 
 the `keys` of its rows (row-level defects) and `accepted`, the other citations that count for it.
 The disposition follows the contract's row-quarantine policy; an order whose customer tonight's
 correct run does not load (its row held back, or its batch quarantined) is an orphan. `owner`
-holds the contract owner's rulings on the values the contract leaves open.
+holds the contract owner's ruling on each value of its vocabulary the contract leaves open, for the
+case and not for a batch (`owner_policy`: drawn alike in every family).
 """
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ from ...kernel.contract import load_contract
 from .contract import COLUMNS_V2, KEY_COLUMNS
 from .files import write_csv
 from .layout import LOAD_LOG_COLUMNS, WAREHOUSE_COLUMNS
+from .owner import REJECT_AS
 
 FAMILIES = (
     "partial-defect", "multi-defect", "unit-shift", "volume-anomaly",
@@ -190,6 +192,10 @@ FOREIGN = ("EUR", "GBP", "CAD", "AUD")
 USD_SPELLINGS = ("usd", "Usd", "US$")
 NOT_ISO2 = ("Germany", "U.S.", "Deutschland", "United Kingdom")
 OPEN_COUNTRIES = ("NZ", "IE", "MX", "SG", "BR", "NL", "ZA")
+# the values of a column the owner may accept (each case's owner accepts some and rejects the others), and
+# those it always rejects
+OPEN_VALUES = {"currency": USD_SPELLINGS, "country": OPEN_COUNTRIES}
+NEVER_ACCEPTED = {"currency": FOREIGN, "country": NOT_ISO2}
 # a blank breaks more than one clause of the contract's text: each reading it supports is accepted
 BLANK_ALSO = {("amount", "missing_value"): [("amount", "out_of_range"), ("amount", "wrong_type")],
               ("email", "missing_value"): [("email", "invalid_value")]}
@@ -292,6 +298,8 @@ class _Builder:
         self.rng = random.Random(seed)                   # structure and defective values (size-independent)
         self.place = random.Random(f"v2-place:{seed}")   # where the bad rows sit
         self.bulk = random.Random(f"v2-bulk:{seed}")     # ordinary rows
+        self.owner_rng = random.Random(f"v2-owner:{seed}")  # the owner's rulings, drawn alike in every family
+        self.owner = owner_policy(self.owner_rng)
         rng = self.rng
         self.customer_ids, self.order_ids = _Ids(rng), _Ids(rng)
         self.night = FIRST_NIGHT + timedelta(days=rng.randrange(NIGHT_CHOICES))
@@ -333,7 +341,14 @@ class _Builder:
             self.median_ratio = rng.uniform(0.75, 1.35)  # re-sent rows carry the past's amounts
         else:
             self.median_ratio = _log_uniform(rng, *CLEAN_MEDIAN)
-        self.accepted_values: dict[tuple[str, str], set[str]] = {}
+
+    def ruled(self, column: str, drawn: str, accept: bool) -> str:
+        """An open value of `column` the owner accepts (or rejects, as `accept` says): the value drawn when
+        the owner rules on it so, else one of those it does, uniformly (a draw of its own: the case's other
+        draws do not move)."""
+        if (drawn in self.owner[column]) == accept:
+            return drawn
+        return self.owner_rng.choice([v for v in OPEN_VALUES[column] if (v in self.owner[column]) == accept])
 
     def _volume(self, whole: set[str]) -> float:
         rng = self.rng
@@ -461,12 +476,8 @@ class _Case:
         rows = batch.rows
         same = self.bld.orphan() if kind == "orphan_same" else ""
         value = ""
-        if kind == "open_currency":
-            value = rng.choice(USD_SPELLINGS)
-        elif kind == "open_country":
-            value = rng.choice(OPEN_COUNTRIES)
-        if ruling == "accept":
-            bld.accepted_values.setdefault((table, column), set()).add(value)
+        if kind in ("open_currency", "open_country"):
+            value = bld.ruled(column, rng.choice(OPEN_VALUES[column]), ruling == "accept")
         for p in positions:
             r = rows[p]
             if kind == "blank_amount":
@@ -747,25 +758,26 @@ def _answer(column: str, value: str, accept: bool) -> str:
     return OWNER_REJECT[column].format(value=value)
 
 
-def owner_rulings(bld: _Builder, batches: list[dict], contract: dict) -> list[dict]:
-    """The contract owner's ruling on every value the contract leaves open (a non-blank currency other
-    than the contract's, a country it does not list), per batch and column, in batch and value order."""
+def owner_policy(rng: random.Random) -> dict[str, set[str]]:
+    """The values of each column a case's owner accepts: at least one and not all of `OPEN_VALUES`, drawn
+    from the case's seed alone, so that what the owner says is no hint of the family, or of any batch."""
+    return {column: set(rng.sample(values, rng.randint(1, len(values) - 1))) for column, values in OPEN_VALUES.items()}
+
+
+def owner_rulings(bld: _Builder, contract: dict) -> list[dict]:
+    """The contract owner's ruling on every value of its vocabulary the contract leaves open (`OPEN_VALUES`,
+    `NEVER_ACCEPTED`; a listed value needs none), per column and in value order. The case's rulings: the same
+    whichever batch a question names (`ask_owner` answers by column and value alone)."""
     limits = contract["limits"]
     out = []
-    for batch in batches:
-        for column, listed in (("currency", [limits["currency"]]), ("country", limits["allowed_countries"])):
-            header = batch["_header"]
-            if column not in header:
-                continue
-            i = header.index(column)
-            values = sorted({r[i] for r in batch["_rows"] if r[i].strip() and r[i] not in listed})
-            for value in values:
-                accept = value in bld.accepted_values.get((batch["table"], column), ())
-                ruling = {"batch_id": batch["batch_id"], "column": column, "value": value,
-                          "ruling": "accept" if accept else "reject", "answer": _answer(column, value, accept)}
-                if not accept:
-                    ruling["defect_type"] = "wrong_currency" if column == "currency" else "invalid_value"
-                out.append(ruling)
+    for column, listed in (("currency", [limits["currency"]]), ("country", limits["allowed_countries"])):
+        for value in sorted({*OPEN_VALUES[column], *NEVER_ACCEPTED[column]} - set(listed)):
+            accept = value in bld.owner[column]
+            ruling = {"column": column, "value": value, "ruling": "accept" if accept else "reject",
+                      "answer": _answer(column, value, accept)}
+            if not accept:
+                ruling["defect_type"] = REJECT_AS[column]
+            out.append(ruling)
     return out
 
 
@@ -798,7 +810,7 @@ def generate_case(case_id: str, family: str, variant: int, seed: int, contract: 
     for k, b in enumerate(listing, 1):
         batches.append({"batch_id": f"B-{bld.night:%m%d}-{tag}-{k}", "table": b.table, "source": b.source,
                         "truth": truths[b.table], "_header": b.header, "_rows": b.rows})
-    owner = owner_rulings(bld, batches, contract)
+    owner = owner_rulings(bld, contract)
     for batch in batches:
         header, body = batch.pop("_header"), batch.pop("_rows")
         batch["csv"] = write_csv(header, body)

@@ -2,7 +2,7 @@
 
 The same pandera schemas careful-v2 uses (`suite_v2.schemas`), with the warehouse figures read
 from the prepared database as a correct run would see them: customers batches the truth loads
-count as loaded first, and tonight's owner rulings that accept a value allow it.
+count as loaded first, and the values the case's owner accepts allowed.
 
 - `batch_findings`: the rules a batch breaks and on which rows (`findings.py`, the Dagster check);
 - `gold_rows`: the dense reward's Layer 2 target, the raw rows of every defective batch that
@@ -21,14 +21,6 @@ def staged_frame(batch):
     """A staged CSV batch as read for the schemas: every value a string, nothing read as missing."""
     import pandas as pd
     return pd.read_csv(io.StringIO(batch.data["csv"]), dtype=str, keep_default_na=False, na_filter=False)
-
-
-def accepted_values(case, batch_id: str) -> dict[str, set[str]]:
-    out: dict[str, set[str]] = {}
-    for r in case.data["owner"]:
-        if r["batch_id"] == batch_id and r["ruling"] == "accept":
-            out.setdefault(r["column"], set()).add(r["value"])
-    return out
 
 
 def loaded_by_truth(prepared) -> list[tuple[str, list[str]]]:
@@ -52,7 +44,6 @@ def batch_findings(prepared, batch_id: str, df=None, customers_loaded: list[tupl
 
 
 def _batch_findings(prepared, conn, batch_id: str, df, customers_loaded) -> Findings:
-    case = prepared.case
     batch = prepared.batches[batch_id]
     table, header, staging = batch.table, prepared.headers[batch_id], prepared.staging[batch_id]
     contract = prepared.contract
@@ -76,7 +67,7 @@ def _batch_findings(prepared, conn, batch_id: str, df, customers_loaded) -> Find
         median = median_of_amounts(df["amount"]) if table == "orders" else None
         figures = HistoryFigures(prepared.row_counts[batch_id], usual_rows, median, usual_median, repeated)
     return findings(contract, table, header, df if drift_free else None, keys, figures,
-                    accepted=accepted_values(case, batch_id))
+                    accepted=prepared.owner.accepted())
 
 
 def gold_rows(case, prepared) -> list[tuple]:

@@ -11,10 +11,11 @@ batches a read looked at (`looked_at`, see `suite_v2.sandbox`). The three new to
   the contract's `row_quarantine.rule` all say so).
 - `cite_defect(batch_id, column, defect_type)`: cite one more defect of a batch that is
   quarantined or holds quarantined rows (a batch can have several; each must be cited).
-- `ask_owner(batch_id, column, question)`: ask the contract owner about a batch's column; the
-  answer is the owner's rulings on the values the contract leaves open there (from the case),
-  free for the columns the contract's `ask_owner.columns` names, at its cost per question for any
-  other column (exactly as the contract words it; the grader charges the same).
+- `ask_owner(batch_id, column, value, question)`: ask the contract owner about a value of a
+  batch's column; the answer is the owner's ruling on the value (`suite_v2.owner`: by column and
+  value alone, whichever batch is named), free for the columns the contract's `ask_owner.columns`
+  names, at its cost per question for any other column (exactly as the contract words it; the
+  grader charges the same).
 """
 from __future__ import annotations
 
@@ -55,10 +56,12 @@ TOOLS = (
     Tool("cite_defect", "Cite one more defect (column and defect type) of a batch you quarantined, or whose rows you "
          "held back: every defect a batch has must be cited, each citation counts for one defect.",
          (BATCH_ID, COLUMN, DEFECT_TYPE), shaped=None),
-    Tool("ask_owner", "Ask the contract owner about a column of a batch: the answer gives the owner's rulings on the "
-         "values the contract leaves open there. Free for the columns the contract's ask_owner.columns names; a "
-         "question about any other column costs ask_owner.cost_per_question of the night's reward.",
+    Tool("ask_owner", "Ask the contract owner about a value you found in a column of a batch that the contract does "
+         "not list: the answer is the owner's ruling on that value (accept, reject with the defect type to cite, or "
+         "none: the contract settles it). Free for the columns the contract's ask_owner.columns names; a question "
+         "about any other column costs ask_owner.cost_per_question of the night's reward.",
          (BATCH_ID, Arg("column", "str", "the column of the batch's table you ask about"),
+          Arg("value", "str", "the value you ask about, exactly as the batch holds it"),
           Arg("question", "str", "your question to the contract owner", limit=1_000))),
     Tool("submit_report", "Finish the night: report exactly which batch ids you loaded (whole, or with rows held "
          "back) and which you quarantined whole, as listed. Only the first report counts; without a report the "
@@ -72,7 +75,6 @@ TOOL_NAMES_V2 = tuple(t.name for t in TOOLS)
 # episode's database grows by at most twice what is staged (an agent cannot load until the machine has no room,
 # which is the machine's failure, `NoRoom`, and would end the run without grading the agent)
 MAX_LOADS = 2
-NO_RULING = "The contract owner has nothing to add about {column} in {batch}: the contract stands."
 
 
 class EpisodeV2(Episode):
@@ -167,25 +169,19 @@ class EpisodeV2(Episode):
         self.cite(batch_id, column, defect_type)
         return {"status": "cited", "batch_id": batch_id, "citations": len(world.citations[batch_id])}
 
-    def ask_owner(self, batch_id, column, question):
+    def ask_owner(self, batch_id, column, value, question):
         prepared = self.prepared
-        args = {"batch_id": batch_id, "column": column, "question": question}
+        args = {"batch_id": batch_id, "column": column, "value": value, "question": question}
         if batch_id not in prepared.batches:
             self.ledger.append("ask_owner", args, False, "unknown batch")
             return {"error": f"no batch {batch_id!r}"}
-        columns = list(dict.fromkeys([*COLUMNS_V2[prepared.batches[batch_id].table], *prepared.headers[batch_id]]))
-        if column not in columns:
+        columns = COLUMNS_V2[prepared.batches[batch_id].table]
+        if column not in columns:  # the contract's columns, not the file's header: a refusal shows no file
             self.ledger.append("ask_owner", args, False, "unknown column")
-            return {"error": f"column must be one of {columns}"}
+            return {"error": f"column must be one of {list(columns)}"}
         self.ledger.append("ask_owner", args, True)
-        rulings = prepared.rulings.get((batch_id, column), [])
-        cost = question_cost(prepared.contract, column)
-        if not rulings:
-            return {"batch_id": batch_id, "column": column, "rulings": [], "cost": cost,
-                    "answer": NO_RULING.format(column=column, batch=batch_id)}
-        return {"batch_id": batch_id, "column": column, "cost": cost,
-                "rulings": [{k: r[k] for k in ("value", "ruling", "defect_type") if k in r} for r in rulings],
-                "answer": " ".join(r["answer"] for r in rulings)}
+        return {"batch_id": batch_id, "column": column, "value": value, **prepared.owner.answer(column, value),
+                "cost": question_cost(prepared.contract, column)}
 
 
 EPISODE = EpisodeV2

@@ -34,6 +34,7 @@ from .contract import COLUMNS_V2, KEY_COLUMNS
 from .files import header_of, rows_of
 from .generator import LOAD_HOUR
 from .layout import INDEXES, LOAD_LOG_COLUMNS, WAREHOUSE_COLUMNS, WAREHOUSE_DDL
+from .owner import Owner
 from .sandbox import SandboxV2
 
 
@@ -128,9 +129,7 @@ class PreparedCaseV2(PreparedCase):
         self.night: str = case.data["night"]
         self.headers = {bid: header_of(b.data["csv"]) for bid, b in self.batches.items()}
         self.row_counts = {bid: b.data["row_count"] for bid, b in self.batches.items()}
-        self.rulings: dict[tuple[str, str], list[dict]] = {}
-        for r in case.data["owner"]:
-            self.rulings.setdefault((r["batch_id"], r["column"]), []).append(r)
+        self.owner = Owner(case.data["owner"], self.contract)
         self._db: sqlite3.Connection | None = None
         self._db_busy = False
         self._correct_mart: float | None = None  # `correct_mart`, once computed
