@@ -209,6 +209,23 @@ def test_ctrl_c_in_nightly_is_interrupted_and_130(tmp_path):
     assert proc.returncode == 130 and err == "gate: interrupted\n" and out == ""
 
 
+@pytest.mark.parametrize("script", ["gate", "server"])
+def test_ctrl_c_while_the_commands_are_imported_is_interrupted_and_130(script):
+    """Importing the commands takes about a tenth of a second: Ctrl-C landing then (raised here by an import
+    hook as the kernel is imported, where a real one mostly lands) is `gate: interrupted` and 130, as it is
+    in a command, not a traceback; the console script itself imports nothing of it."""
+    code = ("import runpy, sys\n"
+            "class Interrupt:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'gate_pipeline.kernel':\n"
+            "            raise KeyboardInterrupt\n"
+            "sys.meta_path.insert(0, Interrupt())\n"
+            f"runpy.run_path({str(Path(sys.executable).parent / script)!r}, run_name='__main__')\n")
+    p = subprocess.run([sys.executable, "-c", code, "report"], capture_output=True, text=True, env=env_with(),
+                       timeout=60, check=False)
+    assert (p.returncode, p.stderr, p.stdout) == (130, "gate: interrupted\n", "")
+
+
 # --- progress: a terminal's stderr only -----------------------------------------------------------
 
 def run_with_terminal_stderr(args: list[str], cwd: Path) -> tuple[int, str, str]:

@@ -56,8 +56,8 @@ def cmd_serve(a, settings: Settings) -> int:
 def main() -> int:
     """The `server` command, OpenEnv's name for an environment's server (`uv run server`, server/app.py):
     `gate serve` with the same flags."""
-    from .main import main as gate
-    return gate(["serve", *sys.argv[1:]])
+    from . import server
+    return server()
 
 
 def register(subparsers) -> None:
