@@ -263,14 +263,16 @@ def test_a_log_that_neither_pickles_nor_writes_as_json_plays_as_in_one_process(t
     assert (many.returncode, many.stdout, many.stderr) == (0, one.stdout, one.stderr), many.stderr[-2000:]
 
 
-def test_a_log_that_pickles_but_does_not_unpickle_is_one_line(tmp_path, agents):
+def test_a_log_that_pickles_but_does_not_unpickle_ends_the_batch_as_one_process_does(tmp_path, agents):
     """A log holding an exception whose __init__ takes two arguments pickles in the worker and fails to unpickle in
-    the parent: that was a raw TypeError traceback; it is one line, exit 2, naming the way out."""
+    the parent: that was a raw TypeError traceback, then one line asking for --workers 1. The worker reads each log
+    back before it sends it, and sends one that does not read back as the run store keeps it."""
     env, _ = agents
-    p = _report(_cases(tmp_path, 4), "hostile_agents:UnreadableLog", 2, env)
-    assert p.returncode == 2 and p.stdout == "" and p.stderr.count("\n") == 1, p.stderr
-    assert p.stderr.startswith("gate: error: a worker process sent what cannot be read back (TypeError: ") and \
-        p.stderr.endswith("); play this batch with --workers 1\n"), p.stderr
+    path = _cases(tmp_path, 4)
+    one = _report(path, "hostile_agents:UnreadableLog", 1, env)
+    assert one.returncode == 0, one.stderr[-2000:]
+    many = _report(path, "hostile_agents:UnreadableLog", 2, env)
+    assert (many.returncode, many.stdout, many.stderr) == (0, one.stdout, one.stderr), many.stderr[-2000:]
 
 
 def test_a_watcher_that_cannot_start_is_one_line_and_leaves_nothing(monkeypatch):

@@ -60,26 +60,29 @@ def _sendable(exc: BaseException) -> BaseException:
         return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
-def _results_message(results: dict[str, list[EpisodeResult]]) -> memoryview:
-    """A worker's results as the message the parent's `recv` reads, pickled before any of it is written. An agent's
-    log is whatever the agent returned: one that does not pickle goes as the run store keeps it (`log_text`), so
-    the batch ends as it does in one process."""
-    from multiprocessing.reduction import ForkingPickler  # what Connection.send pickles with
+def _log_to_send(log: Any) -> Any:
+    """An agent's log as the parent can read it back: itself when it pickles and unpickles (tried here, where the
+    same classes are: a log can pickle and not unpickle, an exception whose `__init__` takes two arguments), else
+    as the run store keeps it (`log_text`), so the batch ends as it does in one process."""
     try:
-        return ForkingPickler.dumps((_DONE, results))
-    except Exception:  # noqa: BLE001 - whatever pickling an agent's objects raises
-        pass
+        pickle.loads(pickle.dumps(log))
+        return log
+    except Exception:  # noqa: BLE001 - whatever pickling or unpickling an agent's objects raises
+        text = log_text(log)
+        try:
+            return json.loads(text)
+        except (ValueError, RecursionError):
+            return {"log": text}
+
+
+def _results_message(results: dict[str, list[EpisodeResult]]) -> memoryview:
+    """A worker's results as the message the parent's `recv` reads, pickled before any of it is written; each
+    agent's log as `_log_to_send` makes it."""
+    from multiprocessing.reduction import ForkingPickler  # what Connection.send pickles with
     for played in results.values():
         for result in played:
             if result.agent_log is not None:
-                try:
-                    pickle.dumps(result.agent_log)
-                except Exception:  # noqa: BLE001 - as above
-                    text = log_text(result.agent_log)
-                    try:
-                        result.agent_log = json.loads(text)
-                    except (ValueError, RecursionError):
-                        result.agent_log = {"log": text}
+                result.agent_log = _log_to_send(result.agent_log)
     try:
         return ForkingPickler.dumps((_DONE, results))
     except Exception as exc:  # noqa: BLE001 - a result that is not the agent's log
