@@ -155,6 +155,12 @@ def _set_csv(index, text):
     (lambda c: c["owner"].append({"column": "status", "value": "X", "ruling": "accept", "answer": "yes"}),
      "] must be a ruling: column (currency or country)"),
     (lambda c: c["owner"].append(dict(c["owner"][0])), "a second time"),
+    (lambda c: next(r for r in c["owner"] if r["ruling"] == "reject").update(defect_type="schema_drift"),
+     "is cited as"),
+    (lambda c: next(r for r in c["owner"] if r["ruling"] == "accept").update(defect_type="invalid_value"),
+     "an acceptance names no defect_type"),
+    (lambda c: c["owner"].append({"column": "currency", "value": "USD", "ruling": "accept", "answer": "yes"}),
+     "which the contract lists"),
     (lambda c: c["contract"].pop("history"), "missing key 'history'"),
     (lambda c: c["contract"]["row_quarantine"].update(max_rows=-1), "row_quarantine.max_rows"),
 ])

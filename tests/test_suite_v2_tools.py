@@ -188,9 +188,11 @@ def test_ask_owner_answers_by_value_from_the_case_free_for_the_columns_the_contr
         assert ask("country", r["value"]) == {"batch_id": cust["batch_id"], "column": "country", "value": r["value"],
                                               **{k: r[k] for k in ("ruling", "defect_type", "answer") if k in r},
                                               "cost": 0.0}
-    never_ruled = ask("country", "Atlantis")  # a value no ruling names: the contract stands, it is rejected
+    never_ruled = ask("country", "Atlantis")  # a value no ruling names: the contract stands, it is rejected ...
     assert (never_ruled["ruling"], never_ruled["defect_type"]) == ("reject", "invalid_value")
-    assert "the contract stands" in never_ruled["answer"]
+    germany = next(r for r in owner if r["value"] == "Germany")  # ... in the words a ruled value of its kind has
+    assert never_ruled["answer"] == germany["answer"].replace("Germany", "Atlantis")
+    assert ask("country", "QQ")["answer"] == "QQ is not a market we sell in: reject these rows as country / invalid_value."
     listed = CASES[case_id].contract["limits"]["allowed_countries"][0]
     assert ask("country", listed)["ruling"] == "none"  # the contract settles a listed value
     paid = ask("email", "x")

@@ -18,7 +18,7 @@ from ...kernel.contract import is_date
 from .contract import COLUMNS_V2, DEFECT_TYPES_V2, KEY_COLUMNS
 from .files import reader
 from .layout import LOAD_LOG_COLUMNS, WAREHOUSE_COLUMNS
-from .owner import RULED_COLUMNS
+from .owner import LISTED, REJECT_AS, RULED_COLUMNS
 
 CASE_KEYS = ("batches", "case_id", "contract", "family", "night", "owner", "prompt", "seed", "suite", "variant",
              "warehouse")
@@ -134,7 +134,7 @@ def _check_truth(truth, table: str, header: list[str], text: str, where: str) ->
                 raise fail(where, f"truth.defects[].keys names {unknown[0]!r}, which no row of the batch has")
 
 
-def _check_owner(owner, where: str) -> None:
+def _check_owner(owner, limits: dict, where: str) -> None:
     if not isinstance(owner, list):
         raise fail(where, "'owner' must be a list of rulings")
     seen = set()
@@ -144,8 +144,11 @@ def _check_owner(owner, where: str) -> None:
             raise fail(where, f"owner[{n}] must be a ruling: column ({' or '.join(RULED_COLUMNS)}), value, ruling "
                               f"({' or '.join(RULINGS)}), answer and, for a rejection, defect_type; no batch_id "
                               f"(the owner rules on values: regenerate a v2 file written before)")
-        if r["ruling"] == "reject" and r.get("defect_type") not in DEFECT_TYPES_V2:
-            raise fail(where, f"owner[{n}] rejects without a known defect_type")
+        if r.get("defect_type") != (REJECT_AS[r["column"]] if r["ruling"] == "reject" else None):
+            raise fail(where, f"owner[{n}]: a rejection of a {r['column']} is cited as {REJECT_AS[r['column']]} "
+                              f"(its defect_type), an acceptance names no defect_type")
+        if r["value"] in LISTED[r["column"]](limits):
+            raise fail(where, f"owner[{n}] rules on {r['value'][:40]!r}, which the contract lists")
         if len(r["answer"]) > MAX_TEXT or len(r["value"]) > MAX_TEXT:
             raise fail(where, f"owner[{n}] is too long")
         if (r["column"], r["value"]) in seen:
@@ -181,4 +184,4 @@ def check_batch(batch: dict, where: str) -> None:
 
 def check_rest(case: dict, where: str) -> None:
     """The owner's rulings, one for each value it rules on."""
-    _check_owner(case["owner"], where)
+    _check_owner(case["owner"], case["contract"]["limits"], where)

@@ -48,7 +48,7 @@ from ...kernel.contract import load_contract
 from .contract import COLUMNS_V2, KEY_COLUMNS
 from .files import write_csv
 from .layout import LOAD_LOG_COLUMNS, WAREHOUSE_COLUMNS
-from .owner import REJECT_AS
+from .owner import REJECT_AS, answer_text
 
 FAMILIES = (
     "partial-defect", "multi-defect", "unit-shift", "volume-anomaly",
@@ -734,30 +734,6 @@ class _Case:
         return {"defective": True, "disposition": disposition, "defects": defects}
 
 
-OWNER_ACCEPT = {
-    "currency": "{value!r} is how the new checkout writes US dollars: accept these rows as USD.",
-    "country": "{value} is a market since 2026-10-01 (the contract predates the launch): accept these rows.",
-}
-OWNER_REJECT = {
-    "currency": "{value!r} rows come from the sandbox checkout (test orders, not revenue): reject these rows as "
-                "currency / wrong_currency.",
-    "country": "{value} is not a market we sell in: reject these rows as country / invalid_value.",
-}
-OWNER_FOREIGN = ("{value!r} amounts are not US dollars and the mart sums amounts without conversion: reject these "
-                 "rows as currency / wrong_currency.")
-OWNER_NOT_ISO = "{value!r} is not an ISO-2 country code: reject these rows as country / invalid_value."
-
-
-def _answer(column: str, value: str, accept: bool) -> str:
-    if accept:
-        return OWNER_ACCEPT[column].format(value=value)
-    if column == "currency" and value not in USD_SPELLINGS:
-        return OWNER_FOREIGN.format(value=value)
-    if column == "country" and not (len(value) == 2 and value.isupper()):
-        return OWNER_NOT_ISO.format(value=value)
-    return OWNER_REJECT[column].format(value=value)
-
-
 def owner_policy(rng: random.Random) -> dict[str, set[str]]:
     """The values of each column a case's owner accepts: at least one and not all of `OPEN_VALUES`, drawn
     from the case's seed alone, so that what the owner says is no hint of the family, or of any batch."""
@@ -774,7 +750,7 @@ def owner_rulings(bld: _Builder, contract: dict) -> list[dict]:
         for value in sorted({*OPEN_VALUES[column], *NEVER_ACCEPTED[column]} - set(listed)):
             accept = value in bld.owner[column]
             ruling = {"column": column, "value": value, "ruling": "accept" if accept else "reject",
-                      "answer": _answer(column, value, accept)}
+                      "answer": answer_text(column, value, accept)}
             if not accept:
                 ruling["defect_type"] = REJECT_AS[column]
             out.append(ruling)

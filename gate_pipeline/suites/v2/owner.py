@@ -14,8 +14,31 @@ LISTED = {"currency": lambda limits: [limits["currency"]], "country": lambda lim
           "status": lambda limits: limits["allowed_status"]}  # the values the contract lists, per column
 NO_RULING = "The contract owner has nothing to add about {column}: the contract stands."
 IS_LISTED = "The contract lists {value!r} for {column}: no ruling is needed, the contract allows it."
-NOT_ACCEPTED = ("The contract owner has accepted no {value!r} for {column}: the contract stands, so reject these "
-                "rows as {column} / {defect_type}.")
+# what the owner says of a value (the case files carry it; a value no ruling names is rejected in the same words)
+ACCEPT = {
+    "currency": "{value!r} is how the new checkout writes US dollars: accept these rows as USD.",
+    "country": "{value} is a market since 2026-10-01 (the contract predates the launch): accept these rows.",
+}
+REJECT = {
+    "currency": "{value!r} rows come from the sandbox checkout (test orders, not revenue): reject these rows as "
+                "currency / wrong_currency.",
+    "country": "{value} is not a market we sell in: reject these rows as country / invalid_value.",
+}
+REJECT_FOREIGN = ("{value!r} amounts are not US dollars and the mart sums amounts without conversion: reject these "
+                  "rows as currency / wrong_currency.")
+REJECT_NOT_ISO = "{value!r} is not an ISO-2 country code: reject these rows as country / invalid_value."
+
+
+def answer_text(column: str, value: str, accept: bool) -> str:
+    """The owner's words on a value of a ruled column: by what the value looks like (a spelling of US dollars or
+    another currency, an ISO-2 code or not), never by whether the generator draws it."""
+    if accept:
+        return ACCEPT[column].format(value=value)
+    if column == "currency" and value.upper().rstrip("$") not in ("USD", "US"):
+        return REJECT_FOREIGN.format(value=value)
+    if column == "country" and not (len(value) == 2 and value.isupper()):
+        return REJECT_NOT_ISO.format(value=value)
+    return REJECT[column].format(value=value)
 
 
 class Owner:
@@ -42,8 +65,6 @@ class Owner:
         if value in LISTED[column](self.limits):
             return {"ruling": "none", "answer": IS_LISTED.format(column=column, value=value)}
         r = self.rulings.get((column, value))
-        if r is None:
-            defect_type = REJECT_AS[column]
-            return {"ruling": "reject", "defect_type": defect_type,
-                    "answer": NOT_ACCEPTED.format(column=column, value=value, defect_type=defect_type)}
+        if r is None:  # the contract stands: the value is rejected, in the words a ruled rejection has
+            return {"ruling": "reject", "defect_type": REJECT_AS[column], "answer": answer_text(column, value, False)}
         return {k: r[k] for k in ("ruling", "defect_type", "answer") if k in r}
