@@ -998,6 +998,7 @@ def serve(pool: CasePool, host: str = "127.0.0.1", port: int = 8000, config: Ser
 
     def note(sig, frame):  # uvicorn stops on the signal, then raises it again here: remember it
         stopped.append(sig)
+        server.should_exit = True  # one that comes after the check below and before uvicorn takes over stops it too
 
     handled = (signal.SIGINT, signal.SIGTERM)
     previous = {sig: signal.signal(sig, note) for sig in handled}
