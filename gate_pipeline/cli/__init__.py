@@ -1,29 +1,44 @@
 """gate's command line (`gate ...`): thin wrappers over the core, one line per error.
 
-The console scripts start here, in a module that imports nothing: importing the commands takes a tenth
-of a second, and Ctrl-C in it is `gate: interrupted` (130) as it is once a command runs, never a
-traceback."""
+The console scripts start here, in a module that imports nothing of gate's: importing the commands takes a
+tenth of a second, and a Ctrl-C meanwhile is `gate: interrupted` (130) as it is once a command runs. The
+signal is only noted while they are imported: raised there, Python's import machinery can swallow it in
+one of its callbacks ("Exception ignored in ... _get_module_lock"), and the command then ran to its end."""
+import signal
 import sys
+import threading
 
 
-def _interrupted() -> int:
-    print("gate: interrupted", file=sys.stderr)
-    return 130
+def _import_main():
+    """`cli.main.main`, or None when a Ctrl-C came while it was imported."""
+    if threading.current_thread() is not threading.main_thread():
+        from .main import main
+        return main
+    interrupted: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda sig, frame: interrupted.append(sig))
+    try:
+        from .main import main
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return None if interrupted else main
+
+
+def _run(argv: list[str] | None) -> int:
+    try:
+        main = _import_main()
+    except KeyboardInterrupt:  # before the handler above took over
+        main = None
+    if main is None:
+        print("gate: interrupted", file=sys.stderr)
+        return 130
+    return main(argv)
 
 
 def gate() -> int:
     """The `gate` console script."""
-    try:
-        from .main import main
-    except KeyboardInterrupt:
-        return _interrupted()
-    return main()
+    return _run(None)
 
 
 def server() -> int:
     """The `server` console script (`gate serve` under the name OpenEnv's tooling runs)."""
-    try:
-        from .main import main
-    except KeyboardInterrupt:
-        return _interrupted()
-    return main(["serve", *sys.argv[1:]])
+    return _run(["serve", *sys.argv[1:]])
