@@ -50,10 +50,25 @@ class OddLogs:
             def __str__(self):
                 raise RuntimeError("no str")
             __repr__ = __str__
+        nested = []
+        for _ in range(800):  # pickles in one process, not in a worker's deeper stack; nor does its JSON copy
+            nested = [nested]
         kind = os.environ.get("GATE_TEST_LOG", "pointer")
         return {"pointer": {"p": ctypes.pointer(ctypes.c_int(1))}, "mixed keys": {("a", 1): 1, "f": lambda: 1},
                 "cycle": cyclic, "deep": {"d": deep, "f": lambda: 1}, "long int": {"n": 10 ** 5000, "f": lambda: 1},
-                "no str": {"x": NoStr()}}[kind]
+                "no str": {"x": NoStr()}, "nested": {"n": nested}, "exits": {"x": ExitsWhenPickled()},
+                "flaky": {"x": Flaky()}}[kind]
+
+class ExitsWhenPickled:
+    def __reduce__(self):
+        raise SystemExit(7)
+
+class Flaky:
+    """Pickles to something that reads back the first time, and to what does not after."""
+    calls = 0
+    def __reduce__(self):
+        Flaky.calls += 1
+        return (str, ("ok",)) if Flaky.calls == 1 else (TwoArgs, (3,))
 
 class TwoArgs(Exception):
     def __init__(self, code, detail):
@@ -250,7 +265,8 @@ def test_an_agent_log_that_does_not_pickle_comes_back_as_the_store_keeps_it(tmp_
         assert log["kept"] == 1 and log["made by"].startswith("<function LambdaLog.episode_log.<locals>.<lambda>")
 
 
-@pytest.mark.parametrize("kind", ["pointer", "mixed keys", "cycle", "deep", "long int", "no str"])
+@pytest.mark.parametrize("kind", ["pointer", "mixed keys", "cycle", "deep", "long int", "no str", "nested", "exits",
+                                  "flaky"])
 def test_a_log_that_neither_pickles_nor_writes_as_json_plays_as_in_one_process(tmp_path, agents, kind):
     """Pickling a log raises more than PicklingError (a ctypes pointer: ValueError), and a log may not be written as
     JSON either (keys of two types, a cycle, nesting too deep): each ended a batch in workers with a traceback."""

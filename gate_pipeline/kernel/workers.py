@@ -61,28 +61,42 @@ def _sendable(exc: BaseException) -> BaseException:
 
 
 def _log_to_send(log: Any) -> Any:
-    """An agent's log as the parent can read it back: itself when it pickles and unpickles (tried here, where the
-    same classes are: a log can pickle and not unpickle, an exception whose `__init__` takes two arguments), else
-    as the run store keeps it (`log_text`), so the batch ends as it does in one process."""
-    try:
-        pickle.loads(pickle.dumps(log))
-        return log
-    except Exception:  # noqa: BLE001 - whatever pickling or unpickling an agent's objects raises
-        text = log_text(log)
+    """An agent's log as the parent can read it back: itself when it pickles and unpickles, else as the run store
+    keeps it (`log_text`), as the JSON value that text is where that pickles (a list nested a thousand deep does
+    not), else as `{"log": text}`."""
+    def reads_back(value: Any) -> bool:
         try:
-            return json.loads(text)
-        except (ValueError, RecursionError):
-            return {"log": text}
+            pickle.loads(pickle.dumps(value))
+            return True
+        except BaseException:  # noqa: BLE001 - whatever an agent's pickling hooks raise, SystemExit included
+            return False
+    if reads_back(log):
+        return log
+    text = log_text(log)
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return {"log": text}
+    return value if reads_back(value) else {"log": text}
 
 
 def _results_message(results: dict[str, list[EpisodeResult]]) -> memoryview:
-    """A worker's results as the message the parent's `recv` reads, pickled before any of it is written; each
-    agent's log as `_log_to_send` makes it."""
+    """A worker's results as the message the parent's `recv` reads, pickled once, before any of it is written. The
+    agents' logs are whatever the agents returned: where there are any, the message is read back here (where the
+    same classes are) as the parent will read it, and if it does not read back, each log goes as `_log_to_send`
+    makes it, so the batch ends as it does in one process (a log can pickle and not unpickle: an exception whose
+    `__init__` takes two arguments)."""
     from multiprocessing.reduction import ForkingPickler  # what Connection.send pickles with
-    for played in results.values():
-        for result in played:
-            if result.agent_log is not None:
-                result.agent_log = _log_to_send(result.agent_log)
+    logs = [r for played in results.values() for r in played if r.agent_log is not None]
+    try:
+        message = ForkingPickler.dumps((_DONE, results))
+        if logs:
+            pickle.loads(message)
+        return message
+    except BaseException:  # noqa: BLE001 - whatever an agent's pickling hooks raise; a Ctrl-C reaches the parent too
+        pass
+    for result in logs:
+        result.agent_log = _log_to_send(result.agent_log)
     try:
         return ForkingPickler.dumps((_DONE, results))
     except Exception as exc:  # noqa: BLE001 - a result that is not the agent's log
