@@ -230,6 +230,22 @@ def test_ctrl_c_while_the_commands_are_imported_is_interrupted_and_130(script, h
     assert (p.returncode, p.stderr, p.stdout) == (130, "gate: interrupted\n", ""), p.stderr[-2000:]
 
 
+def test_an_ignored_sigint_stays_ignored_while_the_commands_are_imported():
+    """A shell's background job starts with SIGINT ignored, and Python keeps it so: noting Ctrl-C while the commands
+    are imported must not make a job that ignores it stop."""
+    code = ("import os, runpy, signal, sys\n"
+            "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+            "class Interrupt:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'gate_pipeline.kernel':\n"
+            "            os.kill(os.getpid(), signal.SIGINT)\n"
+            "sys.meta_path.insert(0, Interrupt())\n"
+            f"runpy.run_path({GATE!r}, run_name='__main__')\n")
+    p = subprocess.run([sys.executable, "-c", code, "--version"], capture_output=True, text=True, env=env_with(),
+                       timeout=60, check=False)
+    assert (p.returncode, p.stdout, p.stderr) == (0, f"gate {__version__}\n", ""), p.stderr[-2000:]
+
+
 # --- progress: a terminal's stderr only -----------------------------------------------------------
 
 def run_with_terminal_stderr(args: list[str], cwd: Path) -> tuple[int, str, str]:

@@ -10,8 +10,10 @@ import threading
 
 
 def _import_main():
-    """`cli.main.main`, or None when a Ctrl-C came while it was imported."""
-    if threading.current_thread() is not threading.main_thread():
+    """`cli.main.main`, or None when a Ctrl-C came while it was imported (where Ctrl-C is Python's KeyboardInterrupt:
+    an ignored SIGINT, as in a shell's background job, stays ignored)."""
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         from .main import main
         return main
     interrupted: list[int] = []
