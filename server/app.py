@@ -4,13 +4,13 @@
     python server/app.py [gate serve's flags]    # `gate serve`, as the `server` command is
 
 Both names are the package's: `app` is gate_pipeline.integrations.openenv_app's (the one openenv.yaml
-names, which works without the checkout) and `main` is `gate serve` (gate_pipeline.cli.server, the `server` console script).
+names, which works without the checkout) and `main` is `gate serve` (gate_pipeline.cli.start.main, the `server` console script).
 """
 from __future__ import annotations
 
 import sys
 
-from gate_pipeline.cli import server as serve_main  # imports nothing of gate's until it runs (Ctrl-C: one line)
+from gate_pipeline.cli.start import main as serve_main  # imports nothing of gate's until it runs (Ctrl-C: one line)
 
 
 def __getattr__(name: str):

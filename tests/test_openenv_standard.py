@@ -115,7 +115,7 @@ def test_openenv_validate_on_the_checkout_finds_openenvs_layout():
     assert report["issues"] == LOCAL_ISSUES and out.returncode == 1, (report, out.stderr)
     # and the layout it found is gate's own: the script is `gate serve`, server/app.py re-exports the app
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["server"] == "gate_pipeline.cli.serve:main"
+    assert scripts["server"] == "gate_pipeline.cli.start:main"
     bad_port = subprocess.run([sys.executable, "server/app.py", "--port", "x"], capture_output=True, text=True,
                               timeout=120, cwd=ROOT)
     assert bad_port.returncode == 2 and bad_port.stderr.startswith("gate: error: --port"), bad_port.stderr

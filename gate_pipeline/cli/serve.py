@@ -53,13 +53,6 @@ def cmd_serve(a, settings: Settings) -> int:
     return 0
 
 
-def main() -> int:
-    """The `server` command, OpenEnv's name for an environment's server (`uv run server`, server/app.py):
-    `gate serve` with the same flags."""
-    from . import server
-    return server()
-
-
 def register(subparsers) -> None:
     p = subparsers.add_parser("serve", help="serve episodes over OpenEnv's protocol (HTTP, WebSocket, MCP)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
